@@ -1,0 +1,357 @@
+//! `pushdown`: serve datasets with pushdown, generate datasets, run and explain pipelines.
+#![expect(
+    unused_crate_dependencies,
+    reason = "the binary and the library share one dependency list; the library uses the rest"
+)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_cli::run::{RunOptions, Source, bytes, describe, run};
+use pushdown_client::{PushdownClient, StreamOptions};
+use pushdown_planner::Pipeline;
+use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pushdown",
+    version,
+    about = "Run the data-reducing part of ML input pipelines next to the data"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the Parquet datasets under --data over Arrow Flight.
+    Serve(ServeArgs),
+    /// Write a seeded synthetic dataset as Parquet into OUT/<name>/.
+    Gen(GenArgs),
+    /// Pull a pipeline's (or a SQL query's) reduced stream and apply the client steps.
+    Run(RunArgs),
+    /// Print how the planner splits a pipeline between server and client.
+    Explain(ExplainArgs),
+    /// Generate a small dataset, serve it in-process, run a pipeline, print the savings.
+    Demo(DemoArgs),
+}
+
+/// Where the datasets live.
+#[derive(Debug, Args)]
+struct StorageArgs {
+    /// Data root: a folder, or an object-store URL (s3://bucket/prefix, file:///path). Every
+    /// sub-folder holding Parquet files is a dataset. S3 settings come from AWS_* variables.
+    #[arg(long, env = "PUSHDOWN_DATA")]
+    data: String,
+    /// Seconds between re-listings of the data root.
+    #[arg(long, env = "PUSHDOWN_CATALOG_REFRESH_SECS", default_value_t = 5)]
+    catalog_refresh_secs: u64,
+}
+
+/// Where the server listens.
+#[derive(Debug, Args)]
+struct ListenArgs {
+    /// Flight (gRPC) address; port 0 picks a free port (printed on stdout).
+    #[arg(long, env = "PUSHDOWN_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Prometheus metrics address (GET /metrics); off when not set.
+    #[arg(long, env = "PUSHDOWN_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// Location advertised in endpoints (grpc://host:port); default: none, meaning "this server".
+    #[arg(long, env = "PUSHDOWN_ADVERTISE")]
+    advertise: Option<String>,
+}
+
+/// What one server may spend.
+#[derive(Debug, Args)]
+struct LimitsArgs {
+    /// DoGet streams running at once.
+    #[arg(long, env = "PUSHDOWN_MAX_STREAMS", default_value_t = 64)]
+    max_streams: usize,
+    /// Query engine memory pool, in MiB.
+    #[arg(long, env = "PUSHDOWN_MEMORY_MIB", default_value_t = 1024)]
+    memory_mib: usize,
+    /// Longest a stream may run, in seconds.
+    #[arg(long, env = "PUSHDOWN_REQUEST_TIMEOUT_SECS", default_value_t = 3600)]
+    request_timeout_secs: u64,
+    /// Threads decoding, filtering and encoding (default: all cores).
+    #[arg(long, env = "PUSHDOWN_CPU_THREADS")]
+    cpu_threads: Option<usize>,
+    /// Target compressed bytes of the projected columns per shard, in MiB.
+    #[arg(long, env = "PUSHDOWN_SHARD_MIB", default_value_t = 64)]
+    shard_mib: u64,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    storage: StorageArgs,
+    #[command(flatten)]
+    listen: ListenArgs,
+    #[command(flatten)]
+    limits: LimitsArgs,
+}
+
+#[derive(Debug, Args)]
+struct GenArgs {
+    /// Which dataset.
+    kind: Kind,
+    /// Rows to write.
+    #[arg(long, default_value_t = 10_000)]
+    rows: usize,
+    /// Data root; the dataset goes to OUT/<name>/part-NNNNN.parquet.
+    #[arg(long)]
+    out: PathBuf,
+    /// Dataset (folder) name; default: the kind.
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Rows per row group (default: the kind's).
+    #[arg(long)]
+    row_group_rows: Option<usize>,
+    /// Rows per file (default: the kind's).
+    #[arg(long)]
+    rows_per_file: Option<usize>,
+}
+
+/// Which servers, and how to fan out over them.
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// Server URL (http://host:port); repeat for several servers.
+    #[arg(long = "server", required = true)]
+    servers: Vec<String>,
+    /// Shard streams in flight at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Pipeline file (TOML or JSON).
+    #[arg(required_unless_present = "sql", conflicts_with = "sql")]
+    pipeline: Option<PathBuf>,
+    /// A SQL SELECT over the server's datasets instead of a pipeline.
+    #[arg(long)]
+    sql: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Write the delivered rows to this Parquet file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    /// Pipeline file (TOML or JSON).
+    pipeline: PathBuf,
+    /// Ask this server for the dataset's schema (and its plan of the fragment).
+    #[arg(long, conflicts_with = "data", required_unless_present = "data")]
+    server: Option<String>,
+    /// Or read the schema from a local data root.
+    #[arg(long)]
+    data: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Images to generate.
+    #[arg(long, default_value_t = 2048)]
+    rows: usize,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Gen(args) => gen_dataset(args),
+            Command::Run(args) => run_pipeline(args).await,
+            Command::Explain(args) => explain(args).await,
+            Command::Demo(args) => {
+                let mut stdout = std::io::stdout();
+                pushdown_cli::demo::demo(args.rows, true, &mut stdout)
+                    .await
+                    .map(|_| ())
+            }
+        }
+    })
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let defaults = ServerConfig::default();
+    let config = ServerConfig {
+        max_concurrent_streams: args.limits.max_streams,
+        memory_limit: args.limits.memory_mib << 20,
+        request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
+        cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
+        shard_target_bytes: args.limits.shard_mib << 20,
+        catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
+        advertise: args.listen.advertise,
+        ..defaults
+    };
+    let store = open_store(&args.storage.data)?;
+    let server = Server::builder(store).config(config).open().await?;
+    for (name, dataset) in server.catalog().snapshot().iter() {
+        tracing::info!(
+            dataset = name.as_str(),
+            files = dataset.files.len(),
+            rows = dataset.num_rows(),
+            unreadable = dataset.broken.len(),
+            "dataset"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen.listen))?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = match args.listen.metrics_listen {
+        Some(metrics_addr) => {
+            let listener = tokio::net::TcpListener::bind(metrics_addr)
+                .await
+                .with_context(|| format!("binding {metrics_addr}"))?;
+            println!("metrics on http://{}/metrics", listener.local_addr()?);
+            let mut rx = stop_rx.clone();
+            Some(tokio::spawn(serve_metrics(
+                listener,
+                std::sync::Arc::clone(server.metrics()),
+                async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                },
+            )))
+        }
+        None => None,
+    };
+    println!("listening on {addr}");
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new requests; streams in flight finish");
+        let _ = stop_tx.send(true);
+    });
+    let mut rx = stop_rx;
+    server
+        .serve(listener, async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        })
+        .await?;
+    if let Some(task) = metrics_task {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGTERM handler");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn gen_dataset(args: GenArgs) -> Result<()> {
+    let name = args.name.unwrap_or_else(|| args.kind.name().to_owned());
+    let mut options = GenOptions::new(args.kind, args.rows);
+    options.seed = args.seed;
+    options.row_group_rows = args.row_group_rows;
+    options.rows_per_file = args.rows_per_file;
+    options.progress = true;
+    let generated = generate(&options, &args.out.join(&name))?;
+    println!(
+        "wrote {} rows of `{name}` in {} files ({}) to {}",
+        generated.rows,
+        generated.files.len(),
+        bytes(generated.bytes),
+        generated.dir.display()
+    );
+    Ok(())
+}
+
+async fn run_pipeline(args: RunArgs) -> Result<()> {
+    let source = match (args.pipeline, args.sql) {
+        (Some(path), None) => Source::Pipeline(Pipeline::from_file(&path)?),
+        (None, Some(sql)) => Source::Sql(sql),
+        _ => anyhow::bail!("give a pipeline file or --sql, not both"),
+    };
+    let report = run(&RunOptions {
+        servers: args.client.servers,
+        source,
+        out: args.out.clone(),
+        epochs: args.epochs,
+        seed: args.seed,
+        stream: StreamOptions {
+            concurrency: args.client.concurrency,
+            ..StreamOptions::default()
+        },
+    })
+    .await?;
+    print!("{}", describe(&report));
+    if let Some(out) = args.out {
+        println!("wrote {} rows to {}", report.rows, out.display());
+    }
+    Ok(())
+}
+
+async fn explain(args: ExplainArgs) -> Result<()> {
+    let pipeline = Pipeline::from_file(&args.pipeline)?;
+    let schema = match (&args.server, &args.data) {
+        (Some(url), _) => {
+            PushdownClient::connect(&[url])
+                .await?
+                .dataset_schema(&pipeline.dataset)
+                .await?
+        }
+        (None, Some(data)) => {
+            let server = Server::builder(open_store(data)?).open().await?;
+            let datasets = server.catalog().snapshot();
+            let dataset = datasets.get(&pipeline.dataset).with_context(|| {
+                format!(
+                    "unknown dataset `{}`; known: {:?}",
+                    pipeline.dataset,
+                    datasets.keys().collect::<Vec<_>>()
+                )
+            })?;
+            std::sync::Arc::clone(&dataset.schema)
+        }
+        (None, None) => anyhow::bail!("give --server or --data"),
+    };
+    let plan = pushdown_planner::plan(&pipeline, &schema)?;
+    print!("{}", plan.explain());
+    Ok(())
+}

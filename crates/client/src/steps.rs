@@ -1,0 +1,338 @@
+//! The client side of a plan: shuffle buffer, select, batch, applied batch by batch.
+
+use std::sync::Arc;
+
+use arrow::compute::BatchCoalescer;
+use arrow::compute::interleave_record_batch;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use pushdown_planner::Step;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{ClientError, Result};
+
+/// A seeded shuffle buffer over rows (the tf.data algorithm): once `capacity` rows are held,
+/// each further row pushes out one uniformly chosen held row.
+///
+/// Rows are gathered with `interleave`, so a batch of output costs one copy, and an input
+/// batch is released once all its rows have left.
+#[derive(Debug)]
+pub struct ShuffleBuffer {
+    capacity: usize,
+    rng: ChaCha8Rng,
+    batches: Vec<Option<RecordBatch>>,
+    remaining: Vec<usize>,
+    slots: Vec<(usize, usize)>,
+    out_rows: usize,
+}
+
+impl ShuffleBuffer {
+    /// `out_rows`: rows per emitted batch.
+    pub fn new(capacity: usize, seed: u64, out_rows: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            batches: Vec::new(),
+            remaining: Vec::new(),
+            slots: Vec::new(),
+            out_rows: out_rows.max(1),
+        }
+    }
+
+    pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        if batch.num_rows() == 0 {
+            return Ok(vec![]);
+        }
+        let b = self.batches.len();
+        self.slots.extend((0..batch.num_rows()).map(|r| (b, r)));
+        self.remaining.push(batch.num_rows());
+        self.batches.push(Some(batch));
+        let mut out = Vec::new();
+        while self.slots.len() >= self.capacity + self.out_rows {
+            out.push(self.emit(self.out_rows)?);
+        }
+        Ok(out)
+    }
+
+    /// Drains every held row in random order.
+    pub fn finish(&mut self) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        while !self.slots.is_empty() {
+            out.push(self.emit(self.out_rows.min(self.slots.len()))?);
+        }
+        Ok(out)
+    }
+
+    fn emit(&mut self, n: usize) -> Result<RecordBatch> {
+        let mut picked = Vec::with_capacity(n);
+        for _ in 0..n {
+            let i = self.rng.random_range(0..self.slots.len());
+            picked.push(self.slots.swap_remove(i));
+        }
+        // Interleave over the live batches only.
+        let mut index_of = vec![usize::MAX; self.batches.len()];
+        let mut live: Vec<&RecordBatch> = Vec::new();
+        for (i, b) in self.batches.iter().enumerate() {
+            if let Some(b) = b {
+                index_of[i] = live.len();
+                live.push(b);
+            }
+        }
+        let indices: Vec<(usize, usize)> = picked.iter().map(|&(b, r)| (index_of[b], r)).collect();
+        let out = interleave_record_batch(&live, &indices)?;
+        for &(b, _) in &picked {
+            self.remaining[b] -= 1;
+            if self.remaining[b] == 0 {
+                self.batches[b] = None;
+            }
+        }
+        if self.batches.len() > 64
+            && self.batches.iter().filter(|b| b.is_none()).count() * 2 > self.batches.len()
+        {
+            self.compact();
+        }
+        Ok(out)
+    }
+
+    /// Drops released batches from the index space.
+    fn compact(&mut self) {
+        let mut remap = vec![usize::MAX; self.batches.len()];
+        let mut batches = Vec::new();
+        let mut remaining = Vec::new();
+        for (i, b) in self.batches.drain(..).enumerate() {
+            if let Some(b) = b {
+                remap[i] = batches.len();
+                batches.push(Some(b));
+                remaining.push(self.remaining[i]);
+            }
+        }
+        for slot in &mut self.slots {
+            slot.0 = remap[slot.0];
+        }
+        self.batches = batches;
+        self.remaining = remaining;
+    }
+}
+
+#[derive(Debug)]
+enum Stage {
+    Shuffle(Box<ShuffleBuffer>),
+    Select(Vec<usize>),
+    Batch {
+        coalescer: BatchCoalescer,
+        drop_last: bool,
+        size: usize,
+    },
+}
+
+/// The client steps of a plan, applied in order to the batches the servers send.
+#[derive(Debug)]
+pub struct ClientSteps {
+    stages: Vec<Stage>,
+    schema: SchemaRef,
+}
+
+impl ClientSteps {
+    /// Builds the stages for batches of `schema`. Each shuffle gets its own seed derived from
+    /// `seed` and its position.
+    pub fn new(steps: &[Step], schema: SchemaRef, seed: u64) -> Result<Self> {
+        let mut stages = Vec::new();
+        let mut current = schema;
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                Step::Shuffle { buffer } => {
+                    let stage_seed = seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
+                    stages.push(Stage::Shuffle(Box::new(ShuffleBuffer::new(
+                        *buffer, stage_seed, 1024,
+                    ))));
+                }
+                Step::Select { columns } => {
+                    let indices = columns
+                        .iter()
+                        .map(|c| current.index_of(c))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    current = Arc::new(current.project(&indices)?);
+                    stages.push(Stage::Select(indices));
+                }
+                Step::Batch { size, drop_last } => stages.push(Stage::Batch {
+                    coalescer: BatchCoalescer::new(Arc::clone(&current), *size),
+                    drop_last: *drop_last,
+                    size: *size,
+                }),
+                Step::Filter { expr } => {
+                    return Err(ClientError::Invalid(format!(
+                        "filter `{expr}` cannot run on the client; the planner places filters on the server"
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            stages,
+            schema: current,
+        })
+    }
+
+    /// Schema of the batches this produces.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        self.run_from(0, vec![batch])
+    }
+
+    /// Flushes every stage at the end of the input.
+    pub fn finish(&mut self) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for i in 0..self.stages.len() {
+            let flushed = match &mut self.stages[i] {
+                Stage::Shuffle(s) => s.finish()?,
+                Stage::Select(_) => vec![],
+                Stage::Batch {
+                    coalescer,
+                    drop_last,
+                    size,
+                } => {
+                    coalescer.finish_buffered_batch()?;
+                    let mut last = Vec::new();
+                    while let Some(b) = coalescer.next_completed_batch() {
+                        if !(*drop_last && b.num_rows() < *size) {
+                            last.push(b);
+                        }
+                    }
+                    last
+                }
+            };
+            out = self.run_from(i + 1, out.into_iter().chain(flushed).collect())?;
+        }
+        Ok(out)
+    }
+
+    fn run_from(&mut self, first: usize, mut batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        for stage in &mut self.stages[first..] {
+            let mut next = Vec::new();
+            for batch in batches {
+                match stage {
+                    Stage::Shuffle(s) => next.extend(s.push(batch)?),
+                    Stage::Select(indices) => next.push(batch.project(indices)?),
+                    Stage::Batch { coalescer, .. } => {
+                        coalescer.push_batch(batch)?;
+                        while let Some(b) = coalescer.next_completed_batch() {
+                            next.push(b);
+                        }
+                    }
+                }
+            }
+            batches = next;
+        }
+        Ok(batches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn batch(start: i64, n: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(start..start + n))],
+        )
+        .unwrap()
+    }
+
+    fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                (0..a.len()).map(|i| a.value(i)).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn run(steps: &[Step], seed: u64, inputs: Vec<RecordBatch>) -> Vec<RecordBatch> {
+        let mut s = ClientSteps::new(steps, inputs[0].schema(), seed).unwrap();
+        let mut out = Vec::new();
+        for b in inputs {
+            out.extend(s.push(b).unwrap());
+        }
+        out.extend(s.finish().unwrap());
+        out
+    }
+
+    #[test]
+    fn shuffle_is_a_seeded_permutation() {
+        let inputs: Vec<_> = (0..20).map(|i| batch(i * 97, 97)).collect();
+        let steps = [Step::Shuffle { buffer: 300 }];
+        let a = ids(&run(&steps, 7, inputs.clone()));
+        let b = ids(&run(&steps, 7, inputs.clone()));
+        let c = ids(&run(&steps, 8, inputs));
+        assert_eq!(a, b, "same seed, same order");
+        assert_ne!(a, c, "another seed, another order");
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..20 * 97).collect::<Vec<_>>(), "every row exactly once");
+        assert_ne!(a, sorted, "actually shuffled");
+        // The buffer mixes rows across input batches: the first output is drawn from the rows
+        // held at the first emission (14 batches of 97 >= buffer 300 + 1024 out), from many
+        // of those batches.
+        assert!(a[..100].iter().all(|&x| x < 14 * 97));
+        let batches_seen: std::collections::BTreeSet<i64> = a[..100].iter().map(|x| x / 97).collect();
+        assert!(batches_seen.len() > 5, "{batches_seen:?}");
+    }
+
+    #[test]
+    fn batch_sizes_and_drop_last() {
+        let inputs: Vec<_> = (0..5).map(|i| batch(i * 7, 7)).collect();
+        let out = run(
+            &[Step::Batch {
+                size: 10,
+                drop_last: false,
+            }],
+            0,
+            inputs.clone(),
+        );
+        assert_eq!(
+            out.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            vec![10, 10, 10, 5]
+        );
+        assert_eq!(ids(&out), (0..35).collect::<Vec<_>>());
+        let out = run(
+            &[Step::Batch {
+                size: 10,
+                drop_last: true,
+            }],
+            0,
+            inputs,
+        );
+        assert_eq!(
+            out.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            vec![10, 10, 10]
+        );
+    }
+
+    #[test]
+    fn shuffle_then_batch_keeps_every_row() {
+        let inputs: Vec<_> = (0..50).map(|i| batch(i * 33, 33)).collect();
+        let out = run(
+            &[
+                Step::Shuffle { buffer: 100 },
+                Step::Batch {
+                    size: 64,
+                    drop_last: false,
+                },
+            ],
+            3,
+            inputs,
+        );
+        assert!(out[..out.len() - 1].iter().all(|b| b.num_rows() == 64));
+        let mut all = ids(&out);
+        all.sort_unstable();
+        assert_eq!(all, (0..50 * 33).collect::<Vec<_>>());
+    }
+}

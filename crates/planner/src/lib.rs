@@ -1,0 +1,314 @@
+//! Pipelines and the planner that splits them between the storage side and the trainer side.
+//!
+//! A trainer describes its input pipeline once, as a [`Pipeline`]: a dataset and an ordered
+//! list of [`Step`]s. [`plan`] splits it:
+//!
+//! ```text
+//!  Pipeline: select → filter → … → shuffle → batch
+//!      │ plan(): prune unused columns, hoist filters,
+//!      │         push the longest deterministic row-wise prefix
+//!      ├──▶ Fragment  (server: projection, predicate, reducing ops)
+//!      └──▶ client steps (trainer: shuffle, random ops, batch)
+//! ```
+//!
+//! The rules are the legal moves of the design: a filter moves earlier past any row-wise step
+//! that does not write a column it reads (a shuffle is a permutation, so filtering commutes
+//! with it), and so does a select past steps that only read columns it keeps; only the longest prefix of deterministic, row-wise steps may run on the server,
+//! so nothing random or order-dependent is ever done (or cached) away from the trainer.
+//!
+//! The planner is pure: no I/O, no async runtime, no query engine. It parses filter
+//! expressions with `sqlparser` only to learn which columns they read.
+//!
+//! ```
+//! use arrow::datatypes::{DataType, Field, Schema};
+//! use pushdown_planner::{plan, Pipeline, Side, Step};
+//! let schema = Schema::new(vec![
+//!     Field::new("id", DataType::Int64, false),
+//!     Field::new("image", DataType::Binary, false),
+//!     Field::new("label", DataType::Int32, false),
+//! ]);
+//! let pipeline = Pipeline::new("images")
+//!     .shuffle(1000)
+//!     .filter("label < 100")
+//!     .select(["image", "label"])
+//!     .batch(256);
+//! let plan = plan(&pipeline, &schema).unwrap();
+//! assert_eq!(plan.fragment.columns, vec!["image", "label"]);
+//! assert_eq!(plan.fragment.predicate.as_deref(), Some("(label < 100)"));
+//! assert_eq!(plan.client_steps, vec![Step::Shuffle { buffer: 1000 }, Step::Batch { size: 256, drop_last: false }]);
+//! assert!(plan.placements.iter().any(|p| p.side == Side::Server && p.step.starts_with("filter")));
+//! ```
+
+mod expr;
+mod pipeline;
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use arrow::datatypes::Schema;
+use pushdown_protocol::Fragment;
+
+pub use expr::columns_read;
+pub use pipeline::{Pipeline, Step};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("pipeline file: {0}")]
+    Format(String),
+    #[error("step {index} ({step}): unknown column `{column}`; available: {available}")]
+    UnknownColumn {
+        index: usize,
+        step: String,
+        column: String,
+        available: String,
+    },
+    #[error("step {index} ({step}): invalid filter expression: {reason}")]
+    BadExpression {
+        index: usize,
+        step: String,
+        reason: String,
+    },
+    #[error("step {index} ({step}): {reason}")]
+    Unsupported {
+        index: usize,
+        step: String,
+        reason: String,
+    },
+}
+
+/// Which side of the network a step runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Server,
+    Client,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Server => "server",
+            Side::Client => "client",
+        })
+    }
+}
+
+/// One decision of the planner, with the reason that justified it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// The step as written in the pipeline (after hoisting).
+    pub step: String,
+    pub side: Side,
+    pub reason: String,
+}
+
+/// The split of a pipeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// What the server runs.
+    pub fragment: Fragment,
+    /// What the client runs on the fragment's output, in order.
+    pub client_steps: Vec<Step>,
+    pub placements: Vec<Placement>,
+    /// Dataset columns no step reads, never fetched.
+    pub pruned_columns: Vec<String>,
+}
+
+impl Plan {
+    /// A human-readable account of every decision.
+    pub fn explain(&self) -> String {
+        use fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "dataset: {}", self.fragment.dataset);
+        let width = self.placements.iter().map(|p| p.step.len()).max().unwrap_or(0);
+        for p in &self.placements {
+            let _ = writeln!(out, "  {:<6}  {:<width$}  {}", p.side, p.step, p.reason);
+        }
+        let _ = writeln!(
+            out,
+            "server fragment: columns [{}], predicate {}",
+            self.fragment.columns.join(", "),
+            self.fragment.predicate.as_deref().unwrap_or("none")
+        );
+        if !self.pruned_columns.is_empty() {
+            let _ = writeln!(
+                out,
+                "pruned columns (never read): {}",
+                self.pruned_columns.join(", ")
+            );
+        }
+        out
+    }
+}
+
+/// Splits `pipeline` over a dataset whose schema is `schema`.
+pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
+    let steps = pipeline.steps();
+    validate(steps, schema)?;
+    let (steps, hoisted) = hoist(steps);
+
+    // The longest deterministic row-wise prefix goes to the server.
+    let split = steps
+        .iter()
+        .position(|s| !(s.is_deterministic() && s.is_row_wise()))
+        .unwrap_or(steps.len());
+    let (server, client) = steps.split_at(split);
+    if let Some((index, step)) = client
+        .iter()
+        .enumerate()
+        .find(|(_, s)| matches!(s, Step::Filter { .. }))
+    {
+        return Err(PlanError::Unsupported {
+            index: split + index,
+            step: step.to_string(),
+            reason: "a filter after `batch` cannot run row-wise; filter before batching".into(),
+        });
+    }
+
+    // Columns after the server prefix, then pruned to what the client side needs.
+    let mut columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let mut predicates = Vec::new();
+    for step in server {
+        match step {
+            Step::Select { columns: c } => columns = c.clone(),
+            Step::Filter { expr } => predicates.push(format!("({expr})")),
+            Step::Shuffle { .. } | Step::Batch { .. } => {}
+        }
+    }
+    let needed = client_needs(client, &columns);
+    columns.retain(|c| needed.contains(c));
+    let server_reads: Vec<String> = server.iter().flat_map(Step::reads).collect();
+    let read: BTreeSet<&str> = columns.iter().chain(&server_reads).map(String::as_str).collect();
+    let pruned_columns = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|c| !read.contains(c.as_str()))
+        .collect();
+
+    let placements = steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let side = if i < split { Side::Server } else { Side::Client };
+            let mut reason = match (side, step) {
+                (Side::Server, Step::Select { .. }) => {
+                    "projection pushed into the Parquet reader".to_string()
+                }
+                (Side::Server, Step::Filter { .. }) => {
+                    "filter at the source: row groups pruned by statistics, rows dropped before the network"
+                        .to_string()
+                }
+                (Side::Client, s) if !s.is_deterministic() => "random: must run in the trainer".to_string(),
+                (Side::Client, s) if !s.is_row_wise() => "order-dependent: runs in the trainer".to_string(),
+                (Side::Client, _) => "after the first random or order-dependent step".to_string(),
+                (Side::Server, _) => "deterministic row-wise prefix".to_string(),
+            };
+            if let Some(past) = hoisted.get(i).and_then(Option::as_ref) {
+                reason.push_str(&format!(" (hoisted before {past})"));
+            }
+            Placement {
+                step: step.to_string(),
+                side,
+                reason,
+            }
+        })
+        .collect();
+
+    Ok(Plan {
+        fragment: Fragment {
+            dataset: pipeline.dataset.clone(),
+            columns,
+            predicate: (!predicates.is_empty()).then(|| predicates.join(" AND ")),
+            ops: vec![],
+        },
+        client_steps: client.to_vec(),
+        placements,
+        pruned_columns,
+    })
+}
+
+/// Checks every column reference against the columns available at that step.
+fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
+    let mut available: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    for (index, step) in steps.iter().enumerate() {
+        let reads = step.reads_checked().map_err(|reason| PlanError::BadExpression {
+            index,
+            step: step.to_string(),
+            reason,
+        })?;
+        if let Some(column) = reads.iter().find(|c| !available.contains(c)) {
+            return Err(PlanError::UnknownColumn {
+                index,
+                step: step.to_string(),
+                column: column.clone(),
+                available: available.join(", "),
+            });
+        }
+        match step {
+            Step::Select { columns } => available = columns.clone(),
+            Step::Batch { size: 0, .. } => {
+                return Err(PlanError::Unsupported {
+                    index,
+                    step: step.to_string(),
+                    reason: "batch size must be at least 1".into(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Moves filters and selects as early as their inputs allow, past permutations and row-wise
+/// steps (never past a batch). A filter crosses a step that writes nothing it reads; a select
+/// crosses a step that writes nothing and reads only columns the select keeps. Returns the
+/// new order and, per position, the step it was hoisted past first (for `explain`).
+fn hoist(steps: &[Step]) -> (Vec<Step>, Vec<Option<String>>) {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    let mut notes: Vec<Option<String>> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let mut at = out.len();
+        let crosses = |prev: &Step| -> bool {
+            if !prev.commutes_with_filters() {
+                return false;
+            }
+            match step {
+                Step::Filter { .. } => {
+                    let reads = step.reads();
+                    !prev.writes().iter().any(|w| reads.contains(w))
+                }
+                Step::Select { columns } => {
+                    prev.writes().is_empty() && prev.reads().iter().all(|r| columns.contains(r))
+                }
+                Step::Shuffle { .. } | Step::Batch { .. } => false,
+            }
+        };
+        while at > 0 && crosses(&out[at - 1]) {
+            at -= 1;
+        }
+        // Stay after the selects and filters crossed for nothing (they run server-side
+        // anyway): the user's order among them is kept.
+        while at < out.len() && matches!(out[at], Step::Select { .. } | Step::Filter { .. }) {
+            at += 1;
+        }
+        let note = (at < out.len()).then(|| out[at].to_string());
+        out.insert(at, step.clone());
+        notes.insert(at, note);
+    }
+    (out, notes)
+}
+
+/// Columns the client steps need from the server's output.
+fn client_needs(client: &[Step], available: &[String]) -> BTreeSet<String> {
+    let mut needed: BTreeSet<String> = available.iter().cloned().collect();
+    for step in client.iter().rev() {
+        match step {
+            Step::Select { columns } => needed = columns.iter().cloned().collect(),
+            other => needed.extend(other.reads()),
+        }
+    }
+    needed
+}
+
+#[cfg(test)]
+mod tests;

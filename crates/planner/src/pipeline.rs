@@ -1,0 +1,183 @@
+//! The pipeline a trainer describes, as a Rust builder or a TOML/JSON file.
+//!
+//! ```toml
+//! dataset = "images"
+//!
+//! [[steps]]
+//! op = "filter"
+//! expr = "label < 100"
+//!
+//! [[steps]]
+//! op = "select"
+//! columns = ["image", "label"]
+//!
+//! [[steps]]
+//! op = "shuffle"
+//! buffer = 10000
+//!
+//! [[steps]]
+//! op = "batch"
+//! size = 256
+//! drop_last = true
+//! ```
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::PlanError;
+
+/// A dataset and the ordered steps a trainer wants applied to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    pub dataset: String,
+    #[serde(default)]
+    steps: Vec<Step>,
+}
+
+/// One step of a pipeline. Every step declares whether it is deterministic, whether it is
+/// row-wise (each output row depends on one input row, order irrelevant), and which columns it
+/// reads and writes; the planner decides with those properties alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    /// Keep these columns, in this order.
+    Select { columns: Vec<String> },
+    /// Keep rows for which the SQL boolean expression is true.
+    Filter { expr: String },
+    /// Shuffle rows through a buffer of `buffer` rows.
+    Shuffle { buffer: usize },
+    /// Group rows into batches of `size`.
+    Batch {
+        size: usize,
+        #[serde(default)]
+        drop_last: bool,
+    },
+}
+
+impl Pipeline {
+    pub fn new(dataset: impl Into<String>) -> Self {
+        Self {
+            dataset: dataset.into(),
+            steps: Vec::new(),
+        }
+    }
+
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    pub fn step(mut self, step: Step) -> Self {
+        self.steps.push(step);
+        self
+    }
+
+    pub fn select<I, S>(self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.step(Step::Select {
+            columns: columns.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    pub fn filter(self, expr: impl Into<String>) -> Self {
+        self.step(Step::Filter { expr: expr.into() })
+    }
+
+    pub fn shuffle(self, buffer: usize) -> Self {
+        self.step(Step::Shuffle { buffer })
+    }
+
+    pub fn batch(self, size: usize) -> Self {
+        self.step(Step::Batch {
+            size,
+            drop_last: false,
+        })
+    }
+
+    /// Parses a pipeline file: TOML, or JSON when the text starts with `{`.
+    pub fn parse(text: &str) -> Result<Self, PlanError> {
+        if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| PlanError::Format(e.to_string()))
+        } else {
+            toml::from_str(text).map_err(|e| PlanError::Format(e.to_string()))
+        }
+    }
+
+    /// Reads and parses a pipeline file.
+    pub fn from_file(path: &Path) -> Result<Self, PlanError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PlanError::Format(format!("{}: {e}", path.display())))?;
+        Self::parse(&text)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# not representable as TOML: {e}"))
+    }
+}
+
+impl Step {
+    /// The same input gives the same output, whatever the seed or epoch.
+    pub fn is_deterministic(&self) -> bool {
+        match self {
+            Step::Select { .. } | Step::Filter { .. } | Step::Batch { .. } => true,
+            Step::Shuffle { .. } => false,
+        }
+    }
+
+    /// Each output row depends only on one input row, whatever the order.
+    pub fn is_row_wise(&self) -> bool {
+        match self {
+            Step::Select { .. } | Step::Filter { .. } => true,
+            Step::Shuffle { .. } | Step::Batch { .. } => false,
+        }
+    }
+
+    /// A filter may move from after this step to before it (when it reads nothing this step
+    /// writes): true of row-wise steps and of permutations such as a shuffle, whose output
+    /// rows are its input rows; false of batching.
+    pub fn commutes_with_filters(&self) -> bool {
+        match self {
+            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } => true,
+            Step::Batch { .. } => false,
+        }
+    }
+
+    /// Columns this step reads. Filters that do not parse read nothing here; [`Self::reads_checked`]
+    /// reports the parse error.
+    pub fn reads(&self) -> Vec<String> {
+        self.reads_checked().unwrap_or_default()
+    }
+
+    pub(crate) fn reads_checked(&self) -> Result<Vec<String>, String> {
+        match self {
+            Step::Select { columns } => Ok(columns.clone()),
+            Step::Filter { expr } => crate::expr::columns_read(expr),
+            Step::Shuffle { .. } | Step::Batch { .. } => Ok(vec![]),
+        }
+    }
+
+    /// Columns this step creates or replaces.
+    pub fn writes(&self) -> Vec<String> {
+        match self {
+            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => vec![],
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Select { columns } => write!(f, "select [{}]", columns.join(", ")),
+            Step::Filter { expr } => write!(f, "filter {expr}"),
+            Step::Shuffle { buffer } => write!(f, "shuffle buffer={buffer}"),
+            Step::Batch { size, drop_last } => {
+                write!(f, "batch {size}{}", if *drop_last { " drop_last" } else { "" })
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::*;
+
+fn images() -> Schema {
+    Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("image", DataType::Binary, false),
+        Field::new("label", DataType::Int32, false),
+        Field::new("caption", DataType::Utf8, true),
+    ])
+}
+
+#[test]
+fn prunes_columns_and_pushes_prefix() {
+    let p = Pipeline::new("images")
+        .filter("label < 100")
+        .select(["image", "label"])
+        .shuffle(10)
+        .batch(4);
+    let plan = plan(&p, &images()).unwrap();
+    assert_eq!(plan.fragment.columns, vec!["image", "label"]);
+    assert_eq!(plan.fragment.predicate.as_deref(), Some("(label < 100)"));
+    assert_eq!(plan.pruned_columns, vec!["id", "caption"]);
+    let sides: Vec<Side> = plan.placements.iter().map(|p| p.side).collect();
+    assert_eq!(
+        sides,
+        vec![Side::Server, Side::Server, Side::Client, Side::Client]
+    );
+}
+
+#[test]
+fn filter_after_shuffle_is_hoisted() {
+    let p = Pipeline::new("images")
+        .shuffle(10)
+        .filter("id > 5")
+        .filter("label < 3")
+        .batch(2);
+    let plan = plan(&p, &images()).unwrap();
+    assert_eq!(
+        plan.fragment.predicate.as_deref(),
+        Some("(id > 5) AND (label < 3)")
+    );
+    // No select: every column is still delivered, filters add nothing to prune.
+    assert_eq!(plan.fragment.columns.len(), 4);
+    assert_eq!(plan.client_steps.len(), 2);
+    assert!(plan.placements[0].reason.contains("hoisted before shuffle"));
+}
+
+#[test]
+fn select_after_shuffle_prunes_the_fragment() {
+    let p = Pipeline::new("images").shuffle(10).select(["label"]);
+    let plan = plan(&p, &images()).unwrap();
+    assert_eq!(plan.fragment.columns, vec!["label"]);
+    // Projection commutes with a permutation: the select runs on the server.
+    assert_eq!(plan.client_steps, vec![Step::Shuffle { buffer: 10 }]);
+    assert!(plan.placements[0].reason.contains("hoisted before shuffle"));
+}
+
+#[test]
+fn filter_column_not_selected_is_still_read_but_not_sent() {
+    let p = Pipeline::new("images").select(["image"]).shuffle(3);
+    assert!(matches!(
+        plan(&p.clone().filter("label < 1"), &images()),
+        Err(PlanError::UnknownColumn { .. })
+    ));
+    let p = Pipeline::new("images").filter("label < 1").select(["image"]);
+    let plan = plan(&p, &images()).unwrap();
+    assert_eq!(plan.fragment.columns, vec!["image"]);
+    assert_eq!(plan.pruned_columns, vec!["id", "caption"]);
+}
+
+#[test]
+fn errors_name_the_step() {
+    let err = plan(&Pipeline::new("images").filter("nope > 1"), &images()).unwrap_err();
+    assert!(err.to_string().contains("unknown column `nope`"), "{err}");
+    let err = plan(&Pipeline::new("images").filter("label <"), &images()).unwrap_err();
+    assert!(matches!(err, PlanError::BadExpression { index: 0, .. }));
+    let err = plan(&Pipeline::new("images").batch(2).filter("label < 1"), &images()).unwrap_err();
+    assert!(err.to_string().contains("filter before batching"), "{err}");
+    assert!(plan(&Pipeline::new("images").batch(0), &images()).is_err());
+}
+
+#[test]
+fn parses_toml_and_json() {
+    let toml = r#"
+dataset = "images"
+[[steps]]
+op = "filter"
+expr = "label < 100"
+[[steps]]
+op = "batch"
+size = 8
+drop_last = true
+"#;
+    let p = Pipeline::parse(toml).unwrap();
+    assert_eq!(
+        p.steps()[1],
+        Step::Batch {
+            size: 8,
+            drop_last: true
+        }
+    );
+    let json = r#"{"dataset":"images","steps":[{"op":"shuffle","buffer":5}]}"#;
+    assert_eq!(
+        Pipeline::parse(json).unwrap().steps(),
+        &[Step::Shuffle { buffer: 5 }]
+    );
+    assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
+    assert!(Pipeline::parse("dataset = 1").is_err());
+    assert!(Pipeline::parse("dataset = \"x\"\n[[steps]]\nop = \"explode\"").is_err());
+}

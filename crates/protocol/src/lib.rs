@@ -1,0 +1,575 @@
+//! Wire messages of pushdown and their conversions to domain types.
+//!
+//! This is the only crate that knows the protobuf encoding. `proto/pushdown/v1/pushdown.proto`
+//! is the source of truth; [`proto`] is generated from it by `scripts/regen-proto.sh` and
+//! checked in (no `protoc` needed to build). Everything else in the workspace speaks the
+//! domain types below, which are validated on the way in: a wire message that is missing a
+//! required field or carries an out-of-range value becomes a [`ProtocolError`], never a
+//! half-filled struct.
+//!
+//! ```text
+//!  GetFlightInfo(Cmd = ScanRequest | SQL text) ──▶ FlightInfo { endpoint per Shard }
+//!  DoGet(Ticket = ShardTicket { request, shard, skip_rows }) ──▶ Arrow IPC stream
+//! ```
+//!
+//! ```
+//! use pushdown_protocol::{Compression, Fragment, Query, ScanRequest};
+//! let request = ScanRequest::new(Query::Fragment(Fragment {
+//!     dataset: "images".into(),
+//!     columns: vec!["label".into()],
+//!     predicate: Some("label < 10".into()),
+//!     ops: vec![],
+//! }));
+//! let bytes = request.encode();
+//! let back = ScanRequest::decode_command(&bytes).unwrap();
+//! assert_eq!(back, request);
+//! assert_eq!(back.compression, Compression::Zstd);
+//! // A plain SQL text is a command too.
+//! let sql = ScanRequest::decode_command(b"SELECT label FROM images").unwrap();
+//! assert_eq!(sql.query, Query::Sql("SELECT label FROM images".into()));
+//! ```
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use prost::Message;
+
+/// The generated prost messages of `pushdown.v1`.
+pub mod proto {
+    include!("generated/pushdown.v1.rs");
+}
+
+/// Version of the ticket layout this build mints and accepts.
+pub const TICKET_VERSION: u32 = 1;
+
+/// A wire message that does not describe a valid request.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("malformed {message}: {source}")]
+    Decode {
+        message: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("{message} is missing required field `{field}`")]
+    Missing {
+        message: &'static str,
+        field: &'static str,
+    },
+    #[error("{message}.{field}: {reason}")]
+    Invalid {
+        message: &'static str,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("ticket version {found} is not supported (this server speaks version {TICKET_VERSION})")]
+    TicketVersion { found: u32 },
+    #[error("command is neither a pushdown.v1.ScanRequest nor UTF-8 SQL text")]
+    UnrecognizedCommand,
+}
+
+type Result<T, E = ProtocolError> = std::result::Result<T, E>;
+
+/// Turns an absent optional sub-message into [`ProtocolError::Missing`].
+trait Required<T> {
+    fn required(self, message: &'static str, field: &'static str) -> Result<T>;
+}
+
+impl<T> Required<T> for Option<T> {
+    fn required(self, message: &'static str, field: &'static str) -> Result<T> {
+        self.ok_or(ProtocolError::Missing { message, field })
+    }
+}
+
+/// What a client asks of the server: a query and how to stream its answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScanRequest {
+    pub query: Query,
+    pub compression: Compression,
+    /// End every stream with a metadata-only message carrying [`StreamStats`].
+    pub stats: bool,
+    pub filter_pushdown: FilterPushdown,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Query {
+    Fragment(Fragment),
+    Sql(String),
+}
+
+/// The storage-side part of a pipeline: dataset, projection, predicate, row-wise ops.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Fragment {
+    pub dataset: String,
+    /// Result columns in order; empty means every column of the dataset.
+    pub columns: Vec<String>,
+    /// A SQL boolean expression over the dataset's columns.
+    pub predicate: Option<String>,
+    pub ops: Vec<OpCall>,
+}
+
+/// One call of a registered op; its result is written to `output`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpCall {
+    pub op: String,
+    pub args: Vec<Arg>,
+    pub output: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    Column(String),
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    None,
+    #[default]
+    Zstd,
+    Lz4,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FilterPushdown {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// One file of a dataset and a range of its row groups: the unit a server streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub dataset: String,
+    /// Path relative to the dataset root, as the catalog lists it.
+    pub file: String,
+    pub row_groups: Range<u32>,
+    /// Rows in the row-group range, before filtering.
+    pub rows: u64,
+}
+
+/// The decoded Flight ticket: which request, which shard, where to resume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardTicket {
+    pub request: ScanRequest,
+    /// `None`: the whole query as one stream (not row-wise).
+    pub shard: Option<Shard>,
+    /// Output rows of this shard already delivered, to be skipped.
+    pub skip_rows: u64,
+}
+
+/// What one DoGet stream cost the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamStats {
+    pub rows_scanned: u64,
+    pub rows_sent: u64,
+    pub bytes_scanned: u64,
+    pub bytes_sent: u64,
+    pub row_groups: u64,
+    pub row_groups_pruned: u64,
+    pub elapsed_ns: u64,
+}
+
+impl std::ops::AddAssign for StreamStats {
+    fn add_assign(&mut self, o: Self) {
+        self.rows_scanned += o.rows_scanned;
+        self.rows_sent += o.rows_sent;
+        self.bytes_scanned += o.bytes_scanned;
+        self.bytes_sent += o.bytes_sent;
+        self.row_groups += o.row_groups;
+        self.row_groups_pruned += o.row_groups_pruned;
+        self.elapsed_ns += o.elapsed_ns;
+    }
+}
+
+/// What the server expects a planned query to cost (the app_metadata of its FlightInfo).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanEstimate {
+    /// Rows in the scanned row groups, before filtering and pruning.
+    pub rows_upper_bound: u64,
+    /// Compressed bytes of the projected column chunks, before pruning.
+    pub bytes_to_scan: u64,
+    /// One endpoint per shard, or one stream for the whole query.
+    pub row_wise: bool,
+}
+
+impl PlanEstimate {
+    pub fn encode(&self) -> Bytes {
+        proto::PlanEstimate {
+            rows_upper_bound: self.rows_upper_bound,
+            bytes_to_scan: self.bytes_to_scan,
+            row_wise: self.row_wise,
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let m = proto::PlanEstimate::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "PlanEstimate",
+            source,
+        })?;
+        Ok(Self {
+            rows_upper_bound: m.rows_upper_bound,
+            bytes_to_scan: m.bytes_to_scan,
+            row_wise: m.row_wise,
+        })
+    }
+}
+
+impl ScanRequest {
+    /// A request with default streaming options (zstd, no trailing stats, automatic filter
+    /// pushdown).
+    pub fn new(query: Query) -> Self {
+        Self {
+            query,
+            compression: Compression::default(),
+            stats: false,
+            filter_pushdown: FilterPushdown::default(),
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        to_proto::scan_request(self).encode_to_vec().into()
+    }
+
+    /// Decodes a `GetFlightInfo` command: a serialized `ScanRequest`, or else UTF-8 SQL text.
+    ///
+    /// The protobuf reading is tried first and accepted only when it names a query; SQL text
+    /// practically never decodes as a message with a query (it would need a valid nested
+    /// message of exactly the right length), and when it does not, it is taken as SQL.
+    pub fn decode_command(bytes: &[u8]) -> Result<Self> {
+        if let Ok(message) = proto::ScanRequest::decode(bytes)
+            && message.query.is_some()
+            && let Ok(request) = from_proto::scan_request(message)
+        {
+            return Ok(request);
+        }
+        match std::str::from_utf8(bytes) {
+            Ok(text) if !text.trim().is_empty() => Ok(Self::new(Query::Sql(text.to_owned()))),
+            _ => Err(ProtocolError::UnrecognizedCommand),
+        }
+    }
+}
+
+impl ShardTicket {
+    pub fn encode(&self) -> Bytes {
+        to_proto::shard_ticket(self).encode_to_vec().into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let message = proto::ShardTicket::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "ShardTicket",
+            source,
+        })?;
+        from_proto::shard_ticket(message)
+    }
+}
+
+impl StreamStats {
+    pub fn encode(&self) -> Bytes {
+        to_proto::stream_stats(self).encode_to_vec().into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let m = proto::StreamStats::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "StreamStats",
+            source,
+        })?;
+        Ok(from_proto::stream_stats(m))
+    }
+}
+
+mod to_proto {
+    use super::*;
+
+    pub(crate) fn scan_request(r: &ScanRequest) -> proto::ScanRequest {
+        proto::ScanRequest {
+            query: Some(match &r.query {
+                Query::Fragment(f) => proto::scan_request::Query::Fragment(fragment(f)),
+                Query::Sql(sql) => proto::scan_request::Query::Sql(sql.clone()),
+            }),
+            compression: match r.compression {
+                Compression::None => proto::Compression::None,
+                Compression::Zstd => proto::Compression::Zstd,
+                Compression::Lz4 => proto::Compression::Lz4,
+            } as i32,
+            stats: r.stats,
+            filter_pushdown: match r.filter_pushdown {
+                FilterPushdown::Auto => proto::FilterPushdown::Auto,
+                FilterPushdown::On => proto::FilterPushdown::On,
+                FilterPushdown::Off => proto::FilterPushdown::Off,
+            } as i32,
+        }
+    }
+
+    fn fragment(f: &Fragment) -> proto::Fragment {
+        proto::Fragment {
+            dataset: f.dataset.clone(),
+            columns: f.columns.clone(),
+            predicate: f.predicate.clone().unwrap_or_default(),
+            ops: f
+                .ops
+                .iter()
+                .map(|op| proto::OpCall {
+                    op: op.op.clone(),
+                    args: op.args.iter().map(arg).collect(),
+                    output: op.output.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn arg(a: &Arg) -> proto::Arg {
+        use proto::arg::Value;
+        proto::Arg {
+            value: Some(match a {
+                Arg::Column(c) => Value::Column(c.clone()),
+                Arg::Int(i) => Value::Int(*i),
+                Arg::Float(f) => Value::Float(*f),
+                Arg::Text(t) => Value::Text(t.clone()),
+            }),
+        }
+    }
+
+    pub(crate) fn shard_ticket(t: &ShardTicket) -> proto::ShardTicket {
+        proto::ShardTicket {
+            version: TICKET_VERSION,
+            request: Some(scan_request(&t.request)),
+            shard: t.shard.as_ref().map(|s| proto::Shard {
+                dataset: s.dataset.clone(),
+                file: s.file.clone(),
+                row_group_start: s.row_groups.start,
+                row_group_end: s.row_groups.end,
+                rows: s.rows,
+            }),
+            skip_rows: t.skip_rows,
+        }
+    }
+
+    pub(crate) fn stream_stats(s: &StreamStats) -> proto::StreamStats {
+        proto::StreamStats {
+            rows_scanned: s.rows_scanned,
+            rows_sent: s.rows_sent,
+            bytes_scanned: s.bytes_scanned,
+            bytes_sent: s.bytes_sent,
+            row_groups: s.row_groups,
+            row_groups_pruned: s.row_groups_pruned,
+            elapsed_ns: s.elapsed_ns,
+        }
+    }
+}
+
+mod from_proto {
+    use super::*;
+
+    pub(crate) fn scan_request(m: proto::ScanRequest) -> Result<ScanRequest> {
+        let compression = match proto::Compression::try_from(m.compression) {
+            Ok(proto::Compression::Unspecified | proto::Compression::Zstd) => Compression::Zstd,
+            Ok(proto::Compression::None) => Compression::None,
+            Ok(proto::Compression::Lz4) => Compression::Lz4,
+            Err(_) => return Err(invalid("ScanRequest", "compression", m.compression)),
+        };
+        let filter_pushdown = match proto::FilterPushdown::try_from(m.filter_pushdown) {
+            Ok(proto::FilterPushdown::Auto) => FilterPushdown::Auto,
+            Ok(proto::FilterPushdown::On) => FilterPushdown::On,
+            Ok(proto::FilterPushdown::Off) => FilterPushdown::Off,
+            Err(_) => return Err(invalid("ScanRequest", "filter_pushdown", m.filter_pushdown)),
+        };
+        let query = match m.query.required("ScanRequest", "query")? {
+            proto::scan_request::Query::Fragment(f) => Query::Fragment(fragment(f)?),
+            proto::scan_request::Query::Sql(sql) => Query::Sql(sql),
+        };
+        Ok(ScanRequest {
+            query,
+            compression,
+            stats: m.stats,
+            filter_pushdown,
+        })
+    }
+
+    fn invalid(message: &'static str, field: &'static str, value: i32) -> ProtocolError {
+        ProtocolError::Invalid {
+            message,
+            field,
+            reason: format!("unknown enum value {value}"),
+        }
+    }
+
+    fn fragment(m: proto::Fragment) -> Result<Fragment> {
+        if m.dataset.is_empty() {
+            return Err(ProtocolError::Missing {
+                message: "Fragment",
+                field: "dataset",
+            });
+        }
+        let ops = m
+            .ops
+            .into_iter()
+            .map(|op| {
+                let args = op
+                    .args
+                    .into_iter()
+                    .map(|a| {
+                        use proto::arg::Value;
+                        Ok(match a.value.required("Arg", "value")? {
+                            Value::Column(c) => Arg::Column(c),
+                            Value::Int(i) => Arg::Int(i),
+                            Value::Float(f) => Arg::Float(f),
+                            Value::Text(t) => Arg::Text(t),
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(OpCall {
+                    op: op.op,
+                    args,
+                    output: op.output,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Fragment {
+            dataset: m.dataset,
+            columns: m.columns,
+            predicate: Some(m.predicate).filter(|p| !p.trim().is_empty()),
+            ops,
+        })
+    }
+
+    pub(crate) fn shard_ticket(m: proto::ShardTicket) -> Result<ShardTicket> {
+        if m.version != TICKET_VERSION {
+            return Err(ProtocolError::TicketVersion { found: m.version });
+        }
+        let request = scan_request(m.request.required("ShardTicket", "request")?)?;
+        let shard = m
+            .shard
+            .map(|s| {
+                if s.row_group_start >= s.row_group_end {
+                    return Err(ProtocolError::Invalid {
+                        message: "Shard",
+                        field: "row_group_end",
+                        reason: format!("empty row-group range {}..{}", s.row_group_start, s.row_group_end),
+                    });
+                }
+                Ok(Shard {
+                    dataset: s.dataset,
+                    file: s.file,
+                    row_groups: s.row_group_start..s.row_group_end,
+                    rows: s.rows,
+                })
+            })
+            .transpose()?;
+        Ok(ShardTicket {
+            request,
+            shard,
+            skip_rows: m.skip_rows,
+        })
+    }
+
+    pub(crate) fn stream_stats(m: proto::StreamStats) -> StreamStats {
+        StreamStats {
+            rows_scanned: m.rows_scanned,
+            rows_sent: m.rows_sent,
+            bytes_scanned: m.bytes_scanned,
+            bytes_sent: m.bytes_sent,
+            row_groups: m.row_groups,
+            row_groups_pruned: m.row_groups_pruned,
+            elapsed_ns: m.elapsed_ns,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fragment_request() -> ScanRequest {
+        ScanRequest {
+            query: Query::Fragment(Fragment {
+                dataset: "images".into(),
+                columns: vec!["image".into(), "label".into()],
+                predicate: Some("label < 100".into()),
+                ops: vec![OpCall {
+                    op: "thumbnail".into(),
+                    args: vec![Arg::Column("image".into()), Arg::Int(64), Arg::Float(0.5)],
+                    output: "image".into(),
+                }],
+            }),
+            compression: Compression::Lz4,
+            stats: true,
+            filter_pushdown: FilterPushdown::On,
+        }
+    }
+
+    #[test]
+    fn ticket_round_trips() {
+        let ticket = ShardTicket {
+            request: fragment_request(),
+            shard: Some(Shard {
+                dataset: "images".into(),
+                file: "part-0.parquet".into(),
+                row_groups: 2..5,
+                rows: 300,
+            }),
+            skip_rows: 17,
+        };
+        assert_eq!(ShardTicket::decode(&ticket.encode()).unwrap(), ticket);
+    }
+
+    #[test]
+    fn garbage_tickets_are_errors() {
+        assert!(ShardTicket::decode(b"\xff\xff\xff").is_err());
+        // Valid protobuf, but no request.
+        let empty = proto::ShardTicket {
+            version: TICKET_VERSION,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            ShardTicket::decode(&empty),
+            Err(ProtocolError::Missing { field: "request", .. })
+        ));
+        let old = proto::ShardTicket {
+            version: 99,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(matches!(
+            ShardTicket::decode(&old),
+            Err(ProtocolError::TicketVersion { found: 99 })
+        ));
+    }
+
+    #[test]
+    fn commands_are_requests_or_sql() {
+        let r = fragment_request();
+        assert_eq!(ScanRequest::decode_command(&r.encode()).unwrap(), r);
+        // Multi-line SQL starting with a newline (0x0a, the tag of field 1) is still SQL.
+        let sql = "\n    SELECT label\n    FROM images WHERE label < 10\n";
+        assert_eq!(
+            ScanRequest::decode_command(sql.as_bytes()).unwrap().query,
+            Query::Sql(sql.into())
+        );
+        assert!(matches!(
+            ScanRequest::decode_command(b"\xff\xfe"),
+            Err(ProtocolError::UnrecognizedCommand)
+        ));
+        assert!(ScanRequest::decode_command(b"").is_err());
+    }
+
+    #[test]
+    fn stats_round_trip() {
+        let s = StreamStats {
+            rows_scanned: 1,
+            rows_sent: 2,
+            bytes_scanned: 3,
+            bytes_sent: 4,
+            row_groups: 5,
+            row_groups_pruned: 6,
+            elapsed_ns: 7,
+        };
+        assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
+    }
+}

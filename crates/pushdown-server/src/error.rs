@@ -1,0 +1,143 @@
+//! The server's one error type and its exhaustive mapping to gRPC statuses.
+//!
+//! User errors (bad SQL, unknown datasets, garbage tickets) become `InvalidArgument` /
+//! `NotFound` with a message that helps the caller and are logged at `debug`; internal
+//! failures are logged once at `error` with context, and the caller gets a safe message.
+//! The mapping is a `match` with no catch-all arm: a new variant does not compile until
+//! someone decides its status code and log level.
+
+use datafusion::error::DataFusionError;
+use pushdown_protocol::ProtocolError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("unknown dataset `{name}`; known datasets: [{}]", known.join(", "))]
+    UnknownDataset { name: String, known: Vec<String> },
+
+    #[error("malformed ticket: {0}")]
+    BadTicket(#[source] ProtocolError),
+
+    #[error("malformed command: {0}")]
+    BadCommand(#[source] ProtocolError),
+
+    #[error("{0}")]
+    BadRequest(String),
+
+    #[error("invalid query: {0}")]
+    BadQuery(String),
+
+    #[error("only read-only SELECT queries over the catalog are accepted: {0}")]
+    NotReadOnly(String),
+
+    #[error("dataset `{dataset}` has no file `{file}` (the catalog changed since the ticket was issued?)")]
+    UnknownShard { dataset: String, file: String },
+
+    #[error("dataset `{dataset}`: file `{file}` is unreadable: {reason}")]
+    CorruptFile {
+        dataset: String,
+        file: String,
+        reason: String,
+    },
+
+    #[error("server busy: {0}")]
+    Overloaded(String),
+
+    #[error("request exceeded its deadline of {0:?}")]
+    Deadline(std::time::Duration),
+
+    #[error("{0} is not supported by pushdown servers")]
+    Unsupported(&'static str),
+
+    #[error("query failed: {0}")]
+    Query(#[source] DataFusionError),
+
+    #[error("storage error: {0}")]
+    Storage(#[source] object_store::Error),
+
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;
+
+impl From<DataFusionError> for ServerError {
+    /// Sorts DataFusion's errors into the caller's mistakes and the server's failures.
+    fn from(e: DataFusionError) -> Self {
+        let root = e.find_root();
+        match root {
+            DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
+                ServerError::BadQuery(root.message().into_owned())
+            }
+            DataFusionError::ArrowError(err, _) => match err.as_ref() {
+                arrow::error::ArrowError::CastError(_)
+                | arrow::error::ArrowError::ComputeError(_)
+                | arrow::error::ArrowError::DivideByZero
+                | arrow::error::ArrowError::ArithmeticOverflow(_)
+                | arrow::error::ArrowError::InvalidArgumentError(_)
+                | arrow::error::ArrowError::ParseError(_) => ServerError::BadQuery(err.to_string()),
+                _ => ServerError::Query(e),
+            },
+            DataFusionError::ResourcesExhausted(msg) => ServerError::Overloaded(msg.clone()),
+            DataFusionError::NotImplemented(msg) => ServerError::BadQuery(format!("not supported: {msg}")),
+            _ => ServerError::Query(e),
+        }
+    }
+}
+
+impl From<ServerError> for Status {
+    fn from(e: ServerError) -> Self {
+        // Both the code and whether the server logs it as its own failure.
+        let (code, internal) = match &e {
+            ServerError::UnknownDataset { .. } => (Code::NotFound, false),
+            ServerError::UnknownShard { .. } => (Code::NotFound, false),
+            ServerError::BadTicket(_) => (Code::InvalidArgument, false),
+            ServerError::BadCommand(_) => (Code::InvalidArgument, false),
+            ServerError::BadRequest(_) => (Code::InvalidArgument, false),
+            ServerError::BadQuery(_) => (Code::InvalidArgument, false),
+            ServerError::NotReadOnly(_) => (Code::InvalidArgument, false),
+            ServerError::Unsupported(_) => (Code::Unimplemented, false),
+            ServerError::Overloaded(_) => (Code::ResourceExhausted, false),
+            ServerError::Deadline(_) => (Code::DeadlineExceeded, false),
+            ServerError::CorruptFile { .. } => (Code::DataLoss, true),
+            ServerError::Query(_) => (Code::Internal, true),
+            ServerError::Storage(_) => (Code::Unavailable, true),
+            ServerError::Internal(_) => (Code::Internal, true),
+        };
+        if internal {
+            tracing::error!(error = %e, "request failed");
+        } else {
+            tracing::debug!(error = %e, "request rejected");
+        }
+        let message = match &e {
+            // Internal details stay in the server log; the caller gets what it can act on.
+            ServerError::Internal(_) => "internal error (see server log)".to_string(),
+            _ => e.to_string(),
+        };
+        Status::new(code, message)
+    }
+}
+
+/// The outcome label of the requests-by-outcome metric.
+pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(ServerError::UnknownDataset { .. } | ServerError::UnknownShard { .. }) => "not_found",
+        Err(
+            ServerError::BadTicket(_)
+            | ServerError::BadCommand(_)
+            | ServerError::BadRequest(_)
+            | ServerError::BadQuery(_)
+            | ServerError::NotReadOnly(_)
+            | ServerError::Unsupported(_),
+        ) => "invalid",
+        Err(ServerError::Overloaded(_)) => "overloaded",
+        Err(ServerError::Deadline(_)) => "deadline",
+        Err(
+            ServerError::CorruptFile { .. }
+            | ServerError::Query(_)
+            | ServerError::Storage(_)
+            | ServerError::Internal(_),
+        ) => "error",
+    }
+}

@@ -1,0 +1,413 @@
+//! The pushdown server: Parquet datasets next to their storage, served over Arrow Flight.
+//!
+//! ```text
+//!  --data DIR | s3://…        ┌────────────────────── Server ──────────────────────┐
+//!  ┌──────────────┐  list,   │ Catalog: dataset → files → row groups (footers cached) │
+//!  │ images/*.pq  │◀─footers─┤ Engine:  DataFusion; ShardTable per ticket             │
+//!  │ clicks/*.pq  │◀─ranges──┤   (projection, statistics/page/bloom pruning, filters) │
+//!  └──────────────┘          │ PushdownService: Flight (GetFlightInfo, DoGet, …)      │
+//!   InstrumentedStore        │ CpuRuntime: decode + encode off the async threads      │
+//!   (bytes, requests)        │ Metrics: Prometheus text on /metrics                   │
+//!                            └────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! A client sends `GetFlightInfo` with a `ScanRequest` (or SQL); the reply has one endpoint
+//! per shard (file × row-group range). Each `DoGet` streams that shard's reduced rows as
+//! compressed Arrow IPC. Bad input of any kind is an error status for that request only: the
+//! server never panics on input and stays up.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use pushdown_server::{Server, ServerConfig, open_store};
+//! let store = open_store("./data")?;
+//! let server = Server::builder(store).config(ServerConfig::default()).open().await?;
+//! let running = server.spawn("127.0.0.1:0".parse()?).await?;
+//! println!("serving on {}", running.addr());
+//! running.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+mod catalog;
+mod error;
+mod metrics;
+mod query;
+mod runtime;
+mod service;
+mod store;
+mod table;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use datafusion::execution::object_store::{ObjectStoreRegistry, ObjectStoreUrl};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use object_store::ObjectStore;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use catalog::{Catalog, DataFile, Dataset};
+pub use error::ServerError;
+pub use metrics::{Metrics, serve_metrics};
+pub use service::PushdownService;
+pub use store::{InstrumentedStore, ReadRequest, open_store};
+
+use crate::error::Result;
+use crate::query::Engine;
+use crate::runtime::CpuRuntime;
+
+/// Limits and sizes of a server. Every field has a deliberate default.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Rows per record batch produced by scans.
+    pub batch_size: usize,
+    /// A shard grows by whole row groups until its projected bytes reach this.
+    pub shard_target_bytes: u64,
+    /// … or its rows reach this.
+    pub shard_max_rows: u64,
+    /// DoGet streams running at once; more wait up to `queue_timeout`, then get
+    /// `ResourceExhausted`.
+    pub max_concurrent_streams: usize,
+    pub queue_timeout: Duration,
+    /// Longest a DoGet stream may run.
+    pub request_timeout: Duration,
+    /// Memory pool of the query engine, shared by all requests.
+    pub memory_limit: usize,
+    /// Threads of the CPU runtime (decode, filter, ops, encode); also the partitions of
+    /// queries that are not row-wise.
+    pub cpu_threads: usize,
+    /// The catalog is listed again when older than this.
+    pub catalog_refresh: Duration,
+    /// Target size of one Flight message.
+    pub max_flight_data_bytes: usize,
+    /// gRPC message size limit, both directions.
+    pub max_message_bytes: usize,
+    /// Location put in endpoints (`grpc://host:port`); none means "this server".
+    pub advertise: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 8192,
+            shard_target_bytes: 64 << 20,
+            shard_max_rows: 1 << 20,
+            max_concurrent_streams: 64,
+            queue_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(3600),
+            memory_limit: 1 << 30,
+            cpu_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            catalog_refresh: Duration::from_secs(5),
+            max_flight_data_bytes: 2 << 20,
+            max_message_bytes: 64 << 20,
+            advertise: None,
+        }
+    }
+}
+
+/// Shared by every request of a server.
+#[derive(Debug)]
+pub(crate) struct State {
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    cpu: CpuRuntime,
+    streams: Arc<Semaphore>,
+    config: Arc<ServerConfig>,
+}
+
+/// Builds a [`Server`] over a store rooted at the data root.
+#[derive(Debug)]
+pub struct ServerBuilder {
+    store: Arc<dyn ObjectStore>,
+    config: ServerConfig,
+    record_reads: bool,
+}
+
+impl ServerBuilder {
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Keep every read request made to the store (see [`Server::store`]); for tests and
+    /// I/O accounting.
+    pub fn record_reads(mut self) -> Self {
+        self.record_reads = true;
+        self
+    }
+
+    /// Lists the catalog and prepares the query engine.
+    pub async fn open(self) -> Result<Server> {
+        let metrics = Arc::new(Metrics::new());
+        let mut store = InstrumentedStore::new(self.store, Arc::clone(&metrics));
+        if self.record_reads {
+            store = store.with_recording();
+        }
+        let store = Arc::new(store);
+        let config = Arc::new(self.config);
+        let store_url = ObjectStoreUrl::parse("pushdown://catalog").map_err(ServerError::from)?;
+        let registry = Arc::new(CatalogOnlyRegistry {
+            url: store_url.clone(),
+            store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+        });
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(config.memory_limit, 1.0)
+            .with_object_store_registry(registry)
+            .build_arc()?;
+        // The catalog reads footers into the engine's metadata cache: scans never re-read them.
+        let catalog = Arc::new(
+            Catalog::open(
+                Arc::clone(&store) as Arc<dyn ObjectStore>,
+                config.catalog_refresh,
+                runtime.cache_manager.get_file_metadata_cache(),
+            )
+            .await?,
+        );
+        let cpu = CpuRuntime::new(config.cpu_threads)
+            .map_err(|e| ServerError::Internal(format!("starting the CPU runtime: {e}")))?;
+        let state = Arc::new(State {
+            engine: Engine::new(catalog, runtime, store_url, Arc::clone(&config)),
+            metrics,
+            cpu,
+            streams: Arc::new(Semaphore::new(config.max_concurrent_streams.max(1))),
+            config,
+        });
+        Ok(Server { state, store })
+    }
+}
+
+/// A pushdown server, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Server {
+    state: Arc<State>,
+    store: Arc<InstrumentedStore>,
+}
+
+impl Server {
+    pub fn builder(store: Arc<dyn ObjectStore>) -> ServerBuilder {
+        ServerBuilder {
+            store,
+            config: ServerConfig::default(),
+            record_reads: false,
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.metrics
+    }
+
+    /// The decorated store every read goes through.
+    pub fn store(&self) -> &Arc<InstrumentedStore> {
+        &self.store
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        self.state.engine.catalog()
+    }
+
+    /// The tonic service, with message limits and compression set.
+    pub fn service(&self) -> FlightServiceServer<PushdownService> {
+        FlightServiceServer::new(PushdownService::new(Arc::clone(&self.state)))
+            .max_decoding_message_size(self.state.config.max_message_bytes)
+            .max_encoding_message_size(self.state.config.max_message_bytes)
+    }
+
+    /// Serves Flight on `listener` until `shutdown` completes, then lets streams finish.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<()> {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tonic::transport::Server::builder()
+            // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(self.service())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .map_err(|e| ServerError::Internal(format!("transport: {e}")))
+    }
+
+    /// Binds `addr` and serves in the background (tests, the demo).
+    pub async fn spawn(self, addr: SocketAddr) -> Result<RunningServer> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::BadRequest(format!("binding {addr}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Internal(format!("local address: {e}")))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.serve(listener, async {
+            let _ = rx.await;
+        }));
+        Ok(RunningServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+}
+
+/// A server serving in the background; stops when shut down or dropped.
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr`, for clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, waits for the server to wind down.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.task.take() {
+            Some(task) => task
+                .await
+                .map_err(|e| ServerError::Internal(format!("server task: {e}")))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The object-store registry of the query engine: only the catalog's store exists, so no
+/// query can read a file outside the data root, whatever URL it names.
+#[derive(Debug)]
+struct CatalogOnlyRegistry {
+    url: ObjectStoreUrl,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl ObjectStoreRegistry for CatalogOnlyRegistry {
+    fn register_store(&self, url: &url::Url, _store: Arc<dyn ObjectStore>) -> Option<Arc<dyn ObjectStore>> {
+        tracing::warn!(%url, "refusing to register an object store outside the catalog");
+        None
+    }
+
+    fn get_store(&self, url: &url::Url) -> datafusion::error::Result<Arc<dyn ObjectStore>> {
+        let ours: &url::Url = self.url.as_ref();
+        if url.scheme() == ours.scheme() && url.host_str() == ours.host_str() {
+            Ok(Arc::clone(&self.store))
+        } else {
+            Err(datafusion::error::DataFusionError::Plan(format!(
+                "`{url}` is outside the catalog; only datasets can be read"
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan::ExecutionPlan;
+    use pushdown_protocol::{FilterPushdown, Query, ScanRequest, ShardTicket};
+
+    use super::*;
+
+    async fn server_with_one_file() -> (tempfile::TempDir, Server) {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir_all(dir.path().join("t")).expect("mkdir");
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..100))],
+        )
+        .expect("batch");
+        let file = std::fs::File::create(dir.path().join("t/a.parquet")).expect("file");
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+        let store = open_store(&dir.path().to_string_lossy()).expect("store");
+        let server = Server::builder(store).open().await.expect("open");
+        (dir, server)
+    }
+
+    fn parquet_source(plan: &Arc<dyn ExecutionPlan>) -> Option<ParquetSource> {
+        if let Some(exec) = plan.downcast_ref::<DataSourceExec>() {
+            let config = exec.data_source().downcast_ref::<FileScanConfig>()?;
+            return config.file_source().downcast_ref::<ParquetSource>().cloned();
+        }
+        plan.children().into_iter().find_map(parquet_source)
+    }
+
+    /// Every Parquet read option is set deliberately, and each shard's scan carries them.
+    #[tokio::test]
+    async fn scans_use_the_explicit_parquet_settings() {
+        let (_dir, server) = server_with_one_file().await;
+        for (pushdown, expected) in [(FilterPushdown::On, true), (FilterPushdown::Off, false)] {
+            let mut request = ScanRequest::new(Query::Sql("SELECT x FROM t WHERE x > 10".into()));
+            request.filter_pushdown = pushdown;
+            let planned = server.state.engine.plan(&request).await.expect("plan");
+            let ticket = ShardTicket {
+                request: planned.request.clone(),
+                shard: planned.shards.first().cloned(),
+                skip_rows: 0,
+            };
+            let opened = server.state.engine.open(&ticket).await.expect("open");
+            let source = parquet_source(&opened.plan).expect("a parquet scan");
+            let o = &source.table_parquet_options().global;
+            assert!(o.pruning, "row-group pruning by statistics");
+            assert!(o.enable_page_index, "page index");
+            assert!(o.bloom_filter_on_read, "bloom filters");
+            assert!(o.reorder_filters);
+            assert!(!o.schema_force_view_types, "plain Utf8/Binary out");
+            assert_eq!(o.metadata_size_hint, Some(64 * 1024));
+            assert_eq!(o.pushdown_filters, expected, "per-request filter pushdown");
+            use datafusion::datasource::physical_plan::FileSource;
+            assert!(
+                FileSource::filter(&source).is_some(),
+                "the filter reaches the scan for pruning"
+            );
+            // One partition per shard: deterministic order.
+            assert_eq!(
+                opened.plan.properties().output_partitioning().partition_count(),
+                1
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn auto_filter_pushdown_is_decided_at_planning() {
+        let (_dir, server) = server_with_one_file().await;
+        let planned = server
+            .state
+            .engine
+            .plan(&ScanRequest::new(Query::Sql("SELECT x FROM t".into())))
+            .await
+            .expect("plan");
+        assert_eq!(
+            planned.request.filter_pushdown,
+            FilterPushdown::Off,
+            "nothing to push"
+        );
+        assert_eq!(planned.shards.len(), 1);
+    }
+}

@@ -1,0 +1,531 @@
+//! From a command to shards, and from a ticket to a stream of record batches.
+//!
+//! Planning (`GetFlightInfo`) parses the request against full-dataset tables and decides its
+//! shape:
+//!
+//! * **row-wise** — projections and filters over exactly one dataset (no aggregates, sorts,
+//!   limits, joins, subqueries, unnest, window functions). Its answer is the concatenation of
+//!   its answers over any split of the rows, so it gets one endpoint per shard
+//!   (file × row-group range);
+//! * **whole** — anything else. It is answered as one stream over the whole dataset, so a
+//!   client can never assemble per-shard partial answers.
+//!
+//! Execution (`DoGet`) re-plans the ticket's query against a table restricted to the
+//! ticket's shard, with one partition (deterministic order), after checking the shard
+//! against the catalog and the query's shape again: tickets are client-held bytes.
+//!
+//! SQL is allow-listed, not deny-listed: exactly one `SELECT`/`WITH`/`VALUES` query whose
+//! tables all resolve to catalog datasets; anything else (DDL, DML, `COPY`, `SET`,
+//! `CREATE EXTERNAL TABLE`, file-path tables) is refused before planning.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::config::TableParquetOptions;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::MetricValue;
+use datafusion::prelude::DataFrame;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use pushdown_protocol::{FilterPushdown, Fragment, Query, ScanRequest, Shard, ShardTicket, StreamStats};
+
+use crate::ServerConfig;
+use crate::catalog::{Catalog, Dataset, lookup};
+use crate::error::{Result, ServerError};
+use crate::table::ShardTable;
+
+/// Bytes read from the end of a file to get its footer and page index in one request,
+/// small enough not to drag in pages of wide columns.
+pub const METADATA_SIZE_HINT: usize = 64 * 1024;
+
+/// How a query is answered.
+#[derive(Debug, Clone)]
+pub enum Shape {
+    /// One endpoint per shard of this dataset.
+    RowWise { dataset: Arc<Dataset> },
+    /// One endpoint, the whole query.
+    Whole,
+}
+
+/// The answer to `GetFlightInfo`.
+#[derive(Debug)]
+pub struct Planned {
+    pub schema: SchemaRef,
+    pub shape: Shape,
+    pub shards: Vec<Shard>,
+    /// The request as the tickets carry it (filter pushdown decided).
+    pub request: ScanRequest,
+    /// Rows before filtering, over the scanned row groups.
+    pub rows_upper_bound: u64,
+    /// Compressed bytes of the projected column chunks the scan will read at most.
+    pub bytes_to_scan: u64,
+    pub has_filter: bool,
+    pub optimized: LogicalPlan,
+}
+
+/// A ticket ready to run.
+pub struct Opened {
+    pub plan: Arc<dyn ExecutionPlan>,
+    pub ctx: SessionContext,
+    pub row_groups: u64,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("row_groups", &self.row_groups)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Plans and opens queries over a catalog with one shared runtime (memory pool, caches).
+#[derive(Debug)]
+pub struct Engine {
+    catalog: Arc<Catalog>,
+    runtime: Arc<RuntimeEnv>,
+    store_url: ObjectStoreUrl,
+    config: Arc<ServerConfig>,
+}
+
+impl Engine {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        runtime: Arc<RuntimeEnv>,
+        store_url: ObjectStoreUrl,
+        config: Arc<ServerConfig>,
+    ) -> Self {
+        Self {
+            catalog,
+            runtime,
+            store_url,
+            config,
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The Parquet options of every scan, each one set deliberately.
+    pub fn parquet_options(&self, pushdown_filters: bool) -> TableParquetOptions {
+        let mut options = TableParquetOptions::default();
+        let p = &mut options.global;
+        p.pruning = true; // row groups by min/max statistics
+        p.enable_page_index = true; // pages by the page index
+        p.bloom_filter_on_read = true; // row groups by bloom filters (equality, IN)
+        p.pushdown_filters = pushdown_filters; // late materialization in the decoder
+        p.reorder_filters = true; // cheapest, most selective filters first
+        p.skip_metadata = true; // embedded Arrow schema metadata is not part of the data
+        p.metadata_size_hint = Some(METADATA_SIZE_HINT);
+        p.schema_force_view_types = false; // Utf8/Binary out, as stored: what clients expect
+        p.binary_as_string = false;
+        options
+    }
+
+    fn session(&self, partitions: usize) -> SessionContext {
+        let mut config = SessionConfig::new()
+            .with_target_partitions(partitions.max(1))
+            .with_batch_size(self.config.batch_size)
+            // No byte-range splitting of files: a shard's output order is deterministic.
+            .with_repartition_file_scans(false)
+            .with_information_schema(false);
+        let options = config.options_mut();
+        options.execution.parquet = self.parquet_options(false).global;
+        options.sql_parser.enable_ident_normalization = true;
+        SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
+    }
+
+    fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
+        Arc::new(ShardTable::new(
+            Arc::clone(&dataset.schema),
+            self.store_url.clone(),
+            dataset.files.iter().map(|f| (f.clone(), None)).collect(),
+            self.parquet_options(pushdown),
+        ))
+    }
+
+    /// `GetFlightInfo`: the result schema, the shape, and the shards.
+    pub async fn plan(&self, request: &ScanRequest) -> Result<Planned> {
+        let datasets = self.catalog.datasets().await?;
+        let ctx = self.session(self.config.cpu_threads);
+        let referenced = register_referenced(&ctx, &datasets, &request.query, |d| self.full_table(d, false))?;
+        let df = dataframe(&ctx, &request.query).await?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let logical = df.logical_plan().clone();
+        let optimized = ctx.state().optimize(&logical)?;
+        let scan = scan_of(&optimized);
+
+        let mut request = request.clone();
+        let shape = match row_wise_table(&logical) {
+            Some(table) => Shape::RowWise {
+                dataset: lookup(&datasets, &table)?,
+            },
+            None => Shape::Whole,
+        };
+        for name in &referenced {
+            lookup(&datasets, name)?.check_readable()?;
+        }
+
+        let (projection, filter_columns) = match &scan {
+            Some(s) => (s.projection.clone(), s.filter_columns.clone()),
+            None => (None, vec![]),
+        };
+        let has_filter = !filter_columns.is_empty()
+            || matches!(&request.query, Query::Fragment(f) if f.predicate.is_some());
+        let scanned: Vec<Arc<Dataset>> = match &shape {
+            Shape::RowWise { dataset } => vec![Arc::clone(dataset)],
+            Shape::Whole => referenced
+                .iter()
+                .filter_map(|n| datasets.get(n).cloned())
+                .collect(),
+        };
+        if request.filter_pushdown == FilterPushdown::Auto {
+            let on = match (&shape, &scan) {
+                (Shape::RowWise { dataset }, Some(s)) => {
+                    auto_filter_pushdown(dataset, s.projection.as_deref(), &s.filter_columns)
+                }
+                _ => false,
+            };
+            request.filter_pushdown = if on {
+                FilterPushdown::On
+            } else {
+                FilterPushdown::Off
+            };
+        }
+
+        let mut shards = Vec::new();
+        let mut rows_upper_bound = 0;
+        let mut bytes_to_scan = 0;
+        for dataset in &scanned {
+            let leaves = leaf_columns(dataset, projection.as_deref());
+            for file in &dataset.files {
+                let mut start = 0;
+                let (mut rows, mut bytes) = (0u64, 0u64);
+                for rg in 0..file.num_row_groups() {
+                    rows += file.row_group_rows(rg);
+                    bytes += file.row_group_bytes(rg, leaves.as_deref());
+                    let last = rg + 1 == file.num_row_groups();
+                    if last || rows >= self.config.shard_max_rows || bytes >= self.config.shard_target_bytes {
+                        rows_upper_bound += rows;
+                        bytes_to_scan += bytes;
+                        shards.push(Shard {
+                            dataset: dataset.name.clone(),
+                            file: file.path.clone(),
+                            row_groups: start as u32..rg as u32 + 1,
+                            rows,
+                        });
+                        start = rg + 1;
+                        (rows, bytes) = (0, 0);
+                    }
+                }
+            }
+        }
+        if matches!(shape, Shape::Whole) {
+            shards.clear();
+        }
+        Ok(Planned {
+            schema,
+            shape,
+            shards,
+            request,
+            rows_upper_bound,
+            bytes_to_scan,
+            has_filter,
+            optimized,
+        })
+    }
+
+    /// `DoGet`: checks the ticket against the catalog and builds its physical plan.
+    pub async fn open(&self, ticket: &ShardTicket) -> Result<Opened> {
+        let datasets = self.catalog.datasets().await?;
+        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
+        match &ticket.shard {
+            Some(shard) => {
+                let dataset = lookup(&datasets, &shard.dataset)?;
+                let file = dataset
+                    .file(&shard.file)
+                    .ok_or_else(|| ServerError::UnknownShard {
+                        dataset: shard.dataset.clone(),
+                        file: shard.file.clone(),
+                    })?;
+                if shard.row_groups.end as usize > file.num_row_groups() {
+                    return Err(ServerError::BadRequest(format!(
+                        "ticket names row groups {:?} of `{}`, which has {}",
+                        shard.row_groups,
+                        shard.file,
+                        file.num_row_groups()
+                    )));
+                }
+                let ctx = self.session(1);
+                let table = ShardTable::new(
+                    Arc::clone(&dataset.schema),
+                    self.store_url.clone(),
+                    vec![(file.clone(), Some(shard.row_groups.clone()))],
+                    self.parquet_options(pushdown),
+                );
+                ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
+                let df = dataframe(&ctx, &ticket.request.query).await?;
+                if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
+                    return Err(ServerError::BadRequest(
+                        "the ticket's query is not row-wise over its shard's dataset".into(),
+                    ));
+                }
+                let plan = df.create_physical_plan().await?;
+                Ok(Opened {
+                    plan,
+                    ctx,
+                    row_groups: u64::from(shard.row_groups.end - shard.row_groups.start),
+                })
+            }
+            None => {
+                let ctx = self.session(self.config.cpu_threads);
+                let referenced = register_referenced(&ctx, &datasets, &ticket.request.query, |d| {
+                    self.full_table(d, pushdown)
+                })?;
+                let mut row_groups = 0;
+                for name in &referenced {
+                    let dataset = lookup(&datasets, name)?;
+                    dataset.check_readable()?;
+                    row_groups += dataset
+                        .files
+                        .iter()
+                        .map(|f| f.num_row_groups() as u64)
+                        .sum::<u64>();
+                }
+                let df = dataframe(&ctx, &ticket.request.query).await?;
+                let plan = df.create_physical_plan().await?;
+                Ok(Opened {
+                    plan,
+                    ctx,
+                    row_groups,
+                })
+            }
+        }
+    }
+}
+
+/// Refuses anything but one read-only query; returns the datasets it names.
+fn referenced_datasets(ctx: &SessionContext, query: &Query) -> Result<Vec<String>> {
+    match query {
+        Query::Fragment(f) => Ok(vec![f.dataset.clone()]),
+        Query::Sql(sql) => {
+            let state = ctx.state();
+            let dialect = state.config().options().sql_parser.dialect;
+            let statement = state.sql_to_statement(sql, &dialect).map_err(|e| match e {
+                e @ datafusion::error::DataFusionError::SQL(..) => {
+                    ServerError::BadQuery(e.find_root().message().into_owned())
+                }
+                other => ServerError::from(other),
+            })?;
+            let is_query =
+                matches!(&statement, DfStatement::Statement(s) if matches!(**s, SqlStatement::Query(_)));
+            if !is_query {
+                let kind = statement.to_string();
+                let kind: String = kind.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+                return Err(ServerError::NotReadOnly(format!(
+                    "`{kind} …` is not a SELECT query"
+                )));
+            }
+            let refs = state.resolve_table_references(&statement)?;
+            Ok(refs
+                .into_iter()
+                .map(|r| match (r.schema(), r.catalog()) {
+                    (None, None) => r.table().to_owned(),
+                    // Qualified names never name a dataset: report them whole.
+                    _ => r.to_string(),
+                })
+                .collect())
+        }
+    }
+}
+
+/// Registers every dataset the query names (all must exist) as built by `table`.
+fn register_referenced(
+    ctx: &SessionContext,
+    datasets: &BTreeMap<String, Arc<Dataset>>,
+    query: &Query,
+    table: impl Fn(&Dataset) -> Arc<ShardTable>,
+) -> Result<Vec<String>> {
+    let referenced = referenced_datasets(ctx, query)?;
+    for name in &referenced {
+        let dataset = lookup(datasets, name)?;
+        if ctx.table_exist(name.as_str())? {
+            continue;
+        }
+        ctx.register_table(name.as_str(), table(&dataset))?;
+    }
+    Ok(referenced)
+}
+
+/// The request as a DataFrame over the tables registered in `ctx`.
+async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
+    match query {
+        Query::Sql(sql) => {
+            let options = SQLOptions::new()
+                .with_allow_ddl(false)
+                .with_allow_dml(false)
+                .with_allow_statements(false);
+            Ok(ctx.sql_with_options(sql, options).await?)
+        }
+        Query::Fragment(f) => fragment_dataframe(ctx, f).await,
+    }
+}
+
+async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFrame> {
+    let mut df = ctx.table(f.dataset.as_str()).await?;
+    if let Some(predicate) = &f.predicate {
+        let expr = df.parse_sql_expr(predicate).map_err(|e| {
+            ServerError::BadQuery(format!("predicate `{predicate}`: {}", e.find_root().message()))
+        })?;
+        if !is_row_wise_expr(&expr) {
+            return Err(ServerError::BadQuery(format!(
+                "predicate `{predicate}` must be evaluable one row at a time (no subqueries or aggregates)"
+            )));
+        }
+        df = df.filter(expr)?;
+    }
+    if let Some(op) = f.ops.first() {
+        return Err(ServerError::BadQuery(format!("unknown op `{}`", op.op)));
+    }
+    if !f.columns.is_empty() {
+        let columns: Vec<&str> = f.columns.iter().map(String::as_str).collect();
+        df = df.select_columns(&columns)?;
+    }
+    Ok(df)
+}
+
+fn is_row_wise_expr(expr: &Expr) -> bool {
+    !expr
+        .exists(|e| {
+            Ok(matches!(
+                e,
+                Expr::ScalarSubquery(_)
+                    | Expr::InSubquery(_)
+                    | Expr::Exists(_)
+                    | Expr::OuterReferenceColumn(..)
+                    | Expr::AggregateFunction(_)
+                    | Expr::WindowFunction(_)
+            ))
+        })
+        .unwrap_or(true)
+}
+
+/// The one table a row-wise plan scans, or `None` when the plan is not row-wise.
+fn row_wise_table(plan: &LogicalPlan) -> Option<String> {
+    match plan {
+        LogicalPlan::Projection(p) if p.expr.iter().all(is_row_wise_expr) => row_wise_table(&p.input),
+        LogicalPlan::Filter(f) if is_row_wise_expr(&f.predicate) => row_wise_table(&f.input),
+        LogicalPlan::SubqueryAlias(a) => row_wise_table(&a.input),
+        LogicalPlan::TableScan(s) if s.fetch.is_none() => Some(s.table_name.table().to_owned()),
+        _ => None,
+    }
+}
+
+/// What the optimizer pushed into the (first) table scan.
+struct ScanInfo {
+    projection: Option<Vec<usize>>,
+    filter_columns: Vec<usize>,
+}
+
+fn scan_of(plan: &LogicalPlan) -> Option<ScanInfo> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            let schema = s.source.schema();
+            let mut filter_columns: Vec<usize> = s
+                .filters
+                .iter()
+                .flat_map(|f| f.column_refs())
+                .filter_map(|c| schema.index_of(&c.name).ok())
+                .collect();
+            filter_columns.sort_unstable();
+            filter_columns.dedup();
+            found = Some(ScanInfo {
+                projection: s.projection.clone(),
+                filter_columns,
+            });
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// Parquet leaf columns under the projected top-level fields (`None`: all).
+fn leaf_columns(dataset: &Dataset, projection: Option<&[usize]>) -> Option<Vec<usize>> {
+    let projection = projection?;
+    let descr = dataset.files.first()?.metadata.file_metadata().schema_descr_ptr();
+    Some(
+        (0..descr.num_columns())
+            .filter(|&leaf| projection.contains(&descr.get_column_root_idx(leaf)))
+            .collect(),
+    )
+}
+
+/// Late materialization pays off when the filter is cheap to read and the rest of the
+/// projection is expensive: decode the filter columns, then only the surviving rows of the
+/// others. Judged from the dataset's column chunk sizes.
+fn auto_filter_pushdown(dataset: &Dataset, projection: Option<&[usize]>, filter_columns: &[usize]) -> bool {
+    if filter_columns.is_empty() {
+        return false;
+    }
+    let all: Vec<usize> = (0..dataset.schema.fields().len()).collect();
+    let projected = projection.unwrap_or(&all);
+    let rest: Vec<usize> = projected
+        .iter()
+        .copied()
+        .filter(|c| !filter_columns.contains(c))
+        .collect();
+    let bytes = |cols: &[usize]| -> u64 {
+        let leaves = leaf_columns(dataset, Some(cols));
+        dataset
+            .files
+            .iter()
+            .flat_map(|f| (0..f.num_row_groups()).map(move |rg| (f, rg)))
+            .map(|(f, rg)| f.row_group_bytes(rg, leaves.as_deref()))
+            .sum()
+    };
+    bytes(&rest) >= 4 * bytes(filter_columns).max(1)
+}
+
+/// What the plan's scans did, from DataFusion's execution metrics.
+pub fn scan_stats(plan: &Arc<dyn ExecutionPlan>) -> StreamStats {
+    let mut stats = StreamStats::default();
+    let mut stack = vec![Arc::clone(plan)];
+    while let Some(node) = stack.pop() {
+        stack.extend(node.children().into_iter().cloned());
+        if node.name() != "DataSourceExec" {
+            continue;
+        }
+        let Some(metrics) = node.metrics() else { continue };
+        for metric in metrics.iter() {
+            match metric.value() {
+                MetricValue::Count { name, count } => match name.as_ref() {
+                    "bytes_scanned" => stats.bytes_scanned += count.value() as u64,
+                    "pushdown_rows_pruned" => stats.rows_scanned += count.value() as u64,
+                    _ => {}
+                },
+                MetricValue::OutputRows(count) => stats.rows_scanned += count.value() as u64,
+                MetricValue::PruningMetrics {
+                    name,
+                    pruning_metrics,
+                } => {
+                    if matches!(
+                        name.as_ref(),
+                        "row_groups_pruned_statistics" | "row_groups_pruned_bloom_filter"
+                    ) {
+                        stats.row_groups_pruned += pruning_metrics.pruned() as u64;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    stats
+}

@@ -1,0 +1,482 @@
+//! The Arrow Flight service: catalog, planning and streaming over gRPC.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use datafusion::physical_plan::execute_stream;
+use futures::FutureExt;
+use futures::stream::{BoxStream, StreamExt};
+use pushdown_protocol::{Compression, Fragment, Query, ScanRequest, ShardTicket};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::State;
+use crate::error::{Result, ServerError, outcome};
+use crate::query::{Shape, scan_stats};
+
+type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
+
+/// The `pushdown` Flight service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PushdownService {
+    state: Arc<State>,
+}
+
+impl PushdownService {
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+
+    fn finish<T>(&self, method: &'static str, result: Result<T>) -> Result<T, Status> {
+        self.state.metrics.record_request(method, outcome(&result));
+        result.map_err(Status::from)
+    }
+
+    fn fail(&self, method: &'static str, error: ServerError) -> Status {
+        let result: Result<()> = Err(error);
+        self.state.metrics.record_request(method, outcome(&result));
+        match result {
+            Err(e) => Status::from(e),
+            Ok(()) => Status::internal("unreachable"),
+        }
+    }
+
+    /// A descriptor as a request: a command (ScanRequest or SQL) or a path `[dataset]`.
+    fn request_of(descriptor: &FlightDescriptor) -> Result<ScanRequest> {
+        match DescriptorType::try_from(descriptor.r#type) {
+            Ok(DescriptorType::Cmd) => {
+                ScanRequest::decode_command(&descriptor.cmd).map_err(ServerError::BadCommand)
+            }
+            Ok(DescriptorType::Path) => match descriptor.path.as_slice() {
+                [dataset] => Ok(ScanRequest::new(Query::Fragment(Fragment {
+                    dataset: dataset.clone(),
+                    ..Fragment::default()
+                }))),
+                other => Err(ServerError::BadRequest(format!(
+                    "a path descriptor names one dataset, got {} elements",
+                    other.len()
+                ))),
+            },
+            _ => Err(ServerError::BadRequest(
+                "descriptor type must be CMD or PATH".into(),
+            )),
+        }
+    }
+
+    async fn flight_info(&self, descriptor: FlightDescriptor) -> Result<FlightInfo> {
+        let request = Self::request_of(&descriptor)?;
+        let planned = self.state.engine.plan(&request).await?;
+        let mk_ticket = |shard| ShardTicket {
+            request: planned.request.clone(),
+            shard,
+            skip_rows: 0,
+        };
+        let endpoints: Vec<FlightEndpoint> = match &planned.shape {
+            Shape::RowWise { .. } => planned
+                .shards
+                .iter()
+                .map(|s| self.endpoint(mk_ticket(Some(s.clone()))))
+                .collect(),
+            Shape::Whole => vec![self.endpoint(mk_ticket(None))],
+        };
+        let total_records = if planned.has_filter || matches!(planned.shape, Shape::Whole) {
+            -1
+        } else {
+            planned.rows_upper_bound as i64
+        };
+        tracing::debug!(
+            endpoints = endpoints.len(),
+            rows_upper_bound = planned.rows_upper_bound,
+            bytes_to_scan = planned.bytes_to_scan,
+            "planned"
+        );
+        let info = FlightInfo::new()
+            .try_with_schema(&planned.schema)
+            .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+            .with_descriptor(descriptor)
+            .with_endpoints(endpoints)
+            .with_total_records(total_records)
+            .with_total_bytes(-1)
+            .with_ordered(true)
+            .with_app_metadata(
+                pushdown_protocol::PlanEstimate {
+                    rows_upper_bound: planned.rows_upper_bound,
+                    bytes_to_scan: planned.bytes_to_scan,
+                    row_wise: matches!(planned.shape, Shape::RowWise { .. }),
+                }
+                .encode(),
+            );
+        Ok(info)
+    }
+
+    fn endpoint(&self, ticket: ShardTicket) -> FlightEndpoint {
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.encode()));
+        match &self.state.config.advertise {
+            Some(url) => endpoint.with_location(url.clone()),
+            None => endpoint,
+        }
+    }
+
+    async fn open_stream(&self, ticket: Ticket) -> Result<FlightStream<FlightData>> {
+        let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
+        let permit = self.acquire_stream_slot().await?;
+        let opened = self.state.engine.open(&ticket).await?;
+        let span = tracing::info_span!(
+            "stream",
+            dataset = ticket.shard.as_ref().map(|s| s.dataset.as_str()),
+            file = ticket.shard.as_ref().map(|s| s.file.as_str()),
+            row_groups = ?ticket.shard.as_ref().map(|s| s.row_groups.clone()),
+        );
+        let (tx, rx) = mpsc::channel(2);
+        let state = Arc::clone(&self.state);
+        let producer = produce(state, ticket, opened, permit, tx.clone());
+        let metrics = Arc::clone(&self.state.metrics);
+        let guard = self.state.cpu.spawn(
+            async move {
+                let mut outcome = StreamOutcome::start(metrics);
+                // A panic in a kernel or decoder must end this stream with an error, never
+                // silently: a stream that just stopped would look complete to the client.
+                let result = std::panic::AssertUnwindSafe(producer).catch_unwind().await;
+                let status = match result {
+                    Ok(Ok(completed)) => {
+                        outcome.outcome = if completed { "ok" } else { "cancelled" };
+                        return;
+                    }
+                    Ok(Err(status)) => status,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        Status::from(ServerError::Internal(format!("stream panicked: {what}")))
+                    }
+                };
+                outcome.outcome = match status.code() {
+                    tonic::Code::DeadlineExceeded => "deadline",
+                    _ => "error",
+                };
+                // The receiver may be gone (client disconnected): nothing to tell then.
+                let _ = tx.send(Err(status)).await;
+            }
+            .instrument(span),
+        );
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
+            // The stream owns the producer: dropping it (client gone) aborts the query.
+            let _owner = &guard;
+            item
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
+        let wait = self.state.config.queue_timeout;
+        match tokio::time::timeout(wait, Arc::clone(&self.state.streams).acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(ServerError::Internal("stream limiter closed".into())),
+            Err(_) => Err(ServerError::Overloaded(format!(
+                "all {} stream slots busy for {wait:?}; retry later",
+                self.state.config.max_concurrent_streams
+            ))),
+        }
+    }
+
+    async fn schema(&self, descriptor: FlightDescriptor) -> Result<SchemaResult> {
+        let request = Self::request_of(&descriptor)?;
+        let planned = self.state.engine.plan(&request).await?;
+        SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
+    }
+
+    async fn list(&self) -> Result<Vec<FlightInfo>> {
+        let datasets = self.state.engine.catalog().datasets().await?;
+        datasets
+            .values()
+            .map(|d| {
+                let info = FlightInfo::new()
+                    .try_with_schema(&d.schema)
+                    .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+                    .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
+                    .with_total_records(d.num_rows() as i64)
+                    .with_total_bytes(d.num_bytes() as i64);
+                Ok(info)
+            })
+            .collect()
+    }
+
+    async fn action(&self, action: Action) -> Result<Vec<arrow_flight::Result>> {
+        match action.r#type.as_str() {
+            "health" => Ok(vec![arrow_flight::Result::new("ok")]),
+            "explain" => {
+                let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
+                let planned = self.state.engine.plan(&request).await?;
+                let shape = match &planned.shape {
+                    Shape::RowWise { dataset } => {
+                        format!(
+                            "row-wise over `{}`: {} shards",
+                            dataset.name,
+                            planned.shards.len()
+                        )
+                    }
+                    Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
+                };
+                let text = format!(
+                    "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\n\n{}",
+                    planned.request.filter_pushdown,
+                    planned.rows_upper_bound,
+                    planned.bytes_to_scan,
+                    planned.schema,
+                    planned.optimized.display_indent()
+                );
+                Ok(vec![arrow_flight::Result::new(text)])
+            }
+            other => Err(ServerError::BadRequest(format!(
+                "unknown action `{other}`; actions: {}",
+                ACTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+}
+
+const ACTIONS: [(&str, &str); 2] = [
+    ("health", "Returns `ok` when the server is serving"),
+    (
+        "explain",
+        "Body: a command (ScanRequest or SQL). Returns the shape, shards, estimates and optimized plan",
+    ),
+];
+
+/// Runs an opened query on the CPU runtime and sends its encoded batches to `tx`.
+async fn produce(
+    state: Arc<State>,
+    ticket: ShardTicket,
+    opened: crate::query::Opened,
+    _permit: OwnedSemaphorePermit,
+    tx: mpsc::Sender<Result<FlightData, Status>>,
+) -> Result<bool, Status> {
+    let start = Instant::now();
+    let deadline = state.config.request_timeout;
+    let plan = Arc::clone(&opened.plan);
+    let schema = plan.schema();
+    let batches = execute_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
+
+    let rows_sent = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&rows_sent);
+    let mut skip = ticket.skip_rows;
+    let batches = batches.filter_map(move |item| {
+        let out = match item {
+            Ok(batch) if skip > 0 => {
+                let n = batch.num_rows() as u64;
+                if n <= skip {
+                    skip -= n;
+                    None
+                } else {
+                    let rest = batch.slice(skip as usize, (n - skip) as usize);
+                    skip = 0;
+                    Some(Ok(rest))
+                }
+            }
+            Ok(batch) => Some(Ok(batch)),
+            Err(e) => Some(Err(FlightError::Tonic(Box::new(Status::from(
+                ServerError::from(e),
+            ))))),
+        };
+        if let Some(Ok(b)) = &out {
+            counted.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+        }
+        futures::future::ready(out)
+    });
+    let compression = match ticket.request.compression {
+        Compression::None => None,
+        Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
+        Compression::Lz4 => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+    };
+    let options = IpcWriteOptions::default()
+        .try_with_compression(compression)
+        .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
+    let mut encoded = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .with_options(options)
+        .with_dictionary_handling(DictionaryHandling::Resend)
+        .with_max_flight_data_size(state.config.max_flight_data_bytes)
+        .build(batches);
+
+    let mut bytes_sent = 0u64;
+    let stream_all = async {
+        while let Some(item) = encoded.next().await {
+            let data = item.map_err(flight_error_to_status)?;
+            bytes_sent += (data.data_header.len() + data.data_body.len() + data.app_metadata.len()) as u64;
+            if tx.send(Ok(data)).await.is_err() {
+                tracing::debug!("client went away; stopping the stream");
+                return Ok(false);
+            }
+        }
+        Ok::<bool, Status>(true)
+    };
+    let completed = match tokio::time::timeout(deadline, stream_all).await {
+        Ok(result) => result?,
+        Err(_) => return Err(ServerError::Deadline(deadline).into()),
+    };
+
+    let mut stats = scan_stats(&plan);
+    stats.rows_sent = rows_sent.load(Ordering::Relaxed);
+    stats.bytes_sent = bytes_sent;
+    stats.row_groups = opened.row_groups;
+    stats.elapsed_ns = start.elapsed().as_nanos() as u64;
+    state.metrics.record_stream(&stats);
+    tracing::debug!(?stats, "stream finished");
+    if completed && ticket.request.stats {
+        let _ = tx
+            .send(Ok(FlightData::new().with_app_metadata(stats.encode())))
+            .await;
+    }
+    Ok(completed)
+}
+
+fn flight_error_to_status(e: FlightError) -> Status {
+    match e {
+        FlightError::Tonic(status) => *status,
+        other => Status::from(ServerError::Internal(format!("encoding: {other}"))),
+    }
+}
+
+/// Accounts for one DoGet stream however it ends: finished, failed, or dropped mid-way
+/// (a client that went away aborts the producer, so only a drop guard sees that).
+struct StreamOutcome {
+    metrics: Arc<crate::metrics::Metrics>,
+    outcome: &'static str,
+}
+
+impl StreamOutcome {
+    fn start(metrics: Arc<crate::metrics::Metrics>) -> Self {
+        metrics.active_streams.inc();
+        Self {
+            metrics,
+            outcome: "cancelled",
+        }
+    }
+}
+
+impl Drop for StreamOutcome {
+    fn drop(&mut self) {
+        self.metrics.active_streams.dec();
+        self.metrics.record_request("do_get", self.outcome);
+    }
+}
+
+#[tonic::async_trait]
+impl FlightService for PushdownService {
+    type HandshakeStream = FlightStream<HandshakeResponse>;
+    type ListFlightsStream = FlightStream<FlightInfo>;
+    type DoGetStream = FlightStream<FlightData>;
+    type DoPutStream = FlightStream<PutResult>;
+    type DoActionStream = FlightStream<arrow_flight::Result>;
+    type ListActionsStream = FlightStream<ActionType>;
+    type DoExchangeStream = FlightStream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        // No authentication: an empty handshake succeeds, as for an unauthenticated server.
+        Ok(Response::new(futures::stream::empty().boxed()))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let infos = self.finish("list_flights", self.list().await)?;
+        Ok(Response::new(
+            futures::stream::iter(infos.into_iter().map(Ok)).boxed(),
+        ))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let result = self.flight_info(request.into_inner()).await;
+        Ok(Response::new(self.finish("get_flight_info", result)?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        // Planning is quick: the answer is always complete.
+        let descriptor = request.into_inner();
+        let result = self.flight_info(descriptor.clone()).await;
+        let info = self.finish("poll_flight_info", result)?;
+        Ok(Response::new(
+            PollInfo::new().with_info(info).with_descriptor(descriptor),
+        ))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
+        let result = self.schema(request.into_inner()).await;
+        Ok(Response::new(self.finish("get_schema", result)?))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        match self.open_stream(request.into_inner()).await {
+            Ok(stream) => Ok(Response::new(stream)),
+            // Streams that open record their outcome when they end.
+            Err(e) => Err(self.fail("do_get", e)),
+        }
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(self.fail(
+            "do_put",
+            ServerError::Unsupported("DoPut (servers are read-only)"),
+        ))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(self.fail("do_exchange", ServerError::Unsupported("DoExchange")))
+    }
+
+    #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
+    async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        let results = self.finish("do_action", self.action(request.into_inner()).await)?;
+        Ok(Response::new(
+            futures::stream::iter(results.into_iter().map(Ok)).boxed(),
+        ))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = ACTIONS.iter().map(|(name, description)| {
+            Ok(ActionType {
+                r#type: (*name).into(),
+                description: (*description).into(),
+            })
+        });
+        Ok(Response::new(futures::stream::iter(actions).boxed()))
+    }
+}

@@ -1,0 +1,178 @@
+//! Opening the storage root, and the decorating object store that accounts for every read.
+//!
+//! All file access of a server goes through one [`ObjectStore`] rooted at `--data`, so no
+//! request can name a file outside it. [`InstrumentedStore`] wraps that store: it counts the
+//! bytes and requests of every read into the server's metrics and, when asked, records each
+//! request (path and byte range) so tests can prove what a query read, not only what it
+//! returned.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::prefix::PrefixStore;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+use crate::error::{Result, ServerError};
+use crate::metrics::Metrics;
+
+/// Opens `--data`: a local folder, or an object-store URL (`s3://bucket/prefix`, `file:///…`,
+/// `memory://`). S3 settings (endpoint, credentials, region) come from the usual `AWS_*`
+/// environment variables. The returned store is rooted at the data root.
+pub fn open_store(data: &str) -> Result<Arc<dyn ObjectStore>> {
+    let is_url = data.contains("://");
+    if !is_url {
+        let root = std::fs::canonicalize(data)
+            .map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
+        let store =
+            object_store::local::LocalFileSystem::new_with_prefix(root).map_err(ServerError::Storage)?;
+        return Ok(Arc::new(store));
+    }
+    let url = url::Url::parse(data).map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
+    let (store, prefix): (Box<dyn ObjectStore>, Path) = match url.scheme() {
+        "s3" | "s3a" => {
+            let store = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(ServerError::Storage)?;
+            (Box::new(store), Path::from(url.path()))
+        }
+        _ => object_store::parse_url(&url).map_err(ServerError::Storage)?,
+    };
+    if prefix.as_ref().is_empty() {
+        Ok(Arc::from(store))
+    } else {
+        Ok(Arc::new(PrefixStore::new(store, prefix)))
+    }
+}
+
+/// One read made to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub path: String,
+    pub range: Range<u64>,
+}
+
+/// Decorates a store with read accounting; writes pass through untouched.
+pub struct InstrumentedStore {
+    inner: Arc<dyn ObjectStore>,
+    metrics: Arc<Metrics>,
+    recording: Option<Mutex<Vec<ReadRequest>>>,
+}
+
+impl InstrumentedStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            metrics,
+            recording: None,
+        }
+    }
+
+    /// Also keeps every read request, for [`Self::take_requests`].
+    pub fn with_recording(mut self) -> Self {
+        self.recording = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The read requests recorded since the last call.
+    pub fn take_requests(&self) -> Vec<ReadRequest> {
+        self.recording
+            .as_ref()
+            .map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner())))
+            .unwrap_or_default()
+    }
+
+    fn record(&self, path: &Path, range: Range<u64>) {
+        self.metrics.store_requests.inc();
+        self.metrics
+            .store_bytes_read
+            .inc_by(range.end.saturating_sub(range.start));
+        if let Some(recording) = &self.recording {
+            recording
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ReadRequest {
+                    path: path.to_string(),
+                    range,
+                });
+        }
+    }
+}
+
+impl fmt::Display for InstrumentedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Instrumented({})", self.inner)
+    }
+}
+
+impl fmt::Debug for InstrumentedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstrumentedStore")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ObjectStore for InstrumentedStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+        let head = options.head;
+        let result = self.inner.get_opts(location, options).await?;
+        if !head {
+            self.record(location, result.range.clone());
+        }
+        Ok(result)
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+        let result = self.inner.get_ranges(location, ranges).await?;
+        for range in ranges {
+            self.record(location, range.clone());
+        }
+        Ok(result)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

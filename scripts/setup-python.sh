@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates .venv with what the Python tests need (pyarrow's own Flight client, pytest).
+# Idempotent: reinstalls only when tests/python/requirements.txt changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  "$python" -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(sha256sum tests/python/requirements.txt | cut -d' ' -f1)
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): formatting, generated code, lints, docs, the Rust
+# tests (unit, differential, I/O accounting, end-to-end) and the Python interop tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "generated proto code is up to date"
+scripts/regen-proto.sh --check
+
+step "clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+step "docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
+
+step "cargo test"
+cargo test --locked --workspace
+
+step "python interop (pyarrow.flight)"
+cargo build --locked -p pushdown-cli
+scripts/setup-python.sh
+PUSHDOWN_BIN="$target/debug/pushdown" .venv/bin/python -m pytest -q tests/python

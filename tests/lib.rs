@@ -1,0 +1,315 @@
+//! The shared harness of the end-to-end tests: seeded datasets in scratch folders, a real
+//! server on `127.0.0.1:0`, the real client, and a local evaluation to compare against.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Decimal128Array, DictionaryArray, Float64Array, Int32Array, Int64Array,
+    ListArray, StringArray, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use futures::StreamExt;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_client::{PushdownClient, StreamOptions, StreamTotals};
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_server::{RunningServer, Server, ServerConfig, open_store};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A data root in a scratch folder, a server over it, and a client.
+pub struct Fixture {
+    pub root: tempfile::TempDir,
+    pub server: Server,
+    pub running: RunningServer,
+    pub client: PushdownClient,
+}
+
+impl Fixture {
+    /// Serves whatever `write` puts under the data root.
+    pub async fn new(config: ServerConfig, write: impl FnOnce(&Path)) -> Self {
+        let root = tempfile::tempdir().expect("scratch dir");
+        write(root.path());
+        let store = open_store(&root.path().to_string_lossy()).expect("store");
+        let server = Server::builder(store)
+            .config(config)
+            .record_reads()
+            .open()
+            .await
+            .expect("server opens");
+        let running = server
+            .clone()
+            .spawn("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("binds");
+        let client = PushdownClient::connect(&[running.url()]).await.expect("connects");
+        // Reads made while opening the catalog are not any query's.
+        server.store().take_requests();
+        Self {
+            root,
+            server,
+            running,
+            client,
+        }
+    }
+
+    /// A small images dataset: `rows` rows, 64-row row groups, 256-row files.
+    pub async fn images(rows: usize) -> Self {
+        Self::new(small_shards(), |root| {
+            write_images(root, rows);
+        })
+        .await
+    }
+
+    /// Runs a request to the end (one stream at a time, so batches come in endpoint order).
+    pub async fn collect(&self, request: &ScanRequest) -> Result<(Vec<RecordBatch>, StreamTotals), String> {
+        collect_with(
+            &self.client,
+            request,
+            StreamOptions {
+                concurrency: 1,
+                ..StreamOptions::default()
+            },
+        )
+        .await
+    }
+
+    pub async fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
+        self.collect(&ScanRequest::new(Query::Sql(sql.into())))
+            .await
+            .map(|(b, _)| b)
+    }
+
+    /// The same query, evaluated locally by DataFusion straight from the files.
+    pub async fn local(&self, sql: &str) -> Vec<RecordBatch> {
+        local_eval(self.root.path(), sql).await
+    }
+}
+
+/// Server settings that make many small shards out of small test files.
+pub fn small_shards() -> ServerConfig {
+    ServerConfig {
+        shard_max_rows: 128,
+        batch_size: 100,
+        ..ServerConfig::default()
+    }
+}
+
+pub fn write_images(root: &Path, rows: usize) -> u64 {
+    let mut options = GenOptions::new(Kind::Images, rows);
+    options.row_group_rows = Some(64);
+    options.rows_per_file = Some(256);
+    generate(&options, &root.join("images")).expect("images").bytes
+}
+
+pub async fn collect_with(
+    client: &PushdownClient,
+    request: &ScanRequest,
+    options: StreamOptions,
+) -> Result<(Vec<RecordBatch>, StreamTotals), String> {
+    let info = client.plan(request).await.map_err(|e| e.to_string())?;
+    let mut stream = client.stream(&info, options).map_err(|e| e.to_string())?;
+    let mut batches = Vec::new();
+    while let Some(b) = stream.next().await {
+        batches.push(b.map_err(|e| e.to_string())?);
+    }
+    Ok((batches, stream.totals()))
+}
+
+/// Evaluates `sql` with DataFusion over the data root's folders, one partition.
+pub async fn local_eval(root: &Path, sql: &str) -> Vec<RecordBatch> {
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    let mut config = SessionConfig::new().with_target_partitions(1);
+    // Same reading of strings as the server (no view types).
+    config.options_mut().execution.parquet.schema_force_view_types = false;
+    let ctx = SessionContext::new_with_config(config);
+    for entry in std::fs::read_dir(root).expect("root") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if path.is_dir() {
+            let options = ParquetReadOptions {
+                file_extension: ".parquet",
+                ..Default::default()
+            };
+            ctx.register_parquet(name.as_str(), path.to_string_lossy().as_ref(), options)
+                .await
+                .expect("register");
+        }
+    }
+    ctx.sql(sql)
+        .await
+        .expect("local plan")
+        .collect()
+        .await
+        .expect("local run")
+}
+
+/// Every row rendered as text, sorted: equality as multisets of rows.
+pub fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut rows = rows(batches);
+    rows.sort();
+    rows
+}
+
+/// Every row rendered as text, in order.
+pub fn rows(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("∅");
+    let mut out = Vec::new();
+    for batch in batches {
+        let formatters: Vec<_> = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("formatter"))
+            .collect();
+        for r in 0..batch.num_rows() {
+            out.push(
+                formatters
+                    .iter()
+                    .map(|f| f.value(r).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            );
+        }
+    }
+    out
+}
+
+pub fn num_rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(|b| b.num_rows()).sum()
+}
+
+/// The `edge` dataset: nulls, unicode, dictionaries, timestamps, decimals, lists, NaN, in
+/// three files of several row groups each, with page statistics. Returns its schema.
+pub fn write_edge_cases(root: &Path, seed: u64) -> Arc<Schema> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("i", DataType::Int32, true),
+        Field::new("f", DataType::Float64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new(
+            "cat",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new("d", DataType::Decimal128(10, 2), true),
+        Field::new(
+            "l",
+            DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
+            true,
+        ),
+        Field::new("b", DataType::Boolean, true),
+    ]));
+    let dir = root.join("edge");
+    std::fs::create_dir_all(&dir).expect("edge dir");
+    let words = [
+        "",
+        "a",
+        "abc",
+        "héllo",
+        "日本語",
+        "🦀 crab",
+        "Ünïcödé",
+        "z",
+        "tab\tsep",
+        "quote'd",
+    ];
+    let cats = ["red", "green", "blue", "ünï"];
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut id = 0i64;
+    for file in 0..3 {
+        let props = WriterProperties::builder()
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_max_row_group_row_count(Some(97))
+            .set_data_page_row_count_limit(20)
+            .set_write_batch_size(10)
+            .set_column_bloom_filter_enabled("s".into(), true)
+            .build();
+        let f = std::fs::File::create(dir.join(format!("part-{file}.parquet"))).expect("file");
+        let mut writer = ArrowWriter::try_new(f, Arc::clone(&schema), Some(props)).expect("writer");
+        for _ in 0..3 {
+            let n = rng.random_range(50..120);
+            // Ids rise through the files, so id filters prune row groups.
+            let ids: Vec<i64> = (id..id + n).collect();
+            id += n;
+            let null = |rng: &mut ChaCha8Rng| rng.random_bool(0.15);
+            let i: Int32Array = (0..n)
+                .map(|_| (!null(&mut rng)).then(|| rng.random_range(-50..50)))
+                .collect();
+            let fl: Float64Array = (0..n)
+                .map(|_| {
+                    if null(&mut rng) {
+                        None
+                    } else if rng.random_bool(0.05) {
+                        Some(f64::NAN)
+                    } else {
+                        Some(rng.random_range(-10.0..10.0))
+                    }
+                })
+                .collect();
+            let s: StringArray = (0..n)
+                .map(|_| (!null(&mut rng)).then(|| words[rng.random_range(0..words.len())]))
+                .collect();
+            let cat: DictionaryArray<Int32Type> = (0..n)
+                .map(|_| (!null(&mut rng)).then(|| cats[rng.random_range(0..cats.len())]))
+                .collect();
+            let ts: TimestampMicrosecondArray = (0..n)
+                .map(|_| {
+                    (!null(&mut rng)).then(|| 1_700_000_000_000_000 + rng.random_range(0..100_000_000_000i64))
+                })
+                .collect();
+            let d = Decimal128Array::from(
+                (0..n)
+                    .map(|_| (!null(&mut rng)).then(|| rng.random_range(-100_000..100_000) as i128))
+                    .collect::<Vec<_>>(),
+            )
+            .with_precision_and_scale(10, 2)
+            .expect("decimal");
+            let l = ListArray::from_iter_primitive::<Int32Type, _, _>((0..n).map(|_| {
+                (!null(&mut rng)).then(|| {
+                    (0..rng.random_range(0..5))
+                        .map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(0..10)))
+                        .collect::<Vec<_>>()
+                })
+            }));
+            let b: BooleanArray = (0..n)
+                .map(|_| (!null(&mut rng)).then(|| rng.random_bool(0.5)))
+                .collect();
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(i),
+                Arc::new(fl),
+                Arc::new(s),
+                Arc::new(cat),
+                Arc::new(ts),
+                Arc::new(d),
+                Arc::new(l),
+                Arc::new(b),
+            ];
+            let batch = RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch");
+            writer.write(&batch).expect("write");
+        }
+        writer.close().expect("close");
+    }
+    schema
+}
+
+/// A plain Flight client (no pushdown code), for protocol-level tests.
+pub async fn raw_client(
+    url: String,
+) -> arrow_flight::flight_service_client::FlightServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(url)
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    arrow_flight::flight_service_client::FlightServiceClient::new(channel)
+}

@@ -1,0 +1,268 @@
+//! Bad input gets a clear error, loses nothing, and the server stays up.
+
+use std::io::Write;
+use std::time::Duration;
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightDescriptor, Ticket};
+use futures::StreamExt;
+use pushdown_protocol::{Fragment, Query, ScanRequest, Shard, ShardTicket};
+use pushdown_tests::{Fixture, num_rows, small_shards, write_images};
+use tonic::Code;
+
+async fn raw(fx: &Fixture) -> FlightServiceClient<tonic::transport::Channel> {
+    pushdown_tests::raw_client(fx.running.url()).await
+}
+
+async fn info_error(fx: &Fixture, command: impl Into<bytes::Bytes>) -> tonic::Status {
+    raw(fx)
+        .await
+        .get_flight_info(FlightDescriptor::new_cmd(command.into()))
+        .await
+        .expect_err("must fail")
+}
+
+async fn still_serves(fx: &Fixture) {
+    let batches = fx
+        .sql("SELECT label FROM images WHERE id < 10")
+        .await
+        .expect("server still up");
+    assert_eq!(num_rows(&batches), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_datasets_are_not_found_with_the_known_ones() {
+    let fx = Fixture::images(64).await;
+    let status = info_error(&fx, "SELECT * FROM nope").await;
+    assert_eq!(status.code(), Code::NotFound, "{status}");
+    assert!(
+        status.message().contains("`nope`") && status.message().contains("images"),
+        "{status}"
+    );
+
+    let fragment = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "nope".into(),
+        ..Fragment::default()
+    }));
+    let status = info_error(&fx, fragment.encode()).await;
+    assert_eq!(status.code(), Code::NotFound, "{status}");
+
+    let status = raw(&fx)
+        .await
+        .get_schema(FlightDescriptor::new_path(vec!["nope".into()]))
+        .await
+        .expect_err("unknown path");
+    assert_eq!(status.code(), Code::NotFound);
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sql_is_invalid_argument_with_the_parser_message() {
+    let fx = Fixture::images(64).await;
+    let status = info_error(&fx, "SELEC label FROM images").await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("SELEC"), "{status}");
+
+    let status = info_error(&fx, "SELECT nope FROM images").await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().to_lowercase().contains("nope"), "{status}");
+
+    let bad_predicate = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["label".into()],
+        predicate: Some("label <".into()),
+        ops: vec![],
+    }));
+    let status = info_error(&fx, bad_predicate.encode()).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+
+    let subquery = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec![],
+        predicate: Some("label IN (SELECT label FROM images)".into()),
+        ops: vec![],
+    }));
+    let status = info_error(&fx, subquery.encode()).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_read_only_queries_over_the_catalog() {
+    let fx = Fixture::images(64).await;
+    let outside = fx.root.path().join("outside.parquet");
+    pushdown_tests::write_images(&fx.root.path().join("elsewhere"), 8);
+    let statements = [
+        "CREATE TABLE t AS SELECT 1".to_string(),
+        "DROP TABLE images".into(),
+        "INSERT INTO images SELECT * FROM images".into(),
+        format!("COPY images TO '{}'", outside.display()),
+        "SET datafusion.execution.batch_size = 1".into(),
+        format!(
+            "CREATE EXTERNAL TABLE x STORED AS PARQUET LOCATION '{}'",
+            fx.root.path().display()
+        ),
+        "SELECT 1; SELECT 2".into(),
+    ];
+    for sql in &statements {
+        let status = info_error(&fx, sql.clone()).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{sql}: {status}");
+    }
+    assert!(!outside.exists(), "COPY wrote a file");
+
+    // File paths are not tables.
+    for sql in [
+        "SELECT * FROM '/etc/passwd'".to_string(),
+        format!(
+            "SELECT * FROM '{}/elsewhere/images/part-00000.parquet'",
+            fx.root.path().display()
+        ),
+    ] {
+        let status = info_error(&fx, sql.clone()).await;
+        assert!(
+            matches!(status.code(), Code::NotFound | Code::InvalidArgument),
+            "{sql}: {status}"
+        );
+    }
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_forged_tickets_are_rejected() {
+    let fx = Fixture::images(64).await;
+    let mut client = raw(&fx).await;
+    for garbage in [&b"\xff\xff\xff"[..], b"", b"SELECT 1"] {
+        let status = client
+            .do_get(Ticket::new(garbage.to_vec()))
+            .await
+            .expect_err("garbage");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    }
+    let request = ScanRequest::new(Query::Sql("SELECT label FROM images".into()));
+    for (file, code) in [
+        ("../../../etc/passwd", Code::NotFound),
+        ("part-00099.parquet", Code::NotFound),
+    ] {
+        let forged = ShardTicket {
+            request: request.clone(),
+            shard: Some(Shard {
+                dataset: "images".into(),
+                file: file.into(),
+                row_groups: 0..1,
+                rows: 1,
+            }),
+            skip_rows: 0,
+        };
+        let status = client
+            .do_get(Ticket::new(forged.encode()))
+            .await
+            .expect_err("forged");
+        assert_eq!(status.code(), code, "{file}: {status}");
+    }
+    // A real file but row groups it does not have.
+    let forged = ShardTicket {
+        request: request.clone(),
+        shard: Some(Shard {
+            dataset: "images".into(),
+            file: "part-00000.parquet".into(),
+            row_groups: 0..99,
+            rows: 1,
+        }),
+        skip_rows: 0,
+    };
+    let status = client
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("range");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // A shard ticket whose query is not row-wise would give partial answers: refused.
+    let forged = ShardTicket {
+        request: ScanRequest::new(Query::Sql("SELECT count(*) FROM images".into())),
+        shard: Some(Shard {
+            dataset: "images".into(),
+            file: "part-00000.parquet".into(),
+            row_groups: 0..1,
+            rows: 1,
+        }),
+        skip_rows: 0,
+    };
+    let status = client
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("aggregate");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_parquet_fails_that_request_only() {
+    let fx = Fixture::new(small_shards(), |root| {
+        write_images(root, 64);
+        // A truncated file: no footer.
+        let broken = root.join("broken");
+        std::fs::create_dir_all(&broken).expect("dir");
+        let good = std::fs::read(root.join("images/part-00000.parquet")).expect("read");
+        std::fs::write(broken.join("part-0.parquet"), &good[..good.len() / 2]).expect("write");
+        // A file with an intact footer but garbage pages.
+        let mangled = root.join("mangled");
+        std::fs::create_dir_all(&mangled).expect("dir");
+        let mut bytes = good.clone();
+        for b in &mut bytes[8..good.len() / 2] {
+            *b = b.wrapping_mul(31).wrapping_add(7);
+        }
+        let mut f = std::fs::File::create(mangled.join("part-0.parquet")).expect("create");
+        f.write_all(&bytes).expect("write");
+    })
+    .await;
+
+    let status = info_error(&fx, "SELECT * FROM broken").await;
+    assert_eq!(status.code(), Code::DataLoss, "{status}");
+    assert!(status.message().contains("part-0.parquet"), "{status}");
+
+    // The mangled file plans (its footer is fine) but its stream fails with an error,
+    // never a silent short stream.
+    let result = fx.sql("SELECT id, image FROM mangled").await;
+    assert!(result.is_err(), "mangled pages must fail the stream");
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_stops_the_servers_work() {
+    let fx = Fixture::new(small_shards(), |root| {
+        write_images(root, 512);
+    })
+    .await;
+    let info = fx
+        .client
+        .plan(&ScanRequest::new(Query::Sql("SELECT image FROM images".into())))
+        .await
+        .expect("plan");
+    let mut client = raw(&fx).await;
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get").into_inner();
+    let first = stream.next().await.expect("a message").expect("ok");
+    assert!(!first.data_header.is_empty());
+    drop(stream);
+    drop(client);
+
+    // The producer notices and the stream slot is released (bounded wait, no fixed sleep).
+    let gauge = || {
+        fx.server
+            .metrics()
+            .encode()
+            .lines()
+            .find(|l| l.starts_with("pushdown_active_streams "))
+            .map(|l| l.trim_start_matches("pushdown_active_streams ").trim().to_owned())
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while gauge().as_deref() != Some("0") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stream still active: {:?}",
+            gauge()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fx.server.metrics().encode().contains("outcome=\"cancelled\""));
+    still_serves(&fx).await;
+}

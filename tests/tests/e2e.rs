@@ -1,0 +1,269 @@
+//! End to end: a real server on 127.0.0.1:0, the real client, the CLI's run and demo.
+
+use std::sync::Arc;
+
+use arrow_flight::{Criteria, FlightDescriptor};
+use futures::{StreamExt, TryStreamExt};
+use pushdown_cli::run::{RunOptions, Source, run};
+use pushdown_client::{StreamOptions, plan_estimate};
+use pushdown_planner::Pipeline;
+use pushdown_protocol::{Query, ScanRequest, ShardTicket};
+use pushdown_server::serve_metrics;
+use pushdown_tests::{Fixture, local_eval, num_rows, rows, sorted_rows};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_and_saves_bytes() {
+    let mut out = Vec::new();
+    let report = pushdown_cli::demo::demo(256, false, &mut out)
+        .await
+        .expect("demo");
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(text.contains("fewer bytes"), "{text}");
+    assert!(
+        report.run.rows > 0 && report.run.rows < 256,
+        "label < 100 keeps ~10%: {}",
+        report.run.rows
+    );
+    assert!(
+        report.reduction() > 3.0,
+        "saved only {:.1}x\n{text}",
+        report.reduction()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_run_writes_the_rows_the_filter_selects() {
+    let fx = Fixture::images(300).await;
+    let out = fx.root.path().join("out.parquet");
+    let pipeline = Pipeline::new("images")
+        .shuffle(100)
+        .filter("label < 300")
+        .select(["id", "label"])
+        .batch(16);
+    let options = RunOptions {
+        servers: vec![fx.running.url()],
+        source: Source::Pipeline(pipeline),
+        out: Some(out.clone()),
+        epochs: 1,
+        seed: 3,
+        stream: StreamOptions::default(),
+    };
+    let report = run(&options).await.expect("run");
+    let plan = report.plan.as_ref().expect("plan");
+    assert_eq!(plan.fragment.columns, vec!["id", "label"]);
+    assert_eq!(plan.fragment.predicate.as_deref(), Some("(label < 300)"));
+
+    let expected = local_eval(fx.root.path(), "SELECT id, label FROM images WHERE label < 300").await;
+    let file = std::fs::File::open(&out).expect("out");
+    let written: Vec<_> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .build()
+        .expect("reader")
+        .collect::<Result<_, _>>()
+        .expect("read");
+    assert_eq!(sorted_rows(&written), sorted_rows(&expected));
+    assert_eq!(report.rows as usize, num_rows(&expected));
+    // Shuffled: not in id order.
+    assert_ne!(rows(&written), rows(&expected));
+    // Batches of 16 but the last.
+    assert!(written.iter().rev().skip(1).all(|b| b.num_rows() == 16));
+
+    // Same seed, same sequence; another seed, another.
+    let again = run(&options).await.expect("run again");
+    assert_eq!(again.rows, report.rows);
+    let second: Vec<_> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&out).expect("out"),
+    )
+    .expect("parquet")
+    .build()
+    .expect("reader")
+    .collect::<Result<_, _>>()
+    .expect("read");
+    assert_eq!(rows(&second), rows(&written));
+    let other = RunOptions { seed: 4, ..options };
+    run(&other).await.expect("run other seed");
+    let third: Vec<_> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&out).expect("out"),
+    )
+    .expect("parquet")
+    .build()
+    .expect("reader")
+    .collect::<Result<_, _>>()
+    .expect("read");
+    assert_ne!(rows(&third), rows(&written));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_that_are_not_row_wise_get_one_correct_stream() {
+    let fx = Fixture::images(300).await;
+    for sql in [
+        "SELECT count(*) AS n FROM images",
+        "SELECT split, count(*) AS n, max(label) AS m FROM images GROUP BY split ORDER BY split",
+        "SELECT id, label FROM images ORDER BY label DESC, id LIMIT 7",
+        "SELECT DISTINCT split FROM images ORDER BY split",
+        "SELECT a.id FROM images a JOIN images b ON a.id = b.id + 1 WHERE a.id < 20 ORDER BY a.id",
+        "SELECT id FROM images WHERE label = (SELECT max(label) FROM images)",
+        "SELECT 1 + 1 AS two",
+    ] {
+        let info = fx
+            .client
+            .plan(&ScanRequest::new(Query::Sql(sql.into())))
+            .await
+            .expect(sql);
+        assert_eq!(info.endpoint.len(), 1, "{sql}: one endpoint");
+        assert!(!plan_estimate(&info).expect("estimate").row_wise);
+        let served = fx.sql(sql).await.expect(sql);
+        let local = local_eval(fx.root.path(), sql).await;
+        assert_eq!(rows(&served), rows(&local), "{sql}");
+    }
+    // Row-wise queries fan out over shards.
+    let info = fx
+        .client
+        .plan(&ScanRequest::new(Query::Sql(
+            "SELECT label FROM images WHERE label < 10".into(),
+        )))
+        .await
+        .expect("row-wise");
+    assert!(info.endpoint.len() > 2, "{} endpoints", info.endpoint.len());
+    assert!(plan_estimate(&info).expect("estimate").row_wise);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_resumes_from_an_offset() {
+    let fx = Fixture::images(200).await;
+    let info = fx
+        .client
+        .plan(&ScanRequest::new(Query::Sql("SELECT id FROM images".into())))
+        .await
+        .expect("plan");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let full = fetch_ticket(&fx, ticket.ticket.clone()).await;
+    let mut resumed = ShardTicket::decode(&ticket.ticket).expect("ticket");
+    resumed.skip_rows = 37;
+    let tail = fetch_ticket(&fx, resumed.encode()).await;
+    assert_eq!(rows(&tail), rows(&full)[37..].to_vec());
+}
+
+async fn fetch_ticket(fx: &Fixture, ticket: bytes::Bytes) -> Vec<arrow::record_batch::RecordBatch> {
+    let mut client = pushdown_tests::raw_client(fx.running.url()).await;
+    let stream = client
+        .do_get(arrow_flight::Ticket::new(ticket))
+        .await
+        .expect("do_get")
+        .into_inner()
+        .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+    arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(stream)
+        .try_collect()
+        .await
+        .expect("batches")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_schema_explain_and_metrics() {
+    let fx = Fixture::images(100).await;
+    let datasets = fx.client.list_datasets().await.expect("list");
+    assert_eq!(datasets.len(), 1);
+    assert_eq!(datasets[0].0, "images");
+    assert_eq!(datasets[0].1, 100);
+    assert_eq!(datasets[0].3.fields().len(), 7);
+
+    let mut raw = pushdown_tests::raw_client(fx.running.url()).await;
+    let listed: Vec<_> = raw
+        .list_flights(Criteria::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .try_collect()
+        .await
+        .expect("infos");
+    assert_eq!(listed.len(), 1);
+    // A path descriptor streams the whole dataset.
+    let info = raw
+        .get_flight_info(FlightDescriptor::new_path(vec!["images".into()]))
+        .await
+        .expect("path info")
+        .into_inner();
+    assert_eq!(info.total_records, 100);
+
+    let explained = fx
+        .client
+        .action("explain", "SELECT label FROM images WHERE id < 10".into())
+        .await
+        .expect("explain");
+    let text = String::from_utf8(explained[0].to_vec()).expect("utf8");
+    assert!(text.contains("row-wise") && text.contains("TableScan"), "{text}");
+    let health = fx
+        .client
+        .action("health", bytes::Bytes::new())
+        .await
+        .expect("health");
+    assert_eq!(&health[0][..], b"ok");
+    assert!(fx.client.action("nope", bytes::Bytes::new()).await.is_err());
+
+    // Metrics over HTTP, as Prometheus scrapes them.
+    fx.sql("SELECT label FROM images").await.expect("query");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics = tokio::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
+        let _ = stopped.await;
+    }));
+    let body = http_get(addr, "/metrics").await;
+    for name in [
+        "pushdown_bytes_scanned_total",
+        "pushdown_bytes_sent_total",
+        "pushdown_rows_scanned_total",
+        "pushdown_rows_sent_total 100",
+        "pushdown_row_groups_pruned_total",
+        "pushdown_requests_total{method=\"get_flight_info\",outcome=\"ok\"}",
+    ] {
+        assert!(body.contains(name), "{name} missing from\n{body}");
+    }
+    let _ = stop.send(());
+    metrics.await.expect("join").expect("metrics server");
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_fan_out_with_bounded_concurrency() {
+    let fx = Fixture::images(512).await;
+    let request = ScanRequest::new(Query::Sql("SELECT id, label FROM images".into()));
+    let info = fx.client.plan(&request).await.expect("plan");
+    for concurrency in [1, 3, 16] {
+        let mut stream = fx
+            .client
+            .stream(
+                &info,
+                StreamOptions {
+                    concurrency,
+                    ..StreamOptions::default()
+                },
+            )
+            .expect("stream");
+        let mut batches = Vec::new();
+        while let Some(b) = stream.next().await {
+            batches.push(b.expect("batch"));
+        }
+        assert_eq!(num_rows(&batches), 512, "concurrency {concurrency}");
+        let mut ids: Vec<String> = rows(&batches)
+            .into_iter()
+            .map(|r| r.split(" | ").next().unwrap_or_default().to_owned())
+            .collect();
+        ids.sort_by_key(|s| s.parse::<i64>().unwrap_or(-1));
+        ids.dedup();
+        assert_eq!(ids.len(), 512, "every row exactly once");
+        assert!(stream.totals().bytes_received > 0);
+    }
+}

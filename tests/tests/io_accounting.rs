@@ -1,0 +1,99 @@
+//! Pushdown is proven by what was read, not only by what came back.
+
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_tests::{Fixture, local_eval, num_rows, sorted_rows};
+
+fn bytes_read(fx: &Fixture) -> u64 {
+    fx.server
+        .store()
+        .take_requests()
+        .iter()
+        .map(|r| r.range.end - r.range.start)
+        .sum()
+}
+
+fn dataset_bytes(fx: &Fixture) -> u64 {
+    let dir = fx.root.path().join("images");
+    std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").metadata().expect("meta").len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projecting_a_narrow_column_reads_a_small_fraction() {
+    let fx = Fixture::images(512).await;
+    let total = dataset_bytes(&fx);
+
+    let labels = fx.sql("SELECT label FROM images").await.expect("labels");
+    assert_eq!(num_rows(&labels), 512);
+    let narrow = bytes_read(&fx);
+    assert!(narrow > 0, "reads are recorded");
+    assert!(
+        narrow * 20 < total,
+        "projecting `label` read {narrow} of {total} bytes (more than 5%)"
+    );
+
+    // The control: projecting the images reads nearly everything.
+    let images = fx.sql("SELECT image FROM images").await.expect("images");
+    assert_eq!(num_rows(&images), 512);
+    let wide = bytes_read(&fx);
+    assert!(
+        wide * 10 > total * 8,
+        "projecting `image` read only {wide} of {total} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_prune_row_groups() {
+    let fx = Fixture::images(512).await;
+    // Ids ascend: only the first of the 8 row groups can hold id < 50.
+    let mut request = ScanRequest::new(Query::Sql("SELECT id, image FROM images WHERE id < 50".into()));
+    request.stats = true;
+    let (batches, totals) = fx.collect(&request).await.expect("query");
+    assert_eq!(num_rows(&batches), 50);
+    assert_eq!(totals.server.row_groups, 8);
+    assert_eq!(totals.server.row_groups_pruned, 7, "{:?}", totals.server);
+    let pruned = bytes_read(&fx);
+
+    let all = fx.sql("SELECT id, image FROM images").await.expect("all");
+    assert_eq!(num_rows(&all), 512);
+    let unpruned = bytes_read(&fx);
+    assert!(
+        pruned * 4 < unpruned,
+        "pruned scan read {pruned}, full scan {unpruned}"
+    );
+
+    // The metrics say the same.
+    let text = fx.server.metrics().encode();
+    assert!(text.contains("pushdown_row_groups_pruned_total 7"), "{text}");
+    assert_eq!(
+        sorted_rows(&batches),
+        sorted_rows(&local_eval(fx.root.path(), "SELECT id, image FROM images WHERE id < 50").await)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_pushdown_reads_and_sends_less() {
+    let fx = Fixture::images(512).await;
+    let mut request = ScanRequest::new(Query::Sql(
+        "SELECT image, label FROM images WHERE label < 100".into(),
+    ));
+    request.stats = true;
+    let (batches, totals) = fx.collect(&request).await.expect("query");
+    let expected = local_eval(
+        fx.root.path(),
+        "SELECT image, label FROM images WHERE label < 100",
+    )
+    .await;
+    assert_eq!(sorted_rows(&batches), sorted_rows(&expected));
+    // Only ~10% of the rows cross the network.
+    assert!(
+        totals.bytes_received * 4 < dataset_bytes(&fx),
+        "sent {} of {}",
+        totals.bytes_received,
+        dataset_bytes(&fx)
+    );
+    assert_eq!(totals.server.rows_sent as usize, num_rows(&batches));
+    assert!(totals.server.bytes_scanned > 0);
+}
