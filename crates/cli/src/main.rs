@@ -32,7 +32,7 @@ struct Cli {
 enum Command {
     /// Serve the Parquet datasets under --data over Arrow Flight.
     Serve(ServeArgs),
-    /// Write a seeded synthetic dataset as Parquet into OUT/<name>/.
+    /// Write a seeded synthetic dataset as Parquet into OUT/NAME/.
     Gen(GenArgs),
     /// Pull a pipeline's (or a SQL query's) reduced stream and apply the client steps.
     Run(RunArgs),
@@ -105,7 +105,7 @@ struct GenArgs {
     /// Rows to write.
     #[arg(long, default_value_t = 10_000)]
     rows: usize,
-    /// Data root; the dataset goes to OUT/<name>/part-NNNNN.parquet.
+    /// Data root; the dataset goes to OUT/NAME/part-NNNNN.parquet.
     #[arg(long)]
     out: PathBuf,
     /// Dataset (folder) name; default: the kind.

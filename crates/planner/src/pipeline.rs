@@ -147,8 +147,8 @@ impl Step {
         }
     }
 
-    /// Columns this step reads. Filters that do not parse read nothing here; [`Self::reads_checked`]
-    /// reports the parse error.
+    /// Columns this step reads. Filters that do not parse read nothing here (planning reports
+    /// their parse errors).
     pub fn reads(&self) -> Vec<String> {
         self.reads_checked().unwrap_or_default()
     }
