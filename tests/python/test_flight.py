@@ -1,12 +1,4 @@
-"""Interoperability: plain pyarrow.flight (no code of ours) pulls reduced streams.
-
-The fixture generates an images dataset with `pushdown gen`, starts `pushdown serve` on a
-free port, and reads the port from its first stdout line.
-"""
-
-import os
-import pathlib
-import subprocess
+"""Interoperability: plain pyarrow.flight (no code of ours) pulls reduced streams."""
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,30 +6,18 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("PUSHDOWN_BIN", str(ROOT / "target" / "debug" / "pushdown"))
+from conftest import Served, generate
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
-    subprocess.run(
-        [BIN, "gen", "images", "--rows", "300", "--out", str(data),
-         "--row-group-rows", "50", "--rows-per-file", "150"],
-        check=True, capture_output=True,
-    )
-    proc = subprocess.Popen(
-        [BIN, "serve", "--data", str(data), "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
+    generate(data)
+    served = Served(data)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        addr = line.split()[-1]
-        yield flight.connect(f"grpc://{addr}"), data
+        yield flight.connect(f"grpc://{served.addr}"), data
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0, "graceful shutdown on SIGTERM"
+        assert served.stop() == 0, "graceful shutdown on SIGTERM"
 
 
 def read_all(client, info):
@@ -82,3 +62,11 @@ def test_aggregate_is_one_stream(server):
     got = read_all(client, info)
     local = pq.read_table(data / "images", columns=["label"])
     assert got["n"][0].as_py() == pc.sum(pc.less(local["label"], 500)).as_py()
+
+
+def test_whole_dataset_by_path(server):
+    client, data = server
+    info = client.get_flight_info(flight.FlightDescriptor.for_path("images"))
+    got = read_all(client, info)
+    assert got.num_rows == 300
+    assert got.schema == pq.read_schema(next((data / "images").glob("*.parquet"))).remove_metadata()

@@ -155,6 +155,10 @@ impl Engine {
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
         let referenced = register_referenced(&ctx, &datasets, &request.query, |d| self.full_table(d, false))?;
+        // Unreadable files fail the request before anything else is said about it.
+        for name in &referenced {
+            lookup(&datasets, name)?.check_readable()?;
+        }
         let df = dataframe(&ctx, &request.query).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let logical = df.logical_plan().clone();
@@ -168,9 +172,6 @@ impl Engine {
             },
             None => Shape::Whole,
         };
-        for name in &referenced {
-            lookup(&datasets, name)?.check_readable()?;
-        }
 
         let (projection, filter_columns) = match &scan {
             Some(s) => (s.projection.clone(), s.filter_columns.clone()),
