@@ -23,6 +23,6 @@ step "cargo test"
 cargo test --locked --workspace
 
 step "python interop (pyarrow.flight)"
-cargo build --locked -p pushdown-cli
+cargo build --locked --workspace
 scripts/setup-python.sh
 PUSHDOWN_BIN="$target/debug/pushdown" .venv/bin/python -m pytest -q tests/python

@@ -57,6 +57,8 @@ pub enum ClientError {
     Arrow(#[from] arrow::error::ArrowError),
     #[error(transparent)]
     Plan(#[from] pushdown_planner::PlanError),
+    #[error(transparent)]
+    Op(#[from] pushdown_ops::OpError),
     #[error("{0}")]
     Invalid(String),
 }

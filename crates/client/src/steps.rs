@@ -119,6 +119,14 @@ impl ShuffleBuffer {
 enum Stage {
     Shuffle(Box<ShuffleBuffer>),
     Select(Vec<usize>),
+    Map {
+        op: &'static dyn pushdown_ops::Op,
+        input: usize,
+        params: Vec<pushdown_ops::Value>,
+        /// Where the output goes: replaces column `i`, or is appended.
+        output: Option<usize>,
+        schema: SchemaRef,
+    },
     Batch {
         coalescer: BatchCoalescer,
         drop_last: bool,
@@ -160,6 +168,33 @@ impl ClientSteps {
                     drop_last: *drop_last,
                     size: *size,
                 }),
+                Step::Map {
+                    call,
+                    input,
+                    params,
+                    output,
+                } => {
+                    let op = pushdown_ops::lookup(call)
+                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{call}`")))?;
+                    let input = current.index_of(input)?;
+                    let name = output.as_deref().unwrap_or(current.field(input).name());
+                    let params: Vec<_> = params.iter().map(|p| p.to_value()).collect();
+                    let field = op.output_field(current.field(input), &params, name)?;
+                    let output = current.index_of(name).ok();
+                    let mut fields: Vec<_> = current.fields().iter().cloned().collect();
+                    match output {
+                        Some(i) => fields[i] = Arc::new(field),
+                        None => fields.push(Arc::new(field)),
+                    }
+                    current = Arc::new(arrow::datatypes::Schema::new(fields));
+                    stages.push(Stage::Map {
+                        op,
+                        input,
+                        params,
+                        output,
+                        schema: Arc::clone(&current),
+                    });
+                }
                 Step::Filter { expr } => {
                     return Err(ClientError::Invalid(format!(
                         "filter `{expr}` cannot run on the client; the planner places filters on the server"
@@ -188,7 +223,7 @@ impl ClientSteps {
         for i in 0..self.stages.len() {
             let flushed = match &mut self.stages[i] {
                 Stage::Shuffle(s) => s.finish()?,
-                Stage::Select(_) => vec![],
+                Stage::Select(_) | Stage::Map { .. } => vec![],
                 Stage::Batch {
                     coalescer,
                     drop_last,
@@ -216,6 +251,21 @@ impl ClientSteps {
                 match stage {
                     Stage::Shuffle(s) => next.extend(s.push(batch)?),
                     Stage::Select(indices) => next.push(batch.project(indices)?),
+                    Stage::Map {
+                        op,
+                        input,
+                        params,
+                        output,
+                        schema,
+                    } => {
+                        let out = op.apply(batch.column(*input), params)?;
+                        let mut columns = batch.columns().to_vec();
+                        match output {
+                            Some(i) => columns[*i] = out,
+                            None => columns.push(out),
+                        }
+                        next.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+                    }
                     Stage::Batch { coalescer, .. } => {
                         coalescer.push_batch(batch)?;
                         while let Some(b) = coalescer.next_completed_batch() {

@@ -1,7 +1,166 @@
-//! Op kernels over Arrow arrays (decode + resize, thumbnail, tokenize, hash bucket, cast, and
-//! the random augmentations), placement-agnostic: the same kernel runs as a DataFusion scalar
-//! UDF in the server or on record batches in the client, so the planner is free to move it.
+//! Op kernels over Arrow arrays, placement-agnostic.
 //!
-//! The kernels are the next slice of work; this crate holds the place in the dependency
-//! graph (`protocol, ops ← planner ← {server, client} ← cli`) so that adding them changes
-//! no crate boundaries.
+//! The same kernel runs as a DataFusion scalar UDF in a server (`SELECT thumbnail(image, 64)
+//! FROM images`) or directly on record batches in a client, so the planner is free to move
+//! it. Every op declares what the planner needs to place it: whether it is deterministic, the
+//! parameters it takes after its input column, and the field it produces.
+//!
+//! ```text
+//!  input column ──▶ Op::apply(input, params) ──▶ output column
+//!       │                                             │
+//!   server: ScalarUDF (pushdown-server::udf)     client: ClientSteps
+//! ```
+//!
+//! | op | params | output | kind |
+//! |---|---|---|---|
+//! | `decode_resize(img, w, h)` | width, height | `FixedSizeList<u8>` HWC pixels | deterministic |
+//! | `thumbnail(img, max_side[, quality])` | max side, JPEG quality (85) | JPEG bytes | deterministic, reducing |
+//! | `hash_bucket(value, n)` | buckets | `Int32` in `0..n` | deterministic, reducing |
+//! | `cast_to(value, type)` | `'float32'`, `'int32'`, … | that type | deterministic |
+//!
+//! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
+//! with an error naming the row: silently dropping or zero-filling training data is worse
+//! than stopping.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use arrow::array::{Array, ArrayRef, Int32Array, StringArray};
+//! use pushdown_ops::{Value, lookup};
+//! let op = lookup("hash_bucket").unwrap();
+//! let input: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("a")]));
+//! let out = op.apply(&input, &[Value::Int(10)]).unwrap();
+//! let out = out.as_any().downcast_ref::<Int32Array>().unwrap();
+//! assert_eq!(out.value(0), out.value(2));
+//! assert!(out.is_null(1));
+//! assert!((0..10).contains(&out.value(0)));
+//! ```
+
+mod image_ops;
+mod tabular;
+
+use std::fmt;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::Field;
+
+pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
+pub use tabular::{Cast, HashBucket};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error("{op}: {reason}")]
+    BadArguments { op: &'static str, reason: String },
+    #[error("{op}: row {row}: {reason}")]
+    BadValue {
+        op: &'static str,
+        row: usize,
+        reason: String,
+    },
+    #[error("{op}: {source}")]
+    Arrow {
+        op: &'static str,
+        #[source]
+        source: arrow::error::ArrowError,
+    },
+}
+
+pub type Result<T, E = OpError> = std::result::Result<T, E>;
+
+/// A literal parameter of an op call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Int(i) => write!(f, "{i}"),
+            Value::Float(x) => write!(f, "{x}"),
+            Value::Text(t) => write!(f, "'{}'", t.replace('\'', "''")),
+        }
+    }
+}
+
+/// One op: its properties and its kernel.
+pub trait Op: Send + Sync + fmt::Debug {
+    fn name(&self) -> &'static str;
+
+    /// The same input gives the same output, whatever the seed or epoch. Only deterministic
+    /// ops may run on a server.
+    fn is_deterministic(&self) -> bool {
+        true
+    }
+
+    /// A one-line signature, for errors and docs: `thumbnail(image, max_side[, quality])`.
+    fn signature(&self) -> &'static str;
+
+    /// The output field for `input` and `params`, named `output`; checks the parameters.
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field>;
+
+    /// Applies the op to a column.
+    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef>;
+}
+
+static OPS: [&dyn Op; 4] = [&DecodeResize, &Thumbnail, &HashBucket, &Cast];
+
+/// Every registered op.
+pub fn registry() -> &'static [&'static dyn Op] {
+    &OPS
+}
+
+/// The op called `name`.
+pub fn lookup(name: &str) -> Option<&'static dyn Op> {
+    OPS.iter().copied().find(|op| op.name() == name)
+}
+
+/// Parameter `i` as an integer in `range`.
+pub(crate) fn int_param(
+    op: &'static str,
+    params: &[Value],
+    i: usize,
+    what: &str,
+    range: std::ops::RangeInclusive<i64>,
+    default: Option<i64>,
+) -> Result<i64> {
+    let v = match (params.get(i), default) {
+        (Some(Value::Int(v)), _) => *v,
+        (None, Some(d)) => d,
+        (other, _) => {
+            return Err(OpError::BadArguments {
+                op,
+                reason: format!("{what} must be an integer literal, got {other:?}"),
+            });
+        }
+    };
+    if !range.contains(&v) {
+        return Err(OpError::BadArguments {
+            op,
+            reason: format!("{what} must be in {}..={}, got {v}", range.start(), range.end()),
+        });
+    }
+    Ok(v)
+}
+
+pub(crate) fn expect_params(op: &'static str, params: &[Value], min: usize, max: usize) -> Result<()> {
+    if params.len() < min || params.len() > max {
+        let want = if min == max {
+            format!("{min}")
+        } else {
+            format!("{min} to {max}")
+        };
+        return Err(OpError::BadArguments {
+            op,
+            reason: format!(
+                "takes {want} parameters after the input column, got {}",
+                params.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

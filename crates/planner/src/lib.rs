@@ -45,11 +45,11 @@ mod pipeline;
 use std::collections::BTreeSet;
 use std::fmt;
 
-use arrow::datatypes::Schema;
-use pushdown_protocol::Fragment;
+use arrow::datatypes::{Field, Schema};
+use pushdown_protocol::{Arg, Fragment, OpCall};
 
 pub use expr::columns_read;
-pub use pipeline::{Pipeline, Step};
+pub use pipeline::{Param, Pipeline, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -146,10 +146,17 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
     validate(steps, schema)?;
     let (steps, hoisted) = hoist(steps);
 
-    // The longest deterministic row-wise prefix goes to the server.
+    // The longest deterministic row-wise prefix goes to the server. A fragment filters
+    // before it maps, so the prefix also ends at a filter on a column a server op wrote.
+    let mut written: BTreeSet<String> = BTreeSet::new();
     let split = steps
         .iter()
-        .position(|s| !(s.is_deterministic() && s.is_row_wise()))
+        .position(|s| {
+            let reads_op_output =
+                matches!(s, Step::Filter { .. }) && s.reads().iter().any(|c| written.contains(c));
+            written.extend(s.writes());
+            !(s.is_deterministic() && s.is_row_wise()) || reads_op_output
+        })
         .unwrap_or(steps.len());
     let (server, client) = steps.split_at(split);
     if let Some((index, step)) = client
@@ -160,17 +167,42 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
         return Err(PlanError::Unsupported {
             index: split + index,
             step: step.to_string(),
-            reason: "a filter after `batch` cannot run row-wise; filter before batching".into(),
+            reason:
+                "a filter must run on the server: before `batch`, and on source columns (not an op's output)"
+                    .into(),
         });
     }
 
     // Columns after the server prefix, then pruned to what the client side needs.
     let mut columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     let mut predicates = Vec::new();
+    let mut ops = Vec::new();
     for step in server {
         match step {
             Step::Select { columns: c } => columns = c.clone(),
             Step::Filter { expr } => predicates.push(format!("({expr})")),
+            Step::Map {
+                call,
+                input,
+                params,
+                output,
+            } => {
+                let output = output.clone().unwrap_or_else(|| input.clone());
+                if !columns.contains(&output) {
+                    columns.push(output.clone());
+                }
+                let mut args = vec![Arg::Column(input.clone())];
+                args.extend(params.iter().map(|p| match p {
+                    Param::Int(i) => Arg::Int(*i),
+                    Param::Float(x) => Arg::Float(*x),
+                    Param::Text(t) => Arg::Text(t.clone()),
+                }));
+                ops.push(OpCall {
+                    op: call.clone(),
+                    args,
+                    output,
+                });
+            }
             Step::Shuffle { .. } | Step::Batch { .. } => {}
         }
     }
@@ -193,6 +225,10 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
             let mut reason = match (side, step) {
                 (Side::Server, Step::Select { .. }) => {
                     "projection pushed into the Parquet reader".to_string()
+                }
+                (Side::Server, Step::Map { .. }) => {
+                    "deterministic op at the source: its output crosses the network, not its input"
+                        .to_string()
                 }
                 (Side::Server, Step::Filter { .. }) => {
                     "filter at the source: row groups pruned by statistics, rows dropped before the network"
@@ -219,7 +255,7 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
             dataset: pipeline.dataset.clone(),
             columns,
             predicate: (!predicates.is_empty()).then(|| predicates.join(" AND ")),
-            ops: vec![],
+            ops,
         },
         client_steps: client.to_vec(),
         placements,
@@ -227,33 +263,69 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
     })
 }
 
-/// Checks every column reference against the columns available at that step.
+/// Checks every column reference, op and parameter against what is available at that step.
 fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
-    let mut available: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let mut available: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let names = |fields: &[Field]| {
+        fields
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     for (index, step) in steps.iter().enumerate() {
+        let unsupported = |reason: String| PlanError::Unsupported {
+            index,
+            step: step.to_string(),
+            reason,
+        };
         let reads = step.reads_checked().map_err(|reason| PlanError::BadExpression {
             index,
             step: step.to_string(),
             reason,
         })?;
-        if let Some(column) = reads.iter().find(|c| !available.contains(c)) {
+        if let Some(column) = reads.iter().find(|c| !available.iter().any(|f| f.name() == *c)) {
             return Err(PlanError::UnknownColumn {
                 index,
                 step: step.to_string(),
                 column: column.clone(),
-                available: available.join(", "),
+                available: names(&available),
             });
         }
         match step {
-            Step::Select { columns } => available = columns.clone(),
-            Step::Batch { size: 0, .. } => {
-                return Err(PlanError::Unsupported {
-                    index,
-                    step: step.to_string(),
-                    reason: "batch size must be at least 1".into(),
-                });
+            Step::Select { columns } => {
+                available = columns
+                    .iter()
+                    .filter_map(|c| available.iter().find(|f| f.name() == c).cloned())
+                    .collect();
             }
-            _ => {}
+            Step::Map {
+                call,
+                input,
+                params,
+                output,
+            } => {
+                let op = pushdown_ops::lookup(call).ok_or_else(|| {
+                    let known: Vec<&str> = pushdown_ops::registry().iter().map(|op| op.name()).collect();
+                    unsupported(format!("unknown op `{call}`; ops: {}", known.join(", ")))
+                })?;
+                let input_field = available
+                    .iter()
+                    .find(|f| f.name() == input)
+                    .cloned()
+                    .ok_or_else(|| unsupported(format!("unknown column `{input}`")))?;
+                let values: Vec<_> = params.iter().map(Param::to_value).collect();
+                let output = output.as_deref().unwrap_or(input);
+                let field = op
+                    .output_field(&input_field, &values, output)
+                    .map_err(|e| unsupported(e.to_string()))?;
+                match available.iter_mut().find(|f| f.name() == output) {
+                    Some(existing) => *existing = field,
+                    None => available.push(field),
+                }
+            }
+            Step::Batch { size: 0, .. } => return Err(unsupported("batch size must be at least 1".into())),
+            Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => {}
         }
     }
     Ok(())
@@ -280,7 +352,7 @@ fn hoist(steps: &[Step]) -> (Vec<Step>, Vec<Option<String>>) {
                 Step::Select { columns } => {
                     prev.writes().is_empty() && prev.reads().iter().all(|r| columns.contains(r))
                 }
-                Step::Shuffle { .. } | Step::Batch { .. } => false,
+                Step::Shuffle { .. } | Step::Batch { .. } | Step::Map { .. } => false,
             }
         };
         while at > 0 && crosses(&out[at - 1]) {

@@ -49,12 +49,59 @@ pub enum Step {
     Filter { expr: String },
     /// Shuffle rows through a buffer of `buffer` rows.
     Shuffle { buffer: usize },
+    /// Apply an op to a column: `call(input, params…)`, written to `output` (default: the
+    /// input column, replaced).
+    Map {
+        call: String,
+        input: String,
+        #[serde(default)]
+        params: Vec<Param>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+    },
     /// Group rows into batches of `size`.
     Batch {
         size: usize,
         #[serde(default)]
         drop_last: bool,
     },
+}
+
+/// A literal parameter of a map step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Param {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl Param {
+    pub fn to_value(&self) -> pushdown_ops::Value {
+        match self {
+            Param::Int(i) => pushdown_ops::Value::Int(*i),
+            Param::Float(x) => pushdown_ops::Value::Float(*x),
+            Param::Text(t) => pushdown_ops::Value::Text(t.clone()),
+        }
+    }
+}
+
+impl From<i64> for Param {
+    fn from(v: i64) -> Self {
+        Param::Int(v)
+    }
+}
+
+impl From<f64> for Param {
+    fn from(v: f64) -> Self {
+        Param::Float(v)
+    }
+}
+
+impl From<&str> for Param {
+    fn from(v: &str) -> Self {
+        Param::Text(v.to_owned())
+    }
 }
 
 impl Pipeline {
@@ -92,6 +139,22 @@ impl Pipeline {
         self.step(Step::Shuffle { buffer })
     }
 
+    /// `call(input, params…) AS output`.
+    pub fn map<P: Into<Param>>(
+        self,
+        call: &str,
+        input: &str,
+        params: impl IntoIterator<Item = P>,
+        output: &str,
+    ) -> Self {
+        self.step(Step::Map {
+            call: call.into(),
+            input: input.into(),
+            params: params.into_iter().map(Into::into).collect(),
+            output: (output != input).then(|| output.to_owned()),
+        })
+    }
+
     pub fn batch(self, size: usize) -> Self {
         self.step(Step::Batch {
             size,
@@ -125,6 +188,7 @@ impl Step {
     pub fn is_deterministic(&self) -> bool {
         match self {
             Step::Select { .. } | Step::Filter { .. } | Step::Batch { .. } => true,
+            Step::Map { call, .. } => pushdown_ops::lookup(call).is_some_and(|op| op.is_deterministic()),
             Step::Shuffle { .. } => false,
         }
     }
@@ -132,7 +196,7 @@ impl Step {
     /// Each output row depends only on one input row, whatever the order.
     pub fn is_row_wise(&self) -> bool {
         match self {
-            Step::Select { .. } | Step::Filter { .. } => true,
+            Step::Select { .. } | Step::Filter { .. } | Step::Map { .. } => true,
             Step::Shuffle { .. } | Step::Batch { .. } => false,
         }
     }
@@ -142,7 +206,7 @@ impl Step {
     /// rows are its input rows; false of batching.
     pub fn commutes_with_filters(&self) -> bool {
         match self {
-            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } => true,
+            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Map { .. } => true,
             Step::Batch { .. } => false,
         }
     }
@@ -157,6 +221,7 @@ impl Step {
         match self {
             Step::Select { columns } => Ok(columns.clone()),
             Step::Filter { expr } => crate::expr::columns_read(expr),
+            Step::Map { input, .. } => Ok(vec![input.clone()]),
             Step::Shuffle { .. } | Step::Batch { .. } => Ok(vec![]),
         }
     }
@@ -164,6 +229,7 @@ impl Step {
     /// Columns this step creates or replaces.
     pub fn writes(&self) -> Vec<String> {
         match self {
+            Step::Map { input, output, .. } => vec![output.clone().unwrap_or_else(|| input.clone())],
             Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => vec![],
         }
     }
@@ -175,6 +241,22 @@ impl fmt::Display for Step {
             Step::Select { columns } => write!(f, "select [{}]", columns.join(", ")),
             Step::Filter { expr } => write!(f, "filter {expr}"),
             Step::Shuffle { buffer } => write!(f, "shuffle buffer={buffer}"),
+            Step::Map {
+                call,
+                input,
+                params,
+                output,
+            } => {
+                write!(f, "{call}({input}")?;
+                for p in params {
+                    write!(f, ", {}", p.to_value())?;
+                }
+                write!(f, ")")?;
+                match output {
+                    Some(o) => write!(f, " AS {o}"),
+                    None => Ok(()),
+                }
+            }
             Step::Batch { size, drop_last } => {
                 write!(f, "batch {size}{}", if *drop_last { " drop_last" } else { "" })
             }

@@ -77,7 +77,7 @@ fn errors_name_the_step() {
     let err = plan(&Pipeline::new("images").filter("label <"), &images()).unwrap_err();
     assert!(matches!(err, PlanError::BadExpression { index: 0, .. }));
     let err = plan(&Pipeline::new("images").batch(2).filter("label < 1"), &images()).unwrap_err();
-    assert!(err.to_string().contains("filter before batching"), "{err}");
+    assert!(err.to_string().contains("before `batch`"), "{err}");
     assert!(plan(&Pipeline::new("images").batch(0), &images()).is_err());
 }
 
@@ -109,4 +109,62 @@ drop_last = true
     assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
     assert!(Pipeline::parse("dataset = 1").is_err());
     assert!(Pipeline::parse("dataset = \"x\"\n[[steps]]\nop = \"explode\"").is_err());
+}
+
+#[test]
+fn deterministic_maps_join_the_server_prefix() {
+    let p = Pipeline::new("images")
+        .filter("label < 10")
+        .map("thumbnail", "image", [64i64], "image")
+        .map("hash_bucket", "caption", [100i64], "bucket")
+        .select(["image", "bucket"])
+        .shuffle(8);
+    let plan = plan(&p, &images()).unwrap();
+    assert_eq!(plan.fragment.ops.len(), 2);
+    assert_eq!(plan.fragment.ops[1].output, "bucket");
+    assert_eq!(plan.fragment.columns, vec!["image", "bucket"]);
+    assert_eq!(plan.client_steps, vec![Step::Shuffle { buffer: 8 }]);
+    assert_eq!(plan.pruned_columns, vec!["id"]);
+}
+
+#[test]
+fn maps_are_checked_against_their_ops() {
+    let unknown = plan(
+        &Pipeline::new("images").map("sharpen", "image", [1i64], "image"),
+        &images(),
+    );
+    assert!(unknown.unwrap_err().to_string().contains("unknown op `sharpen`"));
+    let bad_params = plan(
+        &Pipeline::new("images").map("thumbnail", "image", ["big"], "image"),
+        &images(),
+    );
+    assert!(bad_params.unwrap_err().to_string().contains("max_side"));
+    let wrong_type = plan(
+        &Pipeline::new("images").map("decode_resize", "label", [8i64, 8], "x"),
+        &images(),
+    );
+    assert!(wrong_type.is_err());
+    // A filter on an op's output cannot be evaluated before the op: refused, not misplaced.
+    let on_output = Pipeline::new("images")
+        .map("hash_bucket", "caption", [10i64], "bucket")
+        .filter("bucket = 3");
+    assert!(plan(&on_output, &images()).is_err());
+}
+
+#[test]
+fn map_steps_parse_from_toml() {
+    let p = Pipeline::parse(
+        r#"
+dataset = "images"
+[[steps]]
+op = "map"
+call = "decode_resize"
+input = "image"
+params = [64, 64]
+output = "pixels"
+"#,
+    )
+    .unwrap();
+    assert_eq!(p.steps()[0].to_string(), "decode_resize(image, 64, 64) AS pixels");
+    assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
 }

@@ -35,6 +35,7 @@ mod runtime;
 mod service;
 mod store;
 mod table;
+mod udf;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

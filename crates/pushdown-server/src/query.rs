@@ -24,6 +24,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::TableParquetOptions;
 use datafusion::common::tree_node::TreeNode;
+use datafusion::execution::FunctionRegistry;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -33,7 +34,9 @@ use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::prelude::DataFrame;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use pushdown_protocol::{FilterPushdown, Fragment, Query, ScanRequest, Shard, ShardTicket, StreamStats};
+use pushdown_protocol::{
+    Arg, FilterPushdown, Fragment, OpCall, Query, ScanRequest, Shard, ShardTicket, StreamStats,
+};
 
 use crate::ServerConfig;
 use crate::catalog::{Catalog, Dataset, lookup};
@@ -138,7 +141,11 @@ impl Engine {
         let options = config.options_mut();
         options.execution.parquet = self.parquet_options(false).global;
         options.sql_parser.enable_ident_normalization = true;
-        SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
+        let ctx = SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime));
+        for udf in crate::udf::udfs() {
+            ctx.register_udf(udf);
+        }
+        ctx
     }
 
     fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
@@ -391,14 +398,46 @@ async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFr
         }
         df = df.filter(expr)?;
     }
-    if let Some(op) = f.ops.first() {
-        return Err(ServerError::BadQuery(format!("unknown op `{}`", op.op)));
+    for call in &f.ops {
+        df = df.with_column(&call.output, op_expr(ctx, call)?)?;
     }
     if !f.columns.is_empty() {
         let columns: Vec<&str> = f.columns.iter().map(String::as_str).collect();
         df = df.select_columns(&columns)?;
     }
     Ok(df)
+}
+
+/// A fragment's op call as an expression: `op(column, literal, …)`.
+fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
+    let op = pushdown_ops::lookup(&call.op)
+        .filter(|op| op.is_deterministic())
+        .ok_or_else(|| {
+            let known: Vec<&str> = pushdown_ops::registry()
+                .iter()
+                .filter(|op| op.is_deterministic())
+                .map(|op| op.name())
+                .collect();
+            ServerError::BadQuery(format!(
+                "unknown server op `{}`; ops: {}",
+                call.op,
+                known.join(", ")
+            ))
+        })?;
+    let udf = ctx
+        .udf(op.name())
+        .map_err(|e| ServerError::Internal(format!("op `{}` is not registered: {e}", op.name())))?;
+    let args = call
+        .args
+        .iter()
+        .map(|arg| match arg {
+            Arg::Column(c) => datafusion::prelude::ident(c),
+            Arg::Int(i) => datafusion::prelude::lit(*i),
+            Arg::Float(x) => datafusion::prelude::lit(*x),
+            Arg::Text(t) => datafusion::prelude::lit(t.as_str()),
+        })
+        .collect();
+    Ok(udf.call(args))
 }
 
 fn is_row_wise_expr(expr: &Expr) -> bool {

@@ -1,0 +1,152 @@
+//! Ops run identically on either side: as SQL UDFs in the server and as kernels in the client.
+
+use arrow::array::{Array, AsArray};
+use pushdown_cli::run::{RunOptions, Source, run};
+use pushdown_client::{ClientSteps, StreamOptions};
+use pushdown_planner::{Pipeline, Side, Step, plan};
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_tests::{Fixture, num_rows, rows};
+
+/// Runs `op(column, params)` in the server via SQL and in the client on the raw column;
+/// the outputs must be identical, row for row.
+async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pushdown_planner::Param]) {
+    let sql_params: Vec<String> = params.iter().map(|p| p.to_value().to_string()).collect();
+    let sql = format!(
+        "SELECT id, {call}({column}{}) AS out FROM images",
+        sql_params.iter().map(|p| format!(", {p}")).collect::<String>()
+    );
+    let served = fx.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+
+    let raw = fx
+        .sql(&format!("SELECT id, {column} AS out FROM images"))
+        .await
+        .expect("raw");
+    let step = Step::Map {
+        call: call.into(),
+        input: "out".into(),
+        params: params.to_vec(),
+        output: None,
+    };
+    let mut steps = ClientSteps::new(&[step], raw[0].schema(), 0).expect("client steps");
+    let mut local = Vec::new();
+    for b in raw {
+        local.extend(steps.push(b).expect("apply"));
+    }
+    local.extend(steps.finish().expect("finish"));
+    assert_eq!(num_rows(&served), num_rows(&local));
+    assert_eq!(
+        served[0].schema().field(1).data_type(),
+        local[0].schema().field(1).data_type(),
+        "{call}"
+    );
+    assert_eq!(rows(&served), rows(&local), "{call}: server and client differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_op_is_identical_on_server_and_client() {
+    let fx = Fixture::images(96).await;
+    same_on_both_sides(&fx, "image", "decode_resize", &[16.into(), 12.into()]).await;
+    same_on_both_sides(&fx, "image", "thumbnail", &[32.into()]).await;
+    same_on_both_sides(&fx, "image", "thumbnail", &[48.into(), 60.into()]).await;
+    same_on_both_sides(&fx, "caption", "hash_bucket", &[1000.into()]).await;
+    same_on_both_sides(&fx, "label", "hash_bucket", &[7.into()]).await;
+    same_on_both_sides(&fx, "label", "cast_to", &["float32".into()]).await;
+    // Every deterministic op of the registry is covered above.
+    for op in pushdown_ops::registry() {
+        assert!(
+            ["decode_resize", "thumbnail", "hash_bucket", "cast_to"].contains(&op.name()),
+            "untested op {}",
+            op.name()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thumbnails_move_a_fraction_of_the_image_bytes() {
+    let fx = Fixture::images(256).await;
+    let bytes = |sql: &'static str| {
+        let fx = &fx;
+        async move {
+            let (batches, totals) = fx
+                .collect(&ScanRequest::new(Query::Sql(sql.into())))
+                .await
+                .expect(sql);
+            assert_eq!(num_rows(&batches), 256);
+            totals.bytes_received
+        }
+    };
+    let raw = bytes("SELECT image FROM images").await;
+    let thumbs = bytes("SELECT thumbnail(image, 32) AS image FROM images").await;
+    assert!(
+        thumbs * 100 < raw * 15,
+        "thumbnails moved {thumbs} bytes of {raw} (≥ 15%)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_push_deterministic_ops_to_the_server() {
+    let fx = Fixture::images(200).await;
+    let pipeline = Pipeline::new("images")
+        .filter("label < 500")
+        .map("decode_resize", "image", [8i64, 8], "pixels")
+        .select(["pixels", "label"])
+        .shuffle(50)
+        .batch(32);
+    let schema = fx.client.dataset_schema("images").await.expect("schema");
+    let planned = plan(&pipeline, &schema).expect("plan");
+    assert_eq!(planned.fragment.ops.len(), 1);
+    assert_eq!(planned.fragment.columns, vec!["pixels", "label"]);
+    assert!(
+        planned.placements[1].side == Side::Server,
+        "{}",
+        planned.explain()
+    );
+
+    let report = run(&RunOptions {
+        servers: vec![fx.running.url()],
+        source: Source::Pipeline(pipeline),
+        out: None,
+        epochs: 1,
+        seed: 1,
+        stream: StreamOptions::default(),
+    })
+    .await
+    .expect("run");
+    let expected = fx.local("SELECT count(*) FROM images WHERE label < 500").await;
+    let n = expected[0]
+        .column(0)
+        .as_primitive::<arrow::datatypes::Int64Type>()
+        .value(0);
+    assert_eq!(report.rows as i64, n);
+    // 8×8×3 pixel bytes per row instead of a JPEG.
+    assert!(
+        report.totals.bytes_received < (n as u64) * 8 * 8 * 3 * 2,
+        "{:?}",
+        report.totals
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_op_calls_are_invalid_arguments() {
+    let fx = Fixture::images(32).await;
+    for sql in [
+        "SELECT thumbnail(image) FROM images",
+        "SELECT thumbnail(label, 3) FROM images",
+        "SELECT decode_resize(image, id, 3) FROM images",
+        "SELECT hash_bucket(caption, 0) FROM images",
+    ] {
+        let err = fx.sql(sql).await.expect_err(sql);
+        assert!(
+            err.contains("InvalidArgument") || err.contains("invalid"),
+            "{sql}: {err}"
+        );
+    }
+    // A corrupt image fails the stream with the row, not silently.
+    let err = fx
+        .sql("SELECT thumbnail(CAST(caption AS BYTEA), 8) FROM images")
+        .await
+        .expect_err("captions are not images");
+    assert!(err.contains("row 0"), "{err}");
+    let ok = fx.sql("SELECT id FROM images").await.expect("still serving");
+    assert_eq!(ok.iter().map(|b| b.column(0).len()).sum::<usize>(), 32);
+}
