@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray};
 use pushdown_cli::run::{RunOptions, Source, run};
 use pushdown_client::{ClientSteps, StreamOptions};
-use pushdown_planner::{Pipeline, Side, Step, plan};
+use pushdown_planner::{MapStep, Pipeline, Side, Step, plan};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_tests::{Fixture, num_rows, rows};
 
@@ -21,12 +21,12 @@ async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pu
         .sql(&format!("SELECT id, {column} AS out FROM images"))
         .await
         .expect("raw");
-    let step = Step::Map {
+    let step = Step::Map(MapStep {
         call: call.into(),
         input: "out".into(),
         params: params.to_vec(),
         output: None,
-    };
+    });
     let mut steps = ClientSteps::new(&[step], raw[0].schema(), 0).expect("client steps");
     let mut local = Vec::new();
     for b in raw {

@@ -168,17 +168,13 @@ impl ClientSteps {
                     drop_last: *drop_last,
                     size: *size,
                 }),
-                Step::Map {
-                    call,
-                    input,
-                    params,
-                    output,
-                } => {
-                    let op = pushdown_ops::lookup(call)
-                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{call}`")))?;
-                    let input = current.index_of(input)?;
-                    let name = output.as_deref().unwrap_or(current.field(input).name());
-                    let params: Vec<_> = params.iter().map(|p| p.to_value()).collect();
+                Step::Map(m) => {
+                    let op = m
+                        .op()
+                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
+                    let input = current.index_of(&m.input)?;
+                    let name = m.output();
+                    let params = m.values();
                     let field = op.output_field(current.field(input), &params, name)?;
                     let output = current.index_of(name).ok();
                     let mut fields: Vec<_> = current.fields().iter().cloned().collect();

@@ -49,7 +49,7 @@ use arrow::datatypes::{Field, Schema};
 use pushdown_protocol::{Arg, Fragment, OpCall};
 
 pub use expr::columns_read;
-pub use pipeline::{Param, Pipeline, Step};
+pub use pipeline::{MapStep, Param, Pipeline, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -181,24 +181,19 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
         match step {
             Step::Select { columns: c } => columns = c.clone(),
             Step::Filter { expr } => predicates.push(format!("({expr})")),
-            Step::Map {
-                call,
-                input,
-                params,
-                output,
-            } => {
-                let output = output.clone().unwrap_or_else(|| input.clone());
+            Step::Map(m) => {
+                let output = m.output().to_owned();
                 if !columns.contains(&output) {
                     columns.push(output.clone());
                 }
-                let mut args = vec![Arg::Column(input.clone())];
-                args.extend(params.iter().map(|p| match p {
+                let mut args = vec![Arg::Column(m.input.clone())];
+                args.extend(m.params.iter().map(|p| match p {
                     Param::Int(i) => Arg::Int(*i),
                     Param::Float(x) => Arg::Float(*x),
                     Param::Text(t) => Arg::Text(t.clone()),
                 }));
                 ops.push(OpCall {
-                    op: call.clone(),
+                    op: m.call.clone(),
                     args,
                     output,
                 });
@@ -226,7 +221,7 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
                 (Side::Server, Step::Select { .. }) => {
                     "projection pushed into the Parquet reader".to_string()
                 }
-                (Side::Server, Step::Map { .. }) => {
+                (Side::Server, Step::Map(_)) => {
                     "deterministic op at the source: its output crosses the network, not its input"
                         .to_string()
                 }
@@ -299,27 +294,20 @@ fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
                     .filter_map(|c| available.iter().find(|f| f.name() == c).cloned())
                     .collect();
             }
-            Step::Map {
-                call,
-                input,
-                params,
-                output,
-            } => {
-                let op = pushdown_ops::lookup(call).ok_or_else(|| {
+            Step::Map(m) => {
+                let op = m.op().ok_or_else(|| {
                     let known: Vec<&str> = pushdown_ops::registry().iter().map(|op| op.name()).collect();
-                    unsupported(format!("unknown op `{call}`; ops: {}", known.join(", ")))
+                    unsupported(format!("unknown op `{}`; ops: {}", m.call, known.join(", ")))
                 })?;
                 let input_field = available
                     .iter()
-                    .find(|f| f.name() == input)
+                    .find(|f| f.name() == &m.input)
                     .cloned()
-                    .ok_or_else(|| unsupported(format!("unknown column `{input}`")))?;
-                let values: Vec<_> = params.iter().map(Param::to_value).collect();
-                let output = output.as_deref().unwrap_or(input);
+                    .ok_or_else(|| unsupported(format!("unknown column `{}`", m.input)))?;
                 let field = op
-                    .output_field(&input_field, &values, output)
+                    .output_field(&input_field, &m.values(), m.output())
                     .map_err(|e| unsupported(e.to_string()))?;
-                match available.iter_mut().find(|f| f.name() == output) {
+                match available.iter_mut().find(|f| f.name() == m.output()) {
                     Some(existing) => *existing = field,
                     None => available.push(field),
                 }
@@ -352,7 +340,7 @@ fn hoist(steps: &[Step]) -> (Vec<Step>, Vec<Option<String>>) {
                 Step::Select { columns } => {
                     prev.writes().is_empty() && prev.reads().iter().all(|r| columns.contains(r))
                 }
-                Step::Shuffle { .. } | Step::Batch { .. } | Step::Map { .. } => false,
+                Step::Shuffle { .. } | Step::Batch { .. } | Step::Map(_) => false,
             }
         };
         while at > 0 && crosses(&out[at - 1]) {

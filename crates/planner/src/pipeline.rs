@@ -49,22 +49,42 @@ pub enum Step {
     Filter { expr: String },
     /// Shuffle rows through a buffer of `buffer` rows.
     Shuffle { buffer: usize },
-    /// Apply an op to a column: `call(input, params…)`, written to `output` (default: the
-    /// input column, replaced).
-    Map {
-        call: String,
-        input: String,
-        #[serde(default)]
-        params: Vec<Param>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        output: Option<String>,
-    },
+    /// Apply an op to a column.
+    Map(MapStep),
     /// Group rows into batches of `size`.
     Batch {
         size: usize,
         #[serde(default)]
         drop_last: bool,
     },
+}
+
+/// `call(input, params…)`, written to `output` (default: the input column, replaced).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MapStep {
+    pub call: String,
+    pub input: String,
+    #[serde(default)]
+    pub params: Vec<Param>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl MapStep {
+    /// The column the op writes.
+    pub fn output(&self) -> &str {
+        self.output.as_deref().unwrap_or(&self.input)
+    }
+
+    /// The registered op this step calls, if any.
+    pub fn op(&self) -> Option<&'static dyn pushdown_ops::Op> {
+        pushdown_ops::lookup(&self.call)
+    }
+
+    pub fn values(&self) -> Vec<pushdown_ops::Value> {
+        self.params.iter().map(Param::to_value).collect()
+    }
 }
 
 /// A literal parameter of a map step.
@@ -147,12 +167,12 @@ impl Pipeline {
         params: impl IntoIterator<Item = P>,
         output: &str,
     ) -> Self {
-        self.step(Step::Map {
+        self.step(Step::Map(MapStep {
             call: call.into(),
             input: input.into(),
             params: params.into_iter().map(Into::into).collect(),
             output: (output != input).then(|| output.to_owned()),
-        })
+        }))
     }
 
     pub fn batch(self, size: usize) -> Self {
@@ -188,7 +208,7 @@ impl Step {
     pub fn is_deterministic(&self) -> bool {
         match self {
             Step::Select { .. } | Step::Filter { .. } | Step::Batch { .. } => true,
-            Step::Map { call, .. } => pushdown_ops::lookup(call).is_some_and(|op| op.is_deterministic()),
+            Step::Map(m) => m.op().is_some_and(|op| op.is_deterministic()),
             Step::Shuffle { .. } => false,
         }
     }
@@ -196,7 +216,7 @@ impl Step {
     /// Each output row depends only on one input row, whatever the order.
     pub fn is_row_wise(&self) -> bool {
         match self {
-            Step::Select { .. } | Step::Filter { .. } | Step::Map { .. } => true,
+            Step::Select { .. } | Step::Filter { .. } | Step::Map(_) => true,
             Step::Shuffle { .. } | Step::Batch { .. } => false,
         }
     }
@@ -206,7 +226,7 @@ impl Step {
     /// rows are its input rows; false of batching.
     pub fn commutes_with_filters(&self) -> bool {
         match self {
-            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Map { .. } => true,
+            Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Map(_) => true,
             Step::Batch { .. } => false,
         }
     }
@@ -221,7 +241,7 @@ impl Step {
         match self {
             Step::Select { columns } => Ok(columns.clone()),
             Step::Filter { expr } => crate::expr::columns_read(expr),
-            Step::Map { input, .. } => Ok(vec![input.clone()]),
+            Step::Map(m) => Ok(vec![m.input.clone()]),
             Step::Shuffle { .. } | Step::Batch { .. } => Ok(vec![]),
         }
     }
@@ -229,7 +249,7 @@ impl Step {
     /// Columns this step creates or replaces.
     pub fn writes(&self) -> Vec<String> {
         match self {
-            Step::Map { input, output, .. } => vec![output.clone().unwrap_or_else(|| input.clone())],
+            Step::Map(m) => vec![m.output().to_owned()],
             Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => vec![],
         }
     }
@@ -241,18 +261,13 @@ impl fmt::Display for Step {
             Step::Select { columns } => write!(f, "select [{}]", columns.join(", ")),
             Step::Filter { expr } => write!(f, "filter {expr}"),
             Step::Shuffle { buffer } => write!(f, "shuffle buffer={buffer}"),
-            Step::Map {
-                call,
-                input,
-                params,
-                output,
-            } => {
-                write!(f, "{call}({input}")?;
-                for p in params {
+            Step::Map(m) => {
+                write!(f, "{}({}", m.call, m.input)?;
+                for p in &m.params {
                     write!(f, ", {}", p.to_value())?;
                 }
                 write!(f, ")")?;
-                match output {
+                match &m.output {
                     Some(o) => write!(f, " AS {o}"),
                     None => Ok(()),
                 }
