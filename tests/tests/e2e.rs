@@ -42,6 +42,7 @@ async fn pipeline_run_writes_the_rows_the_filter_selects() {
         .batch(16);
     let options = RunOptions {
         servers: vec![fx.running.url()],
+        bandwidth_bytes_per_s: 1e9 / 8.0,
         source: Source::Pipeline(pipeline),
         out: Some(out.clone()),
         epochs: 1,

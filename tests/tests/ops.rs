@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray};
 use pushdown_cli::run::{RunOptions, Source, run};
 use pushdown_client::{ClientSteps, StreamOptions};
-use pushdown_planner::{MapStep, Pipeline, Side, Step, plan};
+use pushdown_planner::{Environment, MapStep, Pipeline, Side, Step, plan, plan_with_profile};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_tests::{Fixture, num_rows, rows};
 
@@ -102,8 +102,11 @@ async fn pipelines_push_deterministic_ops_to_the_server() {
         planned.explain()
     );
 
+    // Over a slow link (10 Mbit/s) shipping JPEGs is the bottleneck: the measured placement
+    // pushes the downscale too.
     let report = run(&RunOptions {
         servers: vec![fx.running.url()],
+        bandwidth_bytes_per_s: 10e6 / 8.0,
         source: Source::Pipeline(pipeline),
         out: None,
         epochs: 1,
@@ -149,4 +152,90 @@ async fn bad_op_calls_are_invalid_arguments() {
     assert!(err.contains("row 0"), "{err}");
     let ok = fx.sql("SELECT id FROM images").await.expect("still serving");
     assert_eq!(ok.iter().map(|b| b.column(0).len()).sum::<usize>(), 32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_planner_places_ops_by_the_servers_measurements() {
+    use pushdown_cli::run::costed_plan;
+    let fx = Fixture::images(128).await;
+    let schema = fx.client.dataset_schema("images").await.expect("schema");
+    let gbit = 1e9 / 8.0;
+    let pipeline = |side: i64| {
+        Pipeline::new("images")
+            .filter("label < 800")
+            .map("decode_resize", "image", [side, side], "pixels")
+            .select(["pixels", "label"])
+            .shuffle(16)
+    };
+
+    // The profile is measured: real sizes, real times.
+    let fragment = plan(&pipeline(64), &schema).expect("plan").fragment;
+    let profile = fx
+        .client
+        .profile(&ScanRequest::new(Query::Fragment(fragment)))
+        .await
+        .expect("profile");
+    assert_eq!(profile.rows_sampled, 128);
+    assert!(
+        (0.6..=0.95).contains(&profile.selectivity),
+        "{}",
+        profile.selectivity
+    );
+    let op = &profile.ops[0];
+    assert!(op.bytes_in_per_row > 5_000.0, "JPEGs: {op:?}");
+    assert!((op.bytes_out_per_row - 64.0 * 64.0 * 3.0).abs() < 64.0, "{op:?}");
+    assert!(op.ns_per_row > 0.0 && profile.scan_ns_per_row > 0.0);
+
+    // Downscale to 64×64: reducing, pushed. To 512×512: expanding, kept with the trainer.
+    // The machines are stated (a 16-core storage host, 4 trainer cores per accelerator, a
+    // 100 Mbit/s link) so the decision does not depend on the machine running the test: in
+    // a debug build the 512×512 upscale is slow enough (~70 ms/row) that at 1 Gbit/s the
+    // trainer's CPU, not the link, would bound both placements.
+    let env = Environment {
+        bandwidth_bytes_per_s: 100e6 / 8.0,
+        server_cores: 16.0,
+        client_cores: 4.0,
+    };
+    let costed = |side: i64| {
+        let (fx, schema) = (&fx, &schema);
+        async move {
+            let fragment = plan(&pipeline(side), schema).expect("plan").fragment;
+            let profile = fx
+                .client
+                .profile(&ScanRequest::new(Query::Fragment(fragment)))
+                .await
+                .expect("profile");
+            plan_with_profile(&pipeline(side), schema, &profile, &env).expect("costed")
+        }
+    };
+    let small = costed(64).await;
+    assert_eq!(small.chosen.pushed, 1, "{}", small.explain());
+    let large = costed(512).await;
+    assert_eq!(large.chosen.pushed, 0, "{}", large.explain());
+    assert_eq!(large.plan.fragment.columns, vec!["image", "label"]);
+    // `pushdown run` plans the same way, with this machine's cores.
+    costed_plan(&fx.client, &pipeline(64), &schema, gbit)
+        .await
+        .expect("run's plan");
+
+    // Either way, the trainer gets the same rows.
+    for (costed, side) in [(&small, 64), (&large, 512)] {
+        let report = run(&RunOptions {
+            servers: vec![fx.running.url()],
+            bandwidth_bytes_per_s: gbit,
+            source: Source::Pipeline(pipeline(side)),
+            out: None,
+            epochs: 1,
+            seed: 1,
+            stream: StreamOptions::default(),
+        })
+        .await
+        .expect("run");
+        let expected = fx.local("SELECT count(*) FROM images WHERE label < 800").await;
+        let n = expected[0]
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0);
+        assert_eq!(report.rows as i64, n, "{}", costed.explain());
+    }
 }

@@ -65,6 +65,7 @@ pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<D
     writeln!(out, "\npipeline:\n{}", indent(&pipeline.to_toml()))?;
     let report = run(&RunOptions {
         servers: vec![running.url()],
+        bandwidth_bytes_per_s: 1e9 / 8.0,
         source: Source::Pipeline(pipeline),
         out: None,
         epochs: 1,

@@ -13,7 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use pushdown_cli::datasets::{GenOptions, Kind, generate};
 use pushdown_cli::run::{RunOptions, Source, bytes, describe, run};
 use pushdown_client::{PushdownClient, StreamOptions};
-use pushdown_planner::Pipeline;
+use pushdown_planner::{Environment, Pipeline, plan_with_profile};
+use pushdown_protocol::{Profile, Query, ScanRequest};
 use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
 use tracing_subscriber::EnvFilter;
 
@@ -130,6 +131,9 @@ struct ClientArgs {
     /// Shard streams in flight at once.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
+    /// The link to the servers (1Gbit, 100Mbit, 125MB, …), for placing ops by measured cost.
+    #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
+    bandwidth: f64,
 }
 
 #[derive(Debug, Args)]
@@ -155,12 +159,31 @@ struct RunArgs {
 struct ExplainArgs {
     /// Pipeline file (TOML or JSON).
     pipeline: PathBuf,
-    /// Ask this server for the dataset's schema (and its plan of the fragment).
+    /// Ask this server for the dataset's schema and to profile the fragment's ops on a
+    /// sample; ops are then placed by measured cost.
     #[arg(long, conflicts_with = "data", required_unless_present = "data")]
     server: Option<String>,
-    /// Or read the schema from a local data root.
+    /// Or read the schema from a local data root (static placement: every legal op pushed).
     #[arg(long)]
     data: Option<String>,
+    /// The link between server and trainer (1Gbit, 10Gbit, 100Mbit, 125MB, …).
+    #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
+    bandwidth: f64,
+    /// Cores of the trainer host for client-side ops (default: this machine's).
+    #[arg(long)]
+    client_cores: Option<f64>,
+    /// Cores of the server for pushed ops (default: what the server reports).
+    #[arg(long)]
+    server_cores: Option<f64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -311,6 +334,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     };
     let report = run(&RunOptions {
         servers: args.client.servers,
+        bandwidth_bytes_per_s: args.client.bandwidth,
         source,
         out: args.out.clone(),
         epochs: args.epochs,
@@ -330,12 +354,32 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
 
 async fn explain(args: ExplainArgs) -> Result<()> {
     let pipeline = Pipeline::from_file(&args.pipeline)?;
-    let schema = match (&args.server, &args.data) {
+    match (&args.server, &args.data) {
         (Some(url), _) => {
-            PushdownClient::connect(&[url])
-                .await?
-                .dataset_schema(&pipeline.dataset)
-                .await?
+            let client = PushdownClient::connect(&[url]).await?;
+            let schema = client.dataset_schema(&pipeline.dataset).await?;
+            let static_plan = pushdown_planner::plan(&pipeline, &schema)?;
+            let profile = if static_plan.fragment.ops.is_empty() {
+                Profile::default()
+            } else {
+                client
+                    .profile(&ScanRequest::new(Query::Fragment(static_plan.fragment.clone())))
+                    .await?
+            };
+            let env = Environment {
+                bandwidth_bytes_per_s: args.bandwidth,
+                server_cores: args
+                    .server_cores
+                    .unwrap_or(f64::from(profile.server_cores.max(1))),
+                client_cores: args
+                    .client_cores
+                    .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
+            };
+            let costed = plan_with_profile(&pipeline, &schema, &profile, &env)?;
+            match args.format {
+                Format::Text => print!("{}", costed.explain()),
+                Format::Json => println!("{}", costed.to_json()),
+            }
         }
         (None, Some(data)) => {
             let server = Server::builder(open_store(data)?).open().await?;
@@ -347,11 +391,13 @@ async fn explain(args: ExplainArgs) -> Result<()> {
                     datasets.keys().collect::<Vec<_>>()
                 )
             })?;
-            std::sync::Arc::clone(&dataset.schema)
+            let plan = pushdown_planner::plan(&pipeline, &dataset.schema)?;
+            match args.format {
+                Format::Text => print!("{}", plan.explain()),
+                Format::Json => anyhow::bail!("--format json needs --server (the measured costs)"),
+            }
         }
         (None, None) => anyhow::bail!("give --server or --data"),
-    };
-    let plan = pushdown_planner::plan(&pipeline, &schema)?;
-    print!("{}", plan.explain());
+    }
     Ok(())
 }

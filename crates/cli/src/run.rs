@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use pushdown_client::{ClientSteps, PushdownClient, StreamOptions, StreamTotals, plan_estimate};
-use pushdown_planner::{Pipeline, Plan, Step};
-use pushdown_protocol::{PlanEstimate, Query, ScanRequest, StreamStats};
+use pushdown_planner::{CostedPlan, Environment, Pipeline, Plan, Step, plan_with_profile};
+use pushdown_protocol::{PlanEstimate, Profile, Query, ScanRequest, StreamStats};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -20,6 +20,8 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub servers: Vec<String>,
+    /// The link to the servers, for placing ops by measured cost (bytes/s).
+    pub bandwidth_bytes_per_s: f64,
     pub source: Source,
     pub out: Option<PathBuf>,
     pub epochs: usize,
@@ -59,7 +61,9 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
                 .dataset_schema(&pipeline.dataset)
                 .await
                 .with_context(|| format!("dataset `{}`", pipeline.dataset))?;
-            let plan = pushdown_planner::plan(pipeline, &schema)?;
+            let plan = costed_plan(&client, pipeline, &schema, options.bandwidth_bytes_per_s)
+                .await?
+                .plan;
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             request.stats = true;
             (request, plan.client_steps.clone(), Some(plan))
@@ -123,6 +127,29 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         elapsed: start.elapsed(),
         totals,
     })
+}
+
+/// Plans `pipeline`, placing its ops by the server's measurements of them when it has any.
+pub async fn costed_plan(
+    client: &PushdownClient,
+    pipeline: &Pipeline,
+    schema: &arrow::datatypes::Schema,
+    bandwidth_bytes_per_s: f64,
+) -> Result<CostedPlan> {
+    let static_plan = pushdown_planner::plan(pipeline, schema)?;
+    let profile = if static_plan.fragment.ops.is_empty() {
+        Profile::default()
+    } else {
+        client
+            .profile(&ScanRequest::new(Query::Fragment(static_plan.fragment.clone())))
+            .await?
+    };
+    let env = Environment {
+        bandwidth_bytes_per_s,
+        server_cores: f64::from(profile.server_cores.max(1)),
+        client_cores: std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
+    };
+    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
 }
 
 /// Human-readable byte counts.

@@ -173,6 +173,15 @@ impl PushdownClient {
         Ok(results.into_iter().map(|r| r.body).collect())
     }
 
+    /// Runs the server's `profile` action on the fragment of `request`.
+    pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
+        let bodies = self.action("profile", request.encode()).await?;
+        let body = bodies
+            .first()
+            .ok_or_else(|| ClientError::Invalid("the profile action returned nothing".into()))?;
+        pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
+    }
+
     /// Streams every endpoint of `info`.
     pub fn stream(&self, info: &FlightInfo, options: StreamOptions) -> Result<ShardStream> {
         ShardStream::start(self.clone(), info, options)

@@ -39,6 +39,7 @@
 //! assert!(plan.placements.iter().any(|p| p.side == Side::Server && p.step.starts_with("filter")));
 //! ```
 
+mod cost;
 mod expr;
 mod pipeline;
 
@@ -48,6 +49,7 @@ use std::fmt;
 use arrow::datatypes::{Field, Schema};
 use pushdown_protocol::{Arg, Fragment, OpCall};
 
+pub use cost::{CostedPlan, Environment, Estimate, OpCost, parse_bandwidth, plan_with_profile};
 pub use expr::columns_read;
 pub use pipeline::{MapStep, Param, Pipeline, Step};
 
@@ -140,8 +142,18 @@ impl Plan {
     }
 }
 
-/// Splits `pipeline` over a dataset whose schema is `schema`.
+/// Splits `pipeline` over a dataset whose schema is `schema`, pushing every legal op (the
+/// static placement; [`plan_with_profile`] chooses by measured cost).
 pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
+    plan_limited(pipeline, schema, usize::MAX)
+}
+
+/// [`plan`], with at most `max_server_ops` map steps pushed to the server.
+pub(crate) fn plan_limited(
+    pipeline: &Pipeline,
+    schema: &Schema,
+    max_server_ops: usize,
+) -> Result<Plan, PlanError> {
     let steps = pipeline.steps();
     validate(steps, schema)?;
     let (steps, hoisted) = hoist(steps);
@@ -149,16 +161,26 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
     // The longest deterministic row-wise prefix goes to the server. A fragment filters
     // before it maps, so the prefix also ends at a filter on a column a server op wrote.
     let mut written: BTreeSet<String> = BTreeSet::new();
+    let mut maps = 0;
     let split = steps
         .iter()
         .position(|s| {
             let reads_op_output =
                 matches!(s, Step::Filter { .. }) && s.reads().iter().any(|c| written.contains(c));
             written.extend(s.writes());
-            !(s.is_deterministic() && s.is_row_wise()) || reads_op_output
+            let over_budget = matches!(s, Step::Map(_)) && {
+                maps += 1;
+                maps > max_server_ops
+            };
+            !(s.is_deterministic() && s.is_row_wise()) || reads_op_output || over_budget
         })
         .unwrap_or(steps.len());
     let (server, client) = steps.split_at(split);
+    // Did the op budget (not a rule) end the server prefix?
+    let cost_cut = client
+        .first()
+        .is_some_and(|s| matches!(s, Step::Map(_)) && s.is_deterministic())
+        && server.iter().filter(|s| matches!(s, Step::Map(_))).count() == max_server_ops;
     if let Some((index, step)) = client
         .iter()
         .enumerate()
@@ -231,6 +253,9 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
                 }
                 (Side::Client, s) if !s.is_deterministic() => "random: must run in the trainer".to_string(),
                 (Side::Client, s) if !s.is_row_wise() => "order-dependent: runs in the trainer".to_string(),
+                (Side::Client, Step::Map(_)) if i == split && cost_cut => {
+                    "kept in the trainer: pushing it would lower the estimated throughput".to_string()
+                }
                 (Side::Client, _) => "after the first random or order-dependent step".to_string(),
                 (Side::Server, _) => "deterministic row-wise prefix".to_string(),
             };

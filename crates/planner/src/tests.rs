@@ -168,3 +168,97 @@ output = "pixels"
     assert_eq!(p.steps()[0].to_string(), "decode_resize(image, 64, 64) AS pixels");
     assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
 }
+
+mod cost {
+    use pushdown_protocol::{OpProfile, Profile};
+
+    use super::*;
+
+    fn profile(bytes_out: f64) -> Profile {
+        Profile {
+            rows_sampled: 256,
+            selectivity: 1.0,
+            scan_ns_per_row: 5_000.0,
+            column_bytes_per_row: [("image".to_string(), 15_000.0), ("label".to_string(), 4.0)].into(),
+            ops: vec![OpProfile {
+                op: "decode_resize".into(),
+                input: "image".into(),
+                output: "pixels".into(),
+                bytes_in_per_row: 15_000.0,
+                bytes_out_per_row: bytes_out,
+                ns_per_row: 2_000_000.0,
+            }],
+            server_cores: 16,
+        }
+    }
+
+    fn pipeline(side: i64) -> Pipeline {
+        Pipeline::new("images")
+            .map("decode_resize", "image", [side, side], "pixels")
+            .select(["pixels", "label"])
+            .shuffle(100)
+            .batch(8)
+    }
+
+    const GBIT: f64 = 1e9 / 8.0;
+
+    #[test]
+    fn reducing_ops_go_to_the_server() {
+        let env = Environment {
+            bandwidth_bytes_per_s: GBIT,
+            server_cores: 16.0,
+            client_cores: 8.0,
+        };
+        let costed = plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
+        assert_eq!(costed.chosen.pushed, 1, "{}", costed.explain());
+        assert_eq!(costed.plan.fragment.ops.len(), 1);
+        assert_eq!(costed.plan.fragment.columns, vec!["pixels", "label"]);
+        assert_eq!(costed.ops[0].side, "server");
+        assert!(costed.explain().contains("← chosen"));
+        let json: serde_json::Value = serde_json::from_str(&costed.to_json()).unwrap();
+        assert_eq!(json["ops"][0]["side"], "server");
+        assert!(json["estimated_rows_per_s"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn expanding_ops_stay_with_the_trainer() {
+        let env = Environment {
+            bandwidth_bytes_per_s: GBIT,
+            server_cores: 16.0,
+            client_cores: 8.0,
+        };
+        let costed =
+            plan_with_profile(&pipeline(512), &images(), &profile(512.0 * 512.0 * 3.0), &env).unwrap();
+        assert_eq!(costed.chosen.pushed, 0, "{}", costed.explain());
+        assert!(costed.plan.fragment.ops.is_empty());
+        // The JPEG crosses instead, with the column the client needs.
+        assert_eq!(costed.plan.fragment.columns, vec!["image", "label"]);
+        assert!(matches!(costed.plan.client_steps[0], Step::Map(_)));
+        assert!(
+            costed.plan.explain().contains("kept in the trainer"),
+            "{}",
+            costed.plan.explain()
+        );
+    }
+
+    #[test]
+    fn a_fast_link_and_a_slow_server_keep_reducing_ops_on_the_client() {
+        let env = Environment {
+            bandwidth_bytes_per_s: 100.0 * GBIT,
+            server_cores: 1.0,
+            client_cores: 64.0,
+        };
+        let costed = plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
+        assert_eq!(costed.chosen.pushed, 0, "{}", costed.explain());
+    }
+
+    #[test]
+    fn bandwidths_parse() {
+        assert_eq!(parse_bandwidth("1Gbit").unwrap(), 125e6);
+        assert_eq!(parse_bandwidth("100mbit").unwrap(), 12.5e6);
+        assert_eq!(parse_bandwidth("125MB").unwrap(), 125e6);
+        assert_eq!(parse_bandwidth("1000").unwrap(), 1000.0);
+        assert!(parse_bandwidth("fast").is_err());
+        assert!(parse_bandwidth("1 parsec").is_err());
+    }
+}

@@ -220,6 +220,85 @@ impl PlanEstimate {
     }
 }
 
+/// A fragment run on a sample, measured step by step (the `profile` action's answer).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Profile {
+    /// Rows sampled, before the predicate.
+    pub rows_sampled: u64,
+    /// Fraction of sampled rows that pass the predicate.
+    pub selectivity: f64,
+    /// Decode and filter time per sampled row.
+    pub scan_ns_per_row: f64,
+    /// Arrow bytes per passing row of each source column the fragment reads.
+    pub column_bytes_per_row: std::collections::BTreeMap<String, f64>,
+    pub ops: Vec<OpProfile>,
+    /// Threads the server runs queries on.
+    pub server_cores: u32,
+}
+
+/// One op of a profiled fragment, per passing row.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OpProfile {
+    pub op: String,
+    pub input: String,
+    pub output: String,
+    pub bytes_in_per_row: f64,
+    pub bytes_out_per_row: f64,
+    pub ns_per_row: f64,
+}
+
+impl Profile {
+    pub fn encode(&self) -> Bytes {
+        proto::Profile {
+            rows_sampled: self.rows_sampled,
+            selectivity: self.selectivity,
+            scan_ns_per_row: self.scan_ns_per_row,
+            column_bytes_per_row: self.column_bytes_per_row.clone().into_iter().collect(),
+            ops: self
+                .ops
+                .iter()
+                .map(|o| proto::OpProfile {
+                    op: o.op.clone(),
+                    input: o.input.clone(),
+                    output: o.output.clone(),
+                    bytes_in_per_row: o.bytes_in_per_row,
+                    bytes_out_per_row: o.bytes_out_per_row,
+                    ns_per_row: o.ns_per_row,
+                })
+                .collect(),
+            server_cores: self.server_cores,
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let m = proto::Profile::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "Profile",
+            source,
+        })?;
+        Ok(Self {
+            rows_sampled: m.rows_sampled,
+            selectivity: m.selectivity,
+            scan_ns_per_row: m.scan_ns_per_row,
+            column_bytes_per_row: m.column_bytes_per_row.into_iter().collect(),
+            ops: m
+                .ops
+                .into_iter()
+                .map(|o| OpProfile {
+                    op: o.op,
+                    input: o.input,
+                    output: o.output,
+                    bytes_in_per_row: o.bytes_in_per_row,
+                    bytes_out_per_row: o.bytes_out_per_row,
+                    ns_per_row: o.ns_per_row,
+                })
+                .collect(),
+            server_cores: m.server_cores,
+        })
+    }
+}
+
 impl ScanRequest {
     /// A request with default streaming options (zstd, no trailing stats, automatic filter
     /// pushdown).
@@ -557,6 +636,26 @@ mod tests {
             Err(ProtocolError::UnrecognizedCommand)
         ));
         assert!(ScanRequest::decode_command(b"").is_err());
+    }
+
+    #[test]
+    fn profile_round_trips() {
+        let p = Profile {
+            rows_sampled: 256,
+            selectivity: 0.5,
+            scan_ns_per_row: 1200.0,
+            column_bytes_per_row: [("image".to_string(), 15000.0)].into(),
+            ops: vec![OpProfile {
+                op: "thumbnail".into(),
+                input: "image".into(),
+                output: "image".into(),
+                bytes_in_per_row: 15000.0,
+                bytes_out_per_row: 1500.0,
+                ns_per_row: 2e6,
+            }],
+            server_cores: 16,
+        };
+        assert_eq!(Profile::decode(&p.encode()).unwrap(), p);
     }
 
     #[test]

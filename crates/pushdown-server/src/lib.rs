@@ -30,6 +30,7 @@
 mod catalog;
 mod error;
 mod metrics;
+mod profile;
 mod query;
 mod runtime;
 mod service;

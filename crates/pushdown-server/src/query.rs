@@ -131,7 +131,7 @@ impl Engine {
         options
     }
 
-    fn session(&self, partitions: usize) -> SessionContext {
+    pub(crate) fn session(&self, partitions: usize) -> SessionContext {
         let mut config = SessionConfig::new()
             .with_target_partitions(partitions.max(1))
             .with_batch_size(self.config.batch_size)
@@ -148,7 +148,7 @@ impl Engine {
         ctx
     }
 
-    fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
+    pub(crate) fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
         Arc::new(ShardTable::new(
             Arc::clone(&dataset.schema),
             self.store_url.clone(),

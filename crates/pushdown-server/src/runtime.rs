@@ -59,3 +59,10 @@ impl<T> Drop for TaskGuard<T> {
         self.0.abort();
     }
 }
+
+impl<T> TaskGuard<T> {
+    /// Waits for the task; a panic in it becomes an error.
+    pub async fn join(mut self) -> Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}

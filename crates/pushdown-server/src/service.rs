@@ -242,6 +242,20 @@ impl PushdownService {
                 );
                 Ok(vec![arrow_flight::Result::new(text)])
             }
+            "profile" => {
+                let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
+                let state = Arc::clone(&self.state);
+                let rows = PROFILE_ROWS;
+                let cores = self.state.config.cpu_threads as u32;
+                let task = self.state.cpu.spawn(async move {
+                    crate::profile::profile(&state.engine, &request, rows, cores).await
+                });
+                let profile = task
+                    .join()
+                    .await
+                    .map_err(|e| ServerError::Internal(format!("profile task: {e}")))??;
+                Ok(vec![arrow_flight::Result::new(profile.encode())])
+            }
             other => Err(ServerError::BadRequest(format!(
                 "unknown action `{other}`; actions: {}",
                 ACTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
@@ -250,11 +264,19 @@ impl PushdownService {
     }
 }
 
-const ACTIONS: [(&str, &str); 2] = [
+/// Rows the `profile` action samples.
+const PROFILE_ROWS: usize = 256;
+
+const ACTIONS: [(&str, &str); 3] = [
     ("health", "Returns `ok` when the server is serving"),
     (
         "explain",
         "Body: a command (ScanRequest or SQL). Returns the shape, shards, estimates and optimized plan",
+    ),
+    (
+        "profile",
+        "Body: a ScanRequest with a fragment. Runs it on a sample; returns a pushdown.v1.Profile \
+         (selectivity, scan ns/row, bytes per column, per op bytes in/out and ns/row)",
     ),
 ];
 

@@ -140,6 +140,46 @@ pub struct PlanEstimate {
     #[prost(bool, tag = "3")]
     pub row_wise: bool,
 }
+/// The answer to the `profile` action (body: a ScanRequest with a fragment): the fragment run
+/// on a sample, measured step by step. The planner's cost model reads these numbers.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Profile {
+    /// Rows sampled (before the predicate).
+    #[prost(uint64, tag = "1")]
+    pub rows_sampled: u64,
+    /// Fraction of sampled rows that pass the predicate.
+    #[prost(double, tag = "2")]
+    pub selectivity: f64,
+    /// Decode (and filter) time per sampled row.
+    #[prost(double, tag = "3")]
+    pub scan_ns_per_row: f64,
+    /// Arrow bytes per passing row of each source column the fragment reads.
+    #[prost(map = "string, double", tag = "4")]
+    pub column_bytes_per_row: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        f64,
+    >,
+    #[prost(message, repeated, tag = "5")]
+    pub ops: ::prost::alloc::vec::Vec<OpProfile>,
+    /// Threads the server runs queries on.
+    #[prost(uint32, tag = "6")]
+    pub server_cores: u32,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct OpProfile {
+    #[prost(string, tag = "1")]
+    pub op: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub input: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub output: ::prost::alloc::string::String,
+    #[prost(double, tag = "4")]
+    pub bytes_in_per_row: f64,
+    #[prost(double, tag = "5")]
+    pub bytes_out_per_row: f64,
+    #[prost(double, tag = "6")]
+    pub ns_per_row: f64,
+}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum Compression {

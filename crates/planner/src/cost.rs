@@ -1,0 +1,274 @@
+//! Placement by measured cost.
+//!
+//! Within the legal prefix (deterministic, row-wise), each op could run on either side.
+//! Pushing the first `j` ops of the fragment to the server is one candidate placement; the
+//! planner estimates each candidate's throughput as
+//!
+//! ```text
+//!   rows/s = selectivity × min(server_rate, network_rate, client_rate)      (Plumber's view)
+//!   server_rate  = server_cores × 1e9 / (scan_ns + sel × Σ pushed op ns)
+//!   network_rate = bandwidth / (sel × Σ bytes of the columns that cross)
+//!   client_rate  = client_cores × 1e9 / (sel × Σ client op ns)
+//! ```
+//!
+//! with every number measured by the server's `profile` action on a sample of the data,
+//! and takes the fastest (the fewest bytes when within 5%). Decode-to-full-size expands the data,
+//! so it stays with the trainer; decode-and-downscale reduces it, so it moves to the data —
+//! unless the link is so fast and the server so slow that the server becomes the bottleneck.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use arrow::datatypes::Schema;
+use pushdown_protocol::Profile;
+use serde::Serialize;
+
+use crate::{Pipeline, Plan, PlanError, Side, plan_limited};
+
+/// What the placement may assume about the machines and the link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Environment {
+    pub bandwidth_bytes_per_s: f64,
+    pub server_cores: f64,
+    pub client_cores: f64,
+}
+
+/// One op's measured cost and where it was placed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpCost {
+    pub op: String,
+    pub side: String,
+    pub bytes_in: f64,
+    pub bytes_out: f64,
+    pub ns_per_row: f64,
+}
+
+/// The estimate of one candidate placement.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Ops of the fragment pushed to the server.
+    pub pushed: usize,
+    pub server_rows_per_s: f64,
+    pub network_rows_per_s: f64,
+    pub client_rows_per_s: f64,
+    /// Bytes per delivered row that cross the network.
+    pub wire_bytes_per_row: f64,
+    pub estimated_rows_per_s: f64,
+}
+
+/// The chosen plan, its op costs and every candidate considered.
+#[derive(Debug, Clone)]
+pub struct CostedPlan {
+    pub plan: Plan,
+    pub ops: Vec<OpCost>,
+    pub chosen: Estimate,
+    pub candidates: Vec<Estimate>,
+}
+
+/// Estimates within this fraction of each other are a tie, and a tie goes to the placement
+/// that moves fewer bytes: it spares the network and the trainer's CPU, which the
+/// accelerator's own input work needs, for the same estimated throughput.
+const TIE: f64 = 0.05;
+
+/// Plans `pipeline` with each legal placement of its server-eligible ops, costs each with
+/// `profile` (measured on the full static fragment) and `env`, and keeps the fastest.
+pub fn plan_with_profile(
+    pipeline: &Pipeline,
+    schema: &Schema,
+    profile: &Profile,
+    env: &Environment,
+) -> Result<CostedPlan, PlanError> {
+    let full = plan_limited(pipeline, schema, usize::MAX)?;
+    let eligible = full.fragment.ops.len();
+    let mut best: Option<(Plan, Estimate)> = None;
+    let mut candidates = Vec::new();
+    for pushed in 0..=eligible {
+        let candidate = plan_limited(pipeline, schema, pushed)?;
+        let estimate = estimate(&candidate, pushed, profile, env);
+        candidates.push(estimate.clone());
+        let better = match &best {
+            None => true,
+            Some((_, b)) => {
+                estimate.estimated_rows_per_s > b.estimated_rows_per_s * (1.0 + TIE)
+                    || (estimate.estimated_rows_per_s >= b.estimated_rows_per_s * (1.0 - TIE)
+                        && estimate.wire_bytes_per_row < b.wire_bytes_per_row)
+            }
+        };
+        if better {
+            best = Some((candidate, estimate));
+        }
+    }
+    let (plan, chosen) = best.ok_or_else(|| PlanError::Format("no placement".into()))?;
+    let ops = profile
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| OpCost {
+            op: format!("{}({}) AS {}", o.op, o.input, o.output),
+            side: if i < chosen.pushed {
+                Side::Server
+            } else {
+                Side::Client
+            }
+            .to_string(),
+            bytes_in: o.bytes_in_per_row,
+            bytes_out: o.bytes_out_per_row,
+            ns_per_row: o.ns_per_row,
+        })
+        .collect();
+    Ok(CostedPlan {
+        plan,
+        ops,
+        chosen,
+        candidates,
+    })
+}
+
+fn estimate(plan: &Plan, pushed: usize, profile: &Profile, env: &Environment) -> Estimate {
+    let sel = profile.selectivity.clamp(1e-9, 1.0);
+    let mut sizes: BTreeMap<&str, f64> = profile
+        .column_bytes_per_row
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    let mut server_ns = 0.0;
+    let mut client_ns = 0.0;
+    for (i, op) in profile.ops.iter().enumerate() {
+        if i < pushed {
+            server_ns += op.ns_per_row;
+            sizes.insert(op.output.as_str(), op.bytes_out_per_row);
+        } else {
+            client_ns += op.ns_per_row;
+        }
+    }
+    let wire: f64 = plan
+        .fragment
+        .columns
+        .iter()
+        .map(|c| sizes.get(c.as_str()).copied().unwrap_or(0.0))
+        .sum();
+    let rate = |cores: f64, ns: f64| {
+        if ns <= 0.0 {
+            f64::INFINITY
+        } else {
+            cores.max(0.01) * 1e9 / ns
+        }
+    };
+    // Rates in sampled (scanned) rows per second.
+    let server = rate(env.server_cores, profile.scan_ns_per_row + sel * server_ns);
+    let network = if wire <= 0.0 {
+        f64::INFINITY
+    } else {
+        env.bandwidth_bytes_per_s / (sel * wire)
+    };
+    let client = rate(env.client_cores, sel * client_ns);
+    Estimate {
+        pushed,
+        server_rows_per_s: sel * server,
+        network_rows_per_s: sel * network,
+        client_rows_per_s: sel * client,
+        wire_bytes_per_row: wire,
+        estimated_rows_per_s: sel * server.min(network).min(client),
+    }
+}
+
+impl CostedPlan {
+    /// The decision table, as `pushdown explain` prints it.
+    pub fn explain(&self) -> String {
+        let mut out = self.plan.explain();
+        let _ = writeln!(out, "\nmeasured ops (per row that passes the filter):");
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<6} {:>12} {:>12} {:>14}",
+            "op", "side", "bytes in", "bytes out", "ns/row"
+        );
+        for op in &self.ops {
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<6} {:>12.0} {:>12.0} {:>14.0}",
+                op.op, op.side, op.bytes_in, op.bytes_out, op.ns_per_row
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\ncandidate placements (rows/s; the slowest stage bounds the pipeline):"
+        );
+        let _ = writeln!(
+            out,
+            "  {:>6} {:>14} {:>14} {:>14} {:>14} {:>14}",
+            "pushed", "server", "network", "client", "wire B/row", "estimate"
+        );
+        for c in &self.candidates {
+            let mark = if c.pushed == self.chosen.pushed {
+                " ← chosen"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {:>6} {:>14} {:>14} {:>14} {:>14.0} {:>14}{mark}",
+                c.pushed,
+                rate(c.server_rows_per_s),
+                rate(c.network_rows_per_s),
+                rate(c.client_rows_per_s),
+                c.wire_bytes_per_row,
+                rate(c.estimated_rows_per_s),
+            );
+        }
+        out
+    }
+
+    /// `{"ops": [...], "estimated_rows_per_s": …, "candidates": [...]}`.
+    pub fn to_json(&self) -> String {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            ops: &'a [OpCost],
+            estimated_rows_per_s: f64,
+            candidates: &'a [Estimate],
+        }
+        serde_json::to_string_pretty(&Json {
+            ops: &self.ops,
+            estimated_rows_per_s: finite(self.chosen.estimated_rows_per_s),
+            candidates: &self.candidates,
+        })
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
+
+fn finite(x: f64) -> f64 {
+    if x.is_finite() { x } else { f64::MAX }
+}
+
+fn rate(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.0}")
+    } else {
+        "∞".into()
+    }
+}
+
+/// Parses `1Gbit`, `10gbit`, `100Mbit`, `125MB` (bytes), or a plain number of bytes/s.
+pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad bandwidth `{text}`"))?;
+    let factor = match unit.trim() {
+        "" | "b/s" | "bps" => 1.0,
+        "kbit" => 1e3 / 8.0,
+        "mbit" => 1e6 / 8.0,
+        "gbit" => 1e9 / 8.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        other => {
+            return Err(format!(
+                "bad bandwidth unit `{other}` (use kbit, mbit, gbit, kb, mb, gb)"
+            ));
+        }
+    };
+    Ok(n * factor)
+}

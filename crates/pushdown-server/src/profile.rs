@@ -1,0 +1,151 @@
+//! The `profile` action: run a fragment on a sample and measure each step.
+//!
+//! The sample is the first `rows` rows of the dataset (before the predicate). The scan is
+//! timed on a second, warm run (footers cached, pages in the OS cache), so it measures
+//! decoding rather than the first touch of storage. Each op is timed on one thread over the
+//! rows that pass the predicate, and its input and output sizes are the Arrow buffers' bytes
+//! per row: what would cross the network before IPC compression.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::{concat_batches, filter_record_batch};
+use datafusion::prelude::{ident, lit};
+use pushdown_protocol::{Arg, OpProfile, Profile, Query, ScanRequest};
+
+use crate::catalog::lookup;
+use crate::error::{Result, ServerError};
+use crate::query::Engine;
+
+const KEEP: &str = "__pushdown_keep";
+
+fn bytes(a: &ArrayRef) -> f64 {
+    a.to_data()
+        .get_slice_memory_size()
+        .unwrap_or_else(|_| a.get_array_memory_size()) as f64
+}
+
+/// Profiles the fragment of `request` on its first `rows` rows.
+pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores: u32) -> Result<Profile> {
+    let Query::Fragment(f) = &request.query else {
+        return Err(ServerError::BadRequest(
+            "profile takes a ScanRequest with a fragment".into(),
+        ));
+    };
+    let datasets = engine.catalog().datasets().await?;
+    let dataset = lookup(&datasets, &f.dataset)?;
+    dataset.check_readable()?;
+    let ctx = engine.session(1);
+    ctx.register_table(dataset.name.as_str(), engine.full_table(&dataset, false))?;
+
+    // The source columns the fragment reads: its output columns that are not op outputs,
+    // and every op input.
+    let outputs: Vec<&str> = f.ops.iter().map(|o| o.output.as_str()).collect();
+    let mut source: Vec<String> = Vec::new();
+    let mut add = |c: &str| {
+        if !source.iter().any(|s| s == c) && dataset.schema.index_of(c).is_ok() {
+            source.push(c.to_owned());
+        }
+    };
+    for call in &f.ops {
+        if let Some(Arg::Column(c)) = call.args.first() {
+            add(c);
+        }
+    }
+    let all: Vec<String> = dataset.schema.fields().iter().map(|f| f.name().clone()).collect();
+    let columns = if f.columns.is_empty() { &all } else { &f.columns };
+    for c in columns.iter().filter(|c| !outputs.contains(&c.as_str())) {
+        add(c);
+    }
+
+    let table = ctx.table(dataset.name.as_str()).await?;
+    let keep = match &f.predicate {
+        Some(p) => table
+            .parse_sql_expr(p)
+            .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {}", e.find_root().message())))?,
+        None => lit(true),
+    };
+    let mut exprs: Vec<_> = source.iter().map(ident).collect();
+    exprs.push(keep.alias(KEEP));
+    let sample = table.select(exprs)?.limit(0, Some(rows.max(1)))?;
+    sample.clone().collect().await?; // warm
+    let start = Instant::now();
+    let batches = sample.collect().await?;
+    let scan_ns = start.elapsed().as_nanos() as f64;
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => {
+            return Err(ServerError::BadRequest(format!(
+                "dataset `{}` is empty",
+                dataset.name
+            )));
+        }
+    };
+    let batch = concat_batches(&schema, &batches).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let sampled = batch.num_rows().max(1);
+    let keep_mask = batch
+        .column_by_name(KEEP)
+        .map(|c| c.as_boolean().clone())
+        .ok_or_else(|| ServerError::Internal("profile lost its predicate column".into()))?;
+    let kept = filter_record_batch(&batch, &keep_mask).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let n = kept.num_rows().max(1) as f64;
+
+    let mut state: BTreeMap<String, ArrayRef> = source
+        .iter()
+        .filter_map(|c| kept.column_by_name(c).map(|a| (c.clone(), Arc::clone(a))))
+        .collect();
+    let column_bytes_per_row = state.iter().map(|(c, a)| (c.clone(), bytes(a) / n)).collect();
+    let mut ops = Vec::new();
+    for call in &f.ops {
+        let op = pushdown_ops::lookup(&call.op)
+            .ok_or_else(|| ServerError::BadQuery(format!("unknown op `{}`", call.op)))?;
+        let (input, params) = match call.args.split_first() {
+            Some((Arg::Column(c), rest)) => (c.clone(), rest),
+            _ => {
+                return Err(ServerError::BadQuery(format!(
+                    "op `{}` needs an input column first",
+                    call.op
+                )));
+            }
+        };
+        let params: Vec<pushdown_ops::Value> = params
+            .iter()
+            .map(|a| match a {
+                Arg::Int(i) => Ok(pushdown_ops::Value::Int(*i)),
+                Arg::Float(x) => Ok(pushdown_ops::Value::Float(*x)),
+                Arg::Text(t) => Ok(pushdown_ops::Value::Text(t.clone())),
+                Arg::Column(c) => Err(ServerError::BadQuery(format!(
+                    "op parameter `{c}` must be a literal"
+                ))),
+            })
+            .collect::<Result<_>>()?;
+        let array = state
+            .get(&input)
+            .cloned()
+            .ok_or_else(|| ServerError::BadQuery(format!("op `{}`: unknown column `{input}`", call.op)))?;
+        let start = Instant::now();
+        let out = op
+            .apply(&array, &params)
+            .map_err(|e| ServerError::BadQuery(e.to_string()))?;
+        let ns = start.elapsed().as_nanos() as f64;
+        ops.push(OpProfile {
+            op: call.op.clone(),
+            input: input.clone(),
+            output: call.output.clone(),
+            bytes_in_per_row: bytes(&array) / n,
+            bytes_out_per_row: bytes(&out) / n,
+            ns_per_row: ns / n,
+        });
+        state.insert(call.output.clone(), out);
+    }
+    Ok(Profile {
+        rows_sampled: sampled as u64,
+        selectivity: kept.num_rows() as f64 / sampled as f64,
+        scan_ns_per_row: scan_ns / sampled as f64,
+        column_bytes_per_row,
+        ops,
+        server_cores: cores,
+    })
+}
