@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use arrow::datatypes::Schema;
-use pushdown_protocol::Profile;
+use pushdown_protocol::{Arg, Profile};
 use serde::Serialize;
 
 use crate::{Pipeline, Plan, PlanError, Side, plan_limited};
@@ -99,12 +99,33 @@ pub fn plan_with_profile(
         }
     }
     let (plan, chosen) = best.ok_or_else(|| PlanError::Format("no placement".into()))?;
+    let labels: Vec<String> = full
+        .fragment
+        .ops
+        .iter()
+        .map(|call| {
+            let args: Vec<String> = call
+                .args
+                .iter()
+                .map(|a| match a {
+                    Arg::Column(c) => c.clone(),
+                    Arg::Int(i) => i.to_string(),
+                    Arg::Float(x) => x.to_string(),
+                    Arg::Text(t) => format!("'{t}'"),
+                })
+                .collect();
+            format!("{}({}) AS {}", call.op, args.join(", "), call.output)
+        })
+        .collect();
     let ops = profile
         .ops
         .iter()
         .enumerate()
         .map(|(i, o)| OpCost {
-            op: format!("{}({}) AS {}", o.op, o.input, o.output),
+            op: labels
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| format!("{}({}) AS {}", o.op, o.input, o.output)),
             side: if i < chosen.pushed {
                 Side::Server
             } else {
@@ -218,7 +239,8 @@ impl CostedPlan {
         out
     }
 
-    /// `{"ops": [...], "estimated_rows_per_s": …, "candidates": [...]}`.
+    /// `{"ops": [...], "estimated_rows_per_s": …, "candidates": [...]}`. A stage with no work
+    /// has an unbounded rate, written as `null`.
     pub fn to_json(&self) -> String {
         #[derive(Serialize)]
         struct Json<'a> {
