@@ -7,8 +7,8 @@ use pushdown_planner::{Environment, MapStep, Pipeline, Side, Step, plan, plan_wi
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_tests::{Fixture, num_rows, rows};
 
-/// Runs `op(column, params)` in the server via SQL and in the client on the raw column;
-/// the outputs must be identical, row for row.
+/// Runs `op(column, params)` in the server via SQL and in the client on the column (itself
+/// a SQL expression, evaluated by the server); the outputs must be identical, row for row.
 async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pushdown_planner::Param]) {
     let sql_params: Vec<String> = params.iter().map(|p| p.to_value().to_string()).collect();
     let sql = format!(
@@ -51,14 +51,33 @@ async fn every_op_is_identical_on_server_and_client() {
     same_on_both_sides(&fx, "caption", "hash_bucket", &[1000.into()]).await;
     same_on_both_sides(&fx, "label", "hash_bucket", &[7.into()]).await;
     same_on_both_sides(&fx, "label", "cast_to", &["float32".into()]).await;
+    let pixels = "decode_resize(image, 24, 20)";
+    same_on_both_sides(&fx, pixels, "center_crop", &[16.into(), 12.into()]).await;
+    same_on_both_sides(&fx, pixels, "grayscale", &[]).await;
+    same_on_both_sides(&fx, pixels, "normalize", &[0.45.into(), 0.225.into()]).await;
     // Every deterministic op of the registry is covered above.
-    for op in pushdown_ops::registry() {
+    for op in pushdown_ops::registry().iter().filter(|op| op.is_deterministic()) {
         assert!(
-            ["decode_resize", "thumbnail", "hash_bucket", "cast_to"].contains(&op.name()),
+            [
+                "decode_resize",
+                "thumbnail",
+                "hash_bucket",
+                "cast_to",
+                "center_crop",
+                "grayscale",
+                "normalize"
+            ]
+            .contains(&op.name()),
             "untested op {}",
             op.name()
         );
     }
+    // Random ops are not server functions.
+    let err = fx
+        .sql("SELECT random_flip(decode_resize(image, 8, 8), 0.5) FROM images")
+        .await
+        .expect_err("random ops run in the trainer only");
+    assert!(err.contains("random_flip"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,6 +115,19 @@ impl ShuffleBuffer {
     }
 }
 
+/// The seed of stage `i`, derived from the pipeline's seed.
+fn stage_seed(seed: u64, i: usize) -> u64 {
+    mix(seed, 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1))
+}
+
+/// SplitMix64 finalizer over two words: decorrelated seeds from counters.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 #[derive(Debug)]
 enum Stage {
     Shuffle(Box<ShuffleBuffer>),
@@ -122,6 +135,10 @@ enum Stage {
     Map {
         op: &'static dyn pushdown_ops::Op,
         input: usize,
+        input_field: arrow::datatypes::FieldRef,
+        /// Random ops: batch `k` draws from `mix(seed, k)`, row `i` of it from that and `i`.
+        seed: u64,
+        batches: u64,
         params: Vec<pushdown_ops::Value>,
         /// Where the output goes: replaces column `i`, or is appended.
         output: Option<usize>,
@@ -150,7 +167,7 @@ impl ClientSteps {
         for (i, step) in steps.iter().enumerate() {
             match step {
                 Step::Shuffle { buffer } => {
-                    let stage_seed = seed ^ (0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
+                    let stage_seed = stage_seed(seed, i);
                     stages.push(Stage::Shuffle(Box::new(ShuffleBuffer::new(
                         *buffer, stage_seed, 1024,
                     ))));
@@ -173,6 +190,7 @@ impl ClientSteps {
                         .op()
                         .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
                     let input = current.index_of(&m.input)?;
+                    let input_field = Arc::clone(&current.fields()[input]);
                     let name = m.output();
                     let params = m.values();
                     let field = op.output_field(current.field(input), &params, name)?;
@@ -186,6 +204,9 @@ impl ClientSteps {
                     stages.push(Stage::Map {
                         op,
                         input,
+                        input_field,
+                        seed: stage_seed(seed, i),
+                        batches: 0,
                         params,
                         output,
                         schema: Arc::clone(&current),
@@ -250,11 +271,16 @@ impl ClientSteps {
                     Stage::Map {
                         op,
                         input,
+                        input_field,
+                        seed,
+                        batches,
                         params,
                         output,
                         schema,
                     } => {
-                        let out = op.apply(batch.column(*input), params)?;
+                        let batch_seed = mix(*seed, *batches);
+                        *batches += 1;
+                        let out = op.apply_field(batch.column(*input), input_field, params, batch_seed)?;
                         let mut columns = batch.columns().to_vec();
                         match output {
                             Some(i) => columns[*i] = out,

@@ -119,7 +119,13 @@ impl Op for DecodeResize {
         .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into()))
     }
 
-    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
+    fn apply_field(
+        &self,
+        input: &ArrayRef,
+        _field: &Field,
+        params: &[Value],
+        _seed: u64,
+    ) -> Result<ArrayRef> {
         let (w, h) = Self::size(params)?;
         let size = (w * h * 3) as usize;
         let mut values = Vec::with_capacity(input.len() * size);
@@ -174,7 +180,13 @@ impl Op for Thumbnail {
         Ok(Field::new(output, DataType::Binary, input.is_nullable()))
     }
 
-    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
+    fn apply_field(
+        &self,
+        input: &ArrayRef,
+        _field: &Field,
+        params: &[Value],
+        _seed: u64,
+    ) -> Result<ArrayRef> {
         let (side, quality) = Self::params(params)?;
         let mut out = BinaryBuilder::with_capacity(input.len(), input.len() * 2048);
         let mut resizer = Resizer::new();

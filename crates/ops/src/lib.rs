@@ -17,6 +17,11 @@
 //! | `thumbnail(img, max_side[, quality])` | max side, JPEG quality (85) | JPEG bytes | deterministic, reducing |
 //! | `hash_bucket(value, n)` | buckets | `Int32` in `0..n` | deterministic, reducing |
 //! | `cast_to(value, type)` | `'float32'`, `'int32'`, … | that type | deterministic |
+//! | `center_crop(pixels, w, h)` | width, height | pixels `h×w×c` | deterministic |
+//! | `grayscale(pixels)` | | pixels `h×w×1` (BT.601 luma) | deterministic |
+//! | `normalize(pixels, mean, std)` | mean, std | `f32` tensor `(x/255 − mean)/std` | deterministic, expanding |
+//! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
+//! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
 //! with an error naming the row: silently dropping or zero-filling training data is worse
@@ -37,6 +42,7 @@
 
 mod image_ops;
 mod tabular;
+mod tensor_ops;
 
 use std::fmt;
 
@@ -45,6 +51,7 @@ use arrow::datatypes::Field;
 
 pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use tabular::{Cast, HashBucket};
+pub use tensor_ops::{CenterCrop, Grayscale, Normalize, RandomCrop, RandomFlip, shape_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -100,11 +107,29 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// The output field for `input` and `params`, named `output`; checks the parameters.
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field>;
 
-    /// Applies the op to a column.
-    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef>;
+    /// Applies the op to a column described by `field` (its metadata carries tensor shapes).
+    /// Random ops draw row `i`'s randomness from `(seed, i)` alone; deterministic ops ignore
+    /// `seed`.
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef>;
+
+    /// [`Self::apply_field`] for a column whose field carries no metadata, with seed 0.
+    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
+        let field = Field::new("input", input.data_type().clone(), true);
+        self.apply_field(input, &field, params, 0)
+    }
 }
 
-static OPS: [&dyn Op; 4] = [&DecodeResize, &Thumbnail, &HashBucket, &Cast];
+static OPS: [&dyn Op; 9] = [
+    &DecodeResize,
+    &Thumbnail,
+    &HashBucket,
+    &Cast,
+    &CenterCrop,
+    &Grayscale,
+    &Normalize,
+    &RandomCrop,
+    &RandomFlip,
+];
 
 /// Every registered op.
 pub fn registry() -> &'static [&'static dyn Op] {

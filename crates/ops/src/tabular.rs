@@ -37,7 +37,13 @@ impl Op for HashBucket {
         Ok(Field::new(output, DataType::Int32, input.is_nullable()))
     }
 
-    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
+    fn apply_field(
+        &self,
+        input: &ArrayRef,
+        _field: &Field,
+        params: &[Value],
+        _seed: u64,
+    ) -> Result<ArrayRef> {
         let n = int_param(self.name(), params, 0, "buckets", 1..=i32::MAX as i64, None)? as u64;
         let text = cast_with_options(input, &DataType::Utf8, &CastOptions::default()).map_err(|source| {
             OpError::Arrow {
@@ -114,7 +120,13 @@ impl Op for Cast {
         Ok(Field::new(output, target, input.is_nullable()))
     }
 
-    fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
+    fn apply_field(
+        &self,
+        input: &ArrayRef,
+        _field: &Field,
+        params: &[Value],
+        _seed: u64,
+    ) -> Result<ArrayRef> {
         let target = Self::target(params)?;
         let options = CastOptions {
             safe: false,

@@ -143,3 +143,127 @@ fn cast_to_refuses_lossy_overflow() {
     assert_eq!(out.data_type(), &DataType::Int32);
     assert!(op.apply(&small, &[Value::Text("complex".into())]).is_err());
 }
+
+/// A `rows × (h×w×3)` tensor column whose pixel (x, y) of row r is `[x, y, r]`.
+fn coordinates(rows: usize, h: usize, w: usize) -> (ArrayRef, Field) {
+    let mut values = Vec::with_capacity(rows * h * w * 3);
+    for r in 0..rows {
+        for y in 0..h {
+            for x in 0..w {
+                values.extend_from_slice(&[x as u8, y as u8, r as u8]);
+            }
+        }
+    }
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    let array = arrow::array::FixedSizeListArray::try_new(
+        Arc::clone(&item),
+        (h * w * 3) as i32,
+        Arc::new(arrow::array::UInt8Array::from(values)),
+        None,
+    )
+    .expect("tensor");
+    let field = Field::new("px", DataType::FixedSizeList(item, (h * w * 3) as i32), true)
+        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into());
+    (Arc::new(array), field)
+}
+
+fn row_pixels(a: &ArrayRef, row: usize) -> Vec<u8> {
+    a.as_fixed_size_list()
+        .value(row)
+        .as_primitive::<arrow::datatypes::UInt8Type>()
+        .values()
+        .to_vec()
+}
+
+#[test]
+fn center_crop_takes_the_middle() {
+    let (px, field) = coordinates(2, 10, 20);
+    let op = lookup("center_crop").expect("op");
+    let params = [Value::Int(4), Value::Int(2)];
+    let out_field = op.output_field(&field, &params, "c").expect("field");
+    assert_eq!(out_field.metadata()[SHAPE_METADATA_KEY], "2,4,3");
+    let out = op.apply_field(&px, &field, &params, 0).expect("apply");
+    let row = row_pixels(&out, 1);
+    // Top-left of the window is (8, 4) of the 20×10 image.
+    assert_eq!(&row[..3], &[8, 4, 1]);
+    assert_eq!(&row[row.len() - 3..], &[11, 5, 1]);
+    assert!(
+        op.output_field(&field, &[Value::Int(21), Value::Int(2)], "c")
+            .is_err(),
+        "wider than the image"
+    );
+}
+
+#[test]
+fn random_crops_stay_inside_and_vary() {
+    let (px, field) = coordinates(200, 16, 16);
+    let op = lookup("random_crop").expect("op");
+    assert!(!op.is_deterministic());
+    let params = [Value::Int(8), Value::Int(8)];
+    let out = op.apply_field(&px, &field, &params, 7).expect("apply");
+    let mut origins = std::collections::BTreeSet::new();
+    for r in 0..200 {
+        let row = row_pixels(&out, r);
+        let (x0, y0) = (row[0] as usize, row[1] as usize);
+        assert!(x0 + 8 <= 16 && y0 + 8 <= 16, "window inside the image");
+        // The window is contiguous: pixel (dx, dy) of the crop is (x0+dx, y0+dy).
+        for (i, px) in row.chunks_exact(3).enumerate() {
+            assert_eq!(
+                (px[0] as usize, px[1] as usize, px[2] as usize),
+                (x0 + i % 8, y0 + i / 8, r)
+            );
+        }
+        origins.insert((x0, y0));
+    }
+    assert!(origins.len() > 40, "positions are spread: {}", origins.len());
+    // A function of the seed.
+    let again = op.apply_field(&px, &field, &params, 7).expect("apply");
+    assert_eq!(row_pixels(&again, 3), row_pixels(&out, 3));
+}
+
+#[test]
+fn random_flip_rate_matches_p() {
+    let (px, field) = coordinates(4000, 2, 4);
+    let op = lookup("random_flip").expect("op");
+    for p in [0.0, 0.3, 0.5, 1.0] {
+        let out = op
+            .apply_field(&px, &field, &[Value::Float(p)], 11)
+            .expect("apply");
+        let flipped = (0..4000).filter(|&r| row_pixels(&out, r)[0] == 3).count();
+        let rate = flipped as f64 / 4000.0;
+        // 4 standard deviations of a binomial proportion.
+        let tolerance = 4.0 * (p * (1.0 - p) / 4000.0).sqrt() + 1e-9;
+        assert!((rate - p).abs() <= tolerance, "p={p}: rate {rate}");
+        // A flip mirrors each row of pixels exactly.
+        for r in (0..4000).filter(|&r| row_pixels(&out, r)[0] == 3).take(3) {
+            let row = row_pixels(&out, r);
+            let xs: Vec<u8> = row.chunks_exact(3).map(|c| c[0]).collect();
+            assert_eq!(xs, vec![3, 2, 1, 0, 3, 2, 1, 0]);
+        }
+    }
+    assert!(op.output_field(&field, &[Value::Float(1.5)], "f").is_err());
+}
+
+#[test]
+fn grayscale_and_normalize() {
+    let (px, field) = coordinates(1, 2, 2);
+    let gray = lookup("grayscale").expect("op");
+    let out = gray.apply_field(&px, &field, &[], 0).expect("gray");
+    // Pixel (1, 1) of row 0 is [1, 1, 0]: luma 0.886 → 1.
+    assert_eq!(row_pixels(&out, 0), vec![0, 0, 1, 1]);
+    let norm = lookup("normalize").expect("op");
+    let params = [Value::Float(0.5), Value::Float(0.25)];
+    let out_field = norm.output_field(&field, &params, "n").expect("field");
+    assert_eq!(
+        out_field.data_type(),
+        &DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), 12)
+    );
+    let out = norm.apply_field(&px, &field, &params, 0).expect("norm");
+    let values = out.as_fixed_size_list().value(0);
+    let values = values.as_primitive::<arrow::datatypes::Float32Type>();
+    assert!((values.value(0) - (-2.0)).abs() < 1e-6);
+    assert!(
+        norm.output_field(&field, &[Value::Float(0.5), Value::Float(0.0)], "n")
+            .is_err()
+    );
+}

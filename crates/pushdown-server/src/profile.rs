@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::{concat_batches, filter_record_batch};
+use arrow::datatypes::Field;
 use datafusion::prelude::{ident, lit};
 use pushdown_protocol::{Arg, OpProfile, Profile, Query, ScanRequest};
 
@@ -92,11 +93,20 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
     let kept = filter_record_batch(&batch, &keep_mask).map_err(|e| ServerError::Internal(e.to_string()))?;
     let n = kept.num_rows().max(1) as f64;
 
-    let mut state: BTreeMap<String, ArrayRef> = source
+    let mut state: BTreeMap<String, (ArrayRef, Field)> = source
         .iter()
-        .filter_map(|c| kept.column_by_name(c).map(|a| (c.clone(), Arc::clone(a))))
+        .filter_map(|c| {
+            let i = kept.schema().index_of(c).ok()?;
+            Some((
+                c.clone(),
+                (Arc::clone(kept.column(i)), kept.schema().field(i).clone()),
+            ))
+        })
         .collect();
-    let column_bytes_per_row = state.iter().map(|(c, a)| (c.clone(), bytes(a) / n)).collect();
+    let column_bytes_per_row = state
+        .iter()
+        .map(|(c, (a, _))| (c.clone(), bytes(a) / n))
+        .collect();
     let mut ops = Vec::new();
     for call in &f.ops {
         let op = pushdown_ops::lookup(&call.op)
@@ -121,13 +131,16 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
                 ))),
             })
             .collect::<Result<_>>()?;
-        let array = state
+        let (array, field) = state
             .get(&input)
             .cloned()
             .ok_or_else(|| ServerError::BadQuery(format!("op `{}`: unknown column `{input}`", call.op)))?;
+        let out_field = op
+            .output_field(&field, &params, &call.output)
+            .map_err(|e| ServerError::BadQuery(e.to_string()))?;
         let start = Instant::now();
         let out = op
-            .apply(&array, &params)
+            .apply_field(&array, &field, &params, 0)
             .map_err(|e| ServerError::BadQuery(e.to_string()))?;
         let ns = start.elapsed().as_nanos() as f64;
         ops.push(OpProfile {
@@ -138,7 +151,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
             bytes_out_per_row: bytes(&out) / n,
             ns_per_row: ns / n,
         });
-        state.insert(call.output.clone(), out);
+        state.insert(call.output.clone(), (out, out_field));
     }
     Ok(Profile {
         rows_sampled: sampled as u64,

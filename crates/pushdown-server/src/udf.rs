@@ -110,6 +110,11 @@ impl ScalarUDFImpl for OpUdf {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let field = args
+            .arg_fields
+            .first()
+            .cloned()
+            .ok_or_else(|| self.error("missing the input column"))?;
         let mut values = args.args.into_iter();
         let input = values
             .next()
@@ -125,7 +130,7 @@ impl ScalarUDFImpl for OpUdf {
             .collect::<Result<Vec<_>>>()?;
         let out = self
             .op
-            .apply(&input, &params)
+            .apply_field(&input, &field, &params, 0)
             .map_err(|e| DataFusionError::Execution(e.to_string()))?;
         Ok(ColumnarValue::Array(out))
     }

@@ -1,0 +1,347 @@
+//! Ops over pixel tensors (`FixedSizeList<UInt8>` rows with a `pushdown.shape` of
+//! `height,width,channels`, as `decode_resize` produces): center crop, grayscale, normalize,
+//! and the random augmentations that only ever run in the trainer.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, UInt8Array};
+use arrow::datatypes::{DataType, Field, UInt8Type};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
+
+/// `(height, width, channels)` of a pixel-tensor field.
+pub fn shape_of(op: &'static str, field: &Field) -> Result<(usize, usize, usize)> {
+    let bad = || OpError::BadArguments {
+        op,
+        reason: format!(
+            "expects pixel tensors (FixedSizeList<UInt8> with `{SHAPE_METADATA_KEY}` metadata, e.g. from decode_resize), got {} `{}`",
+            field.data_type(),
+            field.name()
+        ),
+    };
+    let DataType::FixedSizeList(item, len) = field.data_type() else {
+        return Err(bad());
+    };
+    if item.data_type() != &DataType::UInt8 {
+        return Err(bad());
+    }
+    let dims: Vec<usize> = field
+        .metadata()
+        .get(SHAPE_METADATA_KEY)
+        .ok_or_else(bad)?
+        .split(',')
+        .map(|d| d.trim().parse().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    match dims[..] {
+        [h, w, c] if h * w * c == *len as usize => Ok((h, w, c)),
+        _ => Err(bad()),
+    }
+}
+
+fn tensor_field(output: &str, item: DataType, (h, w, c): (usize, usize, usize), nullable: bool) -> Field {
+    let item = Arc::new(Field::new("item", item, false));
+    Field::new(
+        output,
+        DataType::FixedSizeList(item, (h * w * c) as i32),
+        nullable,
+    )
+    .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},{c}"))].into())
+}
+
+/// Applies `f(row, pixels_in, pixels_out)` to every row, building a u8 tensor column.
+fn map_u8(
+    op: &'static str,
+    input: &ArrayRef,
+    out_len: usize,
+    mut f: impl FnMut(usize, &[u8], &mut [u8]),
+) -> Result<ArrayRef> {
+    let list = input
+        .as_fixed_size_list_opt()
+        .ok_or_else(|| OpError::BadArguments {
+            op,
+            reason: format!("expects pixel tensors, got {}", input.data_type()),
+        })?;
+    let values = list
+        .values()
+        .as_primitive_opt::<UInt8Type>()
+        .ok_or_else(|| OpError::BadArguments {
+            op,
+            reason: "expects u8 pixels".into(),
+        })?;
+    let size = list.value_length() as usize;
+    let mut out = vec![0u8; list.len() * out_len];
+    for row in 0..list.len() {
+        if list.is_valid(row) {
+            let start = (list.offset() + row) * size;
+            let src = &values.values()[start..start + size];
+            f(row, src, &mut out[row * out_len..(row + 1) * out_len]);
+        }
+    }
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    FixedSizeListArray::try_new(
+        item,
+        out_len as i32,
+        Arc::new(UInt8Array::from(out)),
+        list.nulls().cloned(),
+    )
+    .map(|a| Arc::new(a) as ArrayRef)
+    .map_err(|source| OpError::Arrow { op, source })
+}
+
+fn crop(
+    src: &[u8],
+    (_, w, c): (usize, usize, usize),
+    (top, left): (usize, usize),
+    (ch, cw): (usize, usize),
+    out: &mut [u8],
+) {
+    for y in 0..ch {
+        let from = ((top + y) * w + left) * c;
+        out[y * cw * c..(y + 1) * cw * c].copy_from_slice(&src[from..from + cw * c]);
+    }
+}
+
+fn crop_size(op: &'static str, params: &[Value], (h, w, _): (usize, usize, usize)) -> Result<(usize, usize)> {
+    expect_params(op, params, 2, 2)?;
+    let cw = int_param(op, params, 0, "width", 1..=w as i64, None)? as usize;
+    let ch = int_param(op, params, 1, "height", 1..=h as i64, None)? as usize;
+    Ok((ch, cw))
+}
+
+/// `center_crop(pixels, width, height)`: the centered `width × height` window.
+#[derive(Debug)]
+pub struct CenterCrop;
+
+impl Op for CenterCrop {
+    fn name(&self) -> &'static str {
+        "center_crop"
+    }
+
+    fn signature(&self) -> &'static str {
+        "center_crop(pixels, width, height)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let shape = shape_of(self.name(), input)?;
+        let (ch, cw) = crop_size(self.name(), params, shape)?;
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            (ch, cw, shape.2),
+            input.is_nullable(),
+        ))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
+        let shape = shape_of(self.name(), field)?;
+        let (ch, cw) = crop_size(self.name(), params, shape)?;
+        let origin = ((shape.0 - ch) / 2, (shape.1 - cw) / 2);
+        map_u8(self.name(), input, ch * cw * shape.2, |_, src, out| {
+            crop(src, shape, origin, (ch, cw), out)
+        })
+    }
+}
+
+/// `random_crop(pixels, width, height)`: a `width × height` window at a uniformly random
+/// position, drawn per row. Client only.
+#[derive(Debug)]
+pub struct RandomCrop;
+
+impl Op for RandomCrop {
+    fn name(&self) -> &'static str {
+        "random_crop"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    fn signature(&self) -> &'static str {
+        "random_crop(pixels, width, height)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        CenterCrop.output_field(input, params, output)
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
+        let shape = shape_of(self.name(), field)?;
+        let (ch, cw) = crop_size(self.name(), params, shape)?;
+        map_u8(self.name(), input, ch * cw * shape.2, |row, src, out| {
+            let mut rng = row_rng(seed, row);
+            let origin = (
+                rng.random_range(0..=shape.0 - ch),
+                rng.random_range(0..=shape.1 - cw),
+            );
+            crop(src, shape, origin, (ch, cw), out)
+        })
+    }
+}
+
+/// `random_flip(pixels, p)`: mirror left-right with probability `p`, drawn per row. Client
+/// only.
+#[derive(Debug)]
+pub struct RandomFlip;
+
+fn probability(op: &'static str, params: &[Value]) -> Result<f64> {
+    expect_params(op, params, 1, 1)?;
+    match params[0] {
+        Value::Float(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Value::Int(p @ 0..=1) => Ok(p as f64),
+        ref other => Err(OpError::BadArguments {
+            op,
+            reason: format!("p must be a probability in [0, 1], got {other}"),
+        }),
+    }
+}
+
+impl Op for RandomFlip {
+    fn name(&self) -> &'static str {
+        "random_flip"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    fn signature(&self) -> &'static str {
+        "random_flip(pixels, p)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let shape = shape_of(self.name(), input)?;
+        probability(self.name(), params)?;
+        Ok(tensor_field(output, DataType::UInt8, shape, input.is_nullable()))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
+        let (h, w, c) = shape_of(self.name(), field)?;
+        let p = probability(self.name(), params)?;
+        map_u8(self.name(), input, h * w * c, |row, src, out| {
+            if row_rng(seed, row).random_bool(p) {
+                for y in 0..h {
+                    for x in 0..w {
+                        let (from, to) = ((y * w + x) * c, (y * w + (w - 1 - x)) * c);
+                        out[to..to + c].copy_from_slice(&src[from..from + c]);
+                    }
+                }
+            } else {
+                out.copy_from_slice(src);
+            }
+        })
+    }
+}
+
+/// `grayscale(pixels)`: ITU-R BT.601 luma, one channel.
+#[derive(Debug)]
+pub struct Grayscale;
+
+impl Op for Grayscale {
+    fn name(&self) -> &'static str {
+        "grayscale"
+    }
+
+    fn signature(&self) -> &'static str {
+        "grayscale(pixels)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        expect_params(self.name(), params, 0, 0)?;
+        let (h, w, c) = shape_of(self.name(), input)?;
+        if c != 3 {
+            return Err(OpError::BadArguments {
+                op: self.name(),
+                reason: format!("expects RGB pixels, got {c} channels"),
+            });
+        }
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            (h, w, 1),
+            input.is_nullable(),
+        ))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
+        self.output_field(field, params, "check")?;
+        let (h, w, _) = shape_of(self.name(), field)?;
+        map_u8(self.name(), input, h * w, |_, src, out| {
+            for (o, px) in out.iter_mut().zip(src.chunks_exact(3)) {
+                let y = 0.299 * f32::from(px[0]) + 0.587 * f32::from(px[1]) + 0.114 * f32::from(px[2]);
+                *o = y.round().clamp(0.0, 255.0) as u8;
+            }
+        })
+    }
+}
+
+/// `normalize(pixels, mean, std)`: `(x / 255 − mean) / std` as `f32`, same shape.
+#[derive(Debug)]
+pub struct Normalize;
+
+impl Normalize {
+    fn params(params: &[Value]) -> Result<(f32, f32)> {
+        expect_params("normalize", params, 2, 2)?;
+        let num = |v: &Value| match v {
+            Value::Float(x) => Some(*x as f32),
+            Value::Int(i) => Some(*i as f32),
+            Value::Text(_) => None,
+        };
+        match (num(&params[0]), num(&params[1])) {
+            (Some(mean), Some(std)) if std > 0.0 => Ok((mean, std)),
+            _ => Err(OpError::BadArguments {
+                op: "normalize",
+                reason: "mean and std must be numbers, std > 0".into(),
+            }),
+        }
+    }
+}
+
+impl Op for Normalize {
+    fn name(&self) -> &'static str {
+        "normalize"
+    }
+
+    fn signature(&self) -> &'static str {
+        "normalize(pixels, mean, std)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let shape = shape_of(self.name(), input)?;
+        Self::params(params)?;
+        Ok(tensor_field(
+            output,
+            DataType::Float32,
+            shape,
+            input.is_nullable(),
+        ))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
+        shape_of(self.name(), field)?;
+        let (mean, std) = Self::params(params)?;
+        let list = input.as_fixed_size_list();
+        let values = list.values().as_primitive::<UInt8Type>();
+        let size = list.value_length() as usize;
+        let start = list.offset() * size;
+        let out: Float32Array = values.values()[start..start + list.len() * size]
+            .iter()
+            .map(|&v| (f32::from(v) / 255.0 - mean) / std)
+            .collect();
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        FixedSizeListArray::try_new(item, size as i32, Arc::new(out), list.nulls().cloned())
+            .map(|a| Arc::new(a) as ArrayRef)
+            .map_err(|source| OpError::Arrow {
+                op: "normalize",
+                source,
+            })
+    }
+}
+
+/// The generator of one row of a random op: a function of (seed, row) alone.
+fn row_rng(seed: u64, row: usize) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(row as u64);
+    rng
+}
