@@ -1,0 +1,108 @@
+//! Op kernels against the obvious baselines, per byte of input.
+//!
+//! * resize 256×256 RGB → 64×64: `image`'s `resize` (triangle filter) vs `fast_image_resize`
+//!   (bilinear convolution, SIMD), the kernel `decode_resize` uses;
+//! * decode + resize of real JPEGs: `pushdown_ops::decode_resize` vs `image` decode +
+//!   `image` resize;
+//! * hash buckets of strings: XXH3 (`hash_bucket`) vs the standard library's SipHash.
+
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hint::black_box;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BinaryArray, StringArray};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use pushdown_ops::{Value, lookup};
+
+fn photo(w: u32, h: u32, seed: u32) -> image::RgbImage {
+    image::RgbImage::from_fn(w, h, |x, y| {
+        let n = (x.wrapping_mul(73) ^ y.wrapping_mul(151) ^ seed.wrapping_mul(2654435761)) % 17;
+        image::Rgb([(x * 255 / w) as u8, (y * 255 / h) as u8, (n * 8) as u8])
+    })
+}
+
+fn jpeg(img: &image::RgbImage) -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85)
+        .encode_image(img)
+        .expect("encode");
+    out.into_inner()
+}
+
+fn resize(c: &mut Criterion) {
+    let src = photo(256, 256, 1);
+    let mut group = c.benchmark_group("resize_256_to_64");
+    group.throughput(Throughput::Bytes(src.as_raw().len() as u64));
+    group.bench_function("image::imageops::resize (baseline)", |b| {
+        b.iter(|| image::imageops::resize(black_box(&src), 64, 64, image::imageops::FilterType::Triangle))
+    });
+    let mut resizer = Resizer::new();
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    group.bench_function("fast_image_resize (ours)", |b| {
+        b.iter(|| {
+            let view = ImageRef::new(256, 256, src.as_raw(), PixelType::U8x3).expect("view");
+            let mut dst = Image::new(64, 64, PixelType::U8x3);
+            resizer.resize(&view, &mut dst, &options).expect("resize");
+            black_box(dst)
+        })
+    });
+    group.finish();
+}
+
+fn decode_resize(c: &mut Criterion) {
+    let jpegs: Vec<Vec<u8>> = (0..32).map(|i| jpeg(&photo(256, 224, i))).collect();
+    let bytes: u64 = jpegs.iter().map(|j| j.len() as u64).sum();
+    let column: ArrayRef = Arc::new(BinaryArray::from_iter_values(jpegs.iter()));
+    let mut group = c.benchmark_group("decode_resize_32_jpegs_to_64");
+    group.throughput(Throughput::Bytes(bytes));
+    group.sample_size(20);
+    group.bench_function("image decode + image resize (baseline)", |b| {
+        b.iter(|| {
+            for j in &jpegs {
+                let img = image::load_from_memory(j).expect("decode").to_rgb8();
+                black_box(image::imageops::resize(
+                    &img,
+                    64,
+                    64,
+                    image::imageops::FilterType::Triangle,
+                ));
+            }
+        })
+    });
+    let op = lookup("decode_resize").expect("op");
+    let params = [Value::Int(64), Value::Int(64)];
+    group.bench_function("pushdown_ops::decode_resize (ours)", |b| {
+        b.iter(|| black_box(op.apply(&column, &params).expect("apply")))
+    });
+    group.finish();
+}
+
+fn hash_bucket(c: &mut Criterion) {
+    let values: Vec<String> = (0..8192u32)
+        .map(|i| format!("{:08x}", i.wrapping_mul(2654435761)))
+        .collect();
+    let bytes: u64 = values.iter().map(|v| v.len() as u64).sum();
+    let column: ArrayRef = Arc::new(StringArray::from_iter_values(values.iter()));
+    let mut group = c.benchmark_group("hash_bucket_8192_strings");
+    group.throughput(Throughput::Bytes(bytes));
+    let sip = BuildHasherDefault::<DefaultHasher>::default();
+    group.bench_function("SipHash, std (baseline)", |b| {
+        b.iter(|| {
+            values
+                .iter()
+                .map(|v| (sip.hash_one(v) % 1000) as i32)
+                .sum::<i32>()
+        })
+    });
+    let op = lookup("hash_bucket").expect("op");
+    group.bench_function("hash_bucket: XXH3 over an Arrow column (ours)", |b| {
+        b.iter(|| black_box(op.apply(&column, &[Value::Int(1000)]).expect("apply")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, resize, decode_resize, hash_bucket);
+criterion_main!(benches);
