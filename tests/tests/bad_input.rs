@@ -228,8 +228,17 @@ async fn corrupt_parquet_fails_that_request_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_stops_the_servers_work() {
-    let fx = Fixture::new(small_shards(), |root| {
-        write_images(root, 512);
+    // One 512-row shard (~8 MB of images): far more than the client's flow-control window,
+    // so the server cannot have finished when the client goes away.
+    let config = pushdown_server::ServerConfig {
+        shard_max_rows: 1 << 20,
+        ..small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        let mut options = pushdown_cli::datasets::GenOptions::new(pushdown_cli::datasets::Kind::Images, 512);
+        options.rows_per_file = Some(512);
+        options.row_group_rows = Some(64);
+        pushdown_cli::datasets::generate(&options, &root.join("images")).expect("images");
     })
     .await;
     let info = fx
@@ -263,6 +272,10 @@ async fn a_client_that_disconnects_stops_the_servers_work() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(fx.server.metrics().encode().contains("outcome=\"cancelled\""));
+    let metrics = fx.server.metrics().encode();
+    assert!(
+        metrics.contains("pushdown_requests_total{method=\"do_get\",outcome=\"cancelled\"} 1"),
+        "{metrics}"
+    );
     still_serves(&fx).await;
 }

@@ -393,8 +393,9 @@ impl StreamOutcome {
 
 impl Drop for StreamOutcome {
     fn drop(&mut self) {
-        self.metrics.active_streams.dec();
+        // The outcome first: whoever sees the gauge drop also sees how the stream ended.
         self.metrics.record_request("do_get", self.outcome);
+        self.metrics.active_streams.dec();
     }
 }
 
