@@ -22,7 +22,7 @@
 //! let store = open_store("./data")?;
 //! let server = Server::builder(store).config(ServerConfig::default()).open().await?;
 //! let running = server.spawn("127.0.0.1:0".parse()?).await?;
-//! println!("serving on {}", running.addr());
+//! assert_ne!(running.addr().port(), 0);
 //! running.shutdown().await?;
 //! # Ok(()) }
 //! ```
