@@ -22,6 +22,8 @@
 //! | `normalize(pixels, mean, std)` | mean, std | `f32` tensor `(x/255 − mean)/std` | deterministic, expanding |
 //! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
 //! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
+//! | `color_jitter(pixels, s)` | strength | pixels, brightness and contrast ×U[1−s, 1+s] | random: trainer only |
+//! | `random_mask(tokens, p, id)` | probability, mask id | token lists, each id masked with probability `p` | random: trainer only |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
 //! with an error naming the row: silently dropping or zero-filling training data is worse
@@ -51,7 +53,9 @@ use arrow::datatypes::Field;
 
 pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use tabular::{Cast, HashBucket};
-pub use tensor_ops::{CenterCrop, Grayscale, Normalize, RandomCrop, RandomFlip, shape_of};
+pub use tensor_ops::{
+    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, shape_of,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -119,7 +123,7 @@ pub trait Op: Send + Sync + fmt::Debug {
     }
 }
 
-static OPS: [&dyn Op; 9] = [
+static OPS: [&dyn Op; 11] = [
     &DecodeResize,
     &Thumbnail,
     &HashBucket,
@@ -129,6 +133,8 @@ static OPS: [&dyn Op; 9] = [
     &Normalize,
     &RandomCrop,
     &RandomFlip,
+    &ColorJitter,
+    &RandomMask,
 ];
 
 /// Every registered op.

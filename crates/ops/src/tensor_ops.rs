@@ -345,3 +345,168 @@ fn row_rng(seed: u64, row: usize) -> ChaCha8Rng {
     rng.set_stream(row as u64);
     rng
 }
+
+/// `color_jitter(pixels, strength)`: per row, brightness and contrast factors drawn
+/// uniformly from `[1 − strength, 1 + strength]`; `x ↦ clamp(((x − m)·contrast + m)·brightness)`
+/// with `m` the row's mean. Client only.
+#[derive(Debug)]
+pub struct ColorJitter;
+
+fn strength(op: &'static str, params: &[Value]) -> Result<f32> {
+    expect_params(op, params, 1, 1)?;
+    match params[0] {
+        Value::Float(s) if (0.0..=1.0).contains(&s) => Ok(s as f32),
+        Value::Int(s @ 0..=1) => Ok(s as f32),
+        ref other => Err(OpError::BadArguments {
+            op,
+            reason: format!("strength must be in [0, 1], got {other}"),
+        }),
+    }
+}
+
+impl Op for ColorJitter {
+    fn name(&self) -> &'static str {
+        "color_jitter"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    fn signature(&self) -> &'static str {
+        "color_jitter(pixels, strength)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let shape = shape_of(self.name(), input)?;
+        strength(self.name(), params)?;
+        Ok(tensor_field(output, DataType::UInt8, shape, input.is_nullable()))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
+        let (h, w, c) = shape_of(self.name(), field)?;
+        let s = strength(self.name(), params)?;
+        map_u8(self.name(), input, h * w * c, |row, src, out| {
+            let mut rng = row_rng(seed, row);
+            let (brightness, contrast) = if s > 0.0 {
+                (
+                    rng.random_range(1.0 - s..=1.0 + s),
+                    rng.random_range(1.0 - s..=1.0 + s),
+                )
+            } else {
+                (1.0, 1.0)
+            };
+            let mean = src.iter().map(|&v| f32::from(v)).sum::<f32>() / src.len().max(1) as f32;
+            for (o, &v) in out.iter_mut().zip(src) {
+                *o = (((f32::from(v) - mean) * contrast + mean) * brightness)
+                    .round()
+                    .clamp(0.0, 255.0) as u8;
+            }
+        })
+    }
+}
+
+/// `random_mask(tokens, p, mask_id)`: each element of a list of integer token ids is replaced
+/// by `mask_id` with probability `p` (nulls stay null). Client only.
+#[derive(Debug)]
+pub struct RandomMask;
+
+impl RandomMask {
+    fn params(params: &[Value]) -> Result<(f64, i64)> {
+        expect_params("random_mask", params, 2, 2)?;
+        let p = probability("random_mask", &params[..1])?;
+        let id = int_param("random_mask", params, 1, "mask_id", 0..=i64::from(u32::MAX), None)?;
+        Ok((p, id))
+    }
+}
+
+impl Op for RandomMask {
+    fn name(&self) -> &'static str {
+        "random_mask"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    fn signature(&self) -> &'static str {
+        "random_mask(tokens, p, mask_id)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        Self::params(params)?;
+        match input.data_type() {
+            DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _)
+                if item.data_type().is_integer() =>
+            {
+                Ok(Field::new(output, input.data_type().clone(), input.is_nullable())
+                    .with_metadata(input.metadata().clone()))
+            }
+            other => Err(OpError::BadArguments {
+                op: self.name(),
+                reason: format!("expects lists of integer token ids, got {other}"),
+            }),
+        }
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
+        self.output_field(field, params, "check")?;
+        let (p, mask_id) = Self::params(params)?;
+        let arrow_err = |source| OpError::Arrow {
+            op: "random_mask",
+            source,
+        };
+        // Work on the flat values as i64, then cast back: one code path for every integer type.
+        let (offsets, values): (Vec<usize>, ArrayRef) = match input.data_type() {
+            DataType::List(_) => {
+                let l = input.as_list::<i32>();
+                (
+                    l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    Arc::clone(l.values()),
+                )
+            }
+            DataType::LargeList(_) => {
+                let l = input.as_list::<i64>();
+                (
+                    l.value_offsets().iter().map(|&o| o as usize).collect(),
+                    Arc::clone(l.values()),
+                )
+            }
+            _ => {
+                let l = input.as_fixed_size_list();
+                let n = l.value_length() as usize;
+                (
+                    (0..=l.len()).map(|i| (l.offset() + i) * n).collect(),
+                    Arc::clone(l.values()),
+                )
+            }
+        };
+        let item_type = values.data_type().clone();
+        let wide = arrow::compute::cast(&values, &DataType::Int64).map_err(arrow_err)?;
+        let mut flat: Vec<Option<i64>> = wide
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .iter()
+            .collect();
+        for row in 0..offsets.len().saturating_sub(1) {
+            let mut rng = row_rng(seed, row);
+            for v in flat[offsets[row]..offsets[row + 1]].iter_mut() {
+                if v.is_some() && rng.random_bool(p) {
+                    *v = Some(mask_id);
+                }
+            }
+        }
+        let masked: ArrayRef = Arc::new(arrow::array::Int64Array::from(flat));
+        let options = arrow::compute::CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let masked = arrow::compute::cast_with_options(&masked, &item_type, &options).map_err(arrow_err)?;
+        let data = input
+            .to_data()
+            .into_builder()
+            .child_data(vec![masked.to_data()])
+            .build()
+            .map_err(arrow_err)?;
+        Ok(arrow::array::make_array(data))
+    }
+}

@@ -267,3 +267,98 @@ fn grayscale_and_normalize() {
             .is_err()
     );
 }
+
+#[test]
+fn color_jitter_varies_per_row_within_its_strength() {
+    // Mid-range values (100..156): jitter of strength 0.4 never clamps, so each row's mean
+    // is scaled by its brightness factor alone (contrast keeps the mean).
+    let (h, w, rows) = (8usize, 8usize, 300usize);
+    let values: Vec<u8> = (0..rows * h * w * 3)
+        .map(|i| 100 + ((i * 7 + i / 192) % 56) as u8)
+        .collect();
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    let px: ArrayRef = Arc::new(
+        arrow::array::FixedSizeListArray::try_new(
+            Arc::clone(&item),
+            (h * w * 3) as i32,
+            Arc::new(arrow::array::UInt8Array::from(values)),
+            None,
+        )
+        .expect("tensor"),
+    );
+    let field = Field::new("px", DataType::FixedSizeList(item, (h * w * 3) as i32), true)
+        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into());
+    let op = lookup("color_jitter").expect("op");
+    assert!(!op.is_deterministic());
+    // Strength 0 is the identity.
+    let same = op
+        .apply_field(&px, &field, &[Value::Float(0.0)], 5)
+        .expect("apply");
+    assert_eq!(row_pixels(&same, 9), row_pixels(&px, 9));
+    let out = op
+        .apply_field(&px, &field, &[Value::Float(0.4)], 5)
+        .expect("apply");
+    let mean = |v: &[u8]| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+    let mut changed = 0;
+    let (mut low, mut high) = (f64::MAX, f64::MIN);
+    for r in 0..rows {
+        let (a, b) = (row_pixels(&px, r), row_pixels(&out, r));
+        let ratio = mean(&b) / mean(&a);
+        assert!((0.59..=1.41).contains(&ratio), "row {r}: {ratio}");
+        (low, high) = (low.min(ratio), high.max(ratio));
+        changed += usize::from(a != b);
+    }
+    assert!(changed > 290, "{changed}");
+    assert!(low < 0.7 && high > 1.3, "factors span the range: {low}..{high}");
+    let again = op
+        .apply_field(&px, &field, &[Value::Float(0.4)], 5)
+        .expect("apply");
+    assert_eq!(row_pixels(&again, 17), row_pixels(&out, 17));
+}
+
+#[test]
+fn random_mask_rate_matches_p() {
+    use arrow::array::ListArray;
+    use arrow::datatypes::UInt32Type;
+    let rows: Vec<Option<Vec<Option<u32>>>> = (0..500)
+        .map(|r| {
+            if r % 50 == 0 {
+                None
+            } else {
+                Some((0..40).map(|t| Some(t + 1)).collect())
+            }
+        })
+        .collect();
+    let tokens: ArrayRef = Arc::new(ListArray::from_iter_primitive::<UInt32Type, _, _>(rows));
+    let field = Field::new("tokens", tokens.data_type().clone(), true);
+    let op = lookup("random_mask").expect("op");
+    let params = [Value::Float(0.15), Value::Int(0)];
+    op.output_field(&field, &params, "m").expect("field");
+    let out = op.apply_field(&tokens, &field, &params, 3).expect("apply");
+    assert_eq!(out.data_type(), tokens.data_type());
+    let (list, input) = (out.as_list::<i32>(), tokens.as_list::<i32>());
+    let (mut masked, mut total) = (0usize, 0usize);
+    for r in 0..500 {
+        assert_eq!(list.is_null(r), input.is_null(r));
+        if list.is_null(r) {
+            continue;
+        }
+        let (o, i) = (list.value(r), input.value(r));
+        let (o, i) = (o.as_primitive::<UInt32Type>(), i.as_primitive::<UInt32Type>());
+        for t in 0..i.len() {
+            total += 1;
+            if o.value(t) == 0 {
+                masked += 1;
+            } else {
+                assert_eq!(o.value(t), i.value(t), "unmasked tokens are untouched");
+            }
+        }
+    }
+    let rate = masked as f64 / total as f64;
+    let tolerance = 4.0 * (0.15f64 * 0.85 / total as f64).sqrt();
+    assert!((rate - 0.15).abs() < tolerance, "{rate}");
+    assert!(
+        op.output_field(&Field::new("s", DataType::Utf8, true), &params, "m")
+            .is_err()
+    );
+}

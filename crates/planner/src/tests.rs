@@ -270,6 +270,7 @@ fn random_maps_run_in_the_trainer() {
         .map("decode_resize", "image", [64i64, 64], "image")
         .map("random_crop", "image", [56i64, 56], "image")
         .map("random_flip", "image", [0.5], "image")
+        .map("color_jitter", "image", [0.2], "image")
         .map("normalize", "image", [0.5, 0.25], "image")
         .select(["image", "label"]);
     let plan = plan(&p, &images()).unwrap();
@@ -280,7 +281,7 @@ fn random_maps_run_in_the_trainer() {
         plan.explain()
     );
     // Everything after the first random op stays in the trainer, deterministic or not.
-    assert_eq!(plan.client_steps.len(), 4);
+    assert_eq!(plan.client_steps.len(), 5);
     assert!(plan.placements[1].reason.contains("random"), "{}", plan.explain());
     assert_eq!(plan.fragment.columns, vec!["image", "label"]);
 }
