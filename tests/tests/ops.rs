@@ -175,7 +175,7 @@ async fn bad_op_calls_are_invalid_arguments() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_planner_places_ops_by_the_servers_measurements() {
-    use pushdown_cli::run::costed_plan;
+    use pushdown_cli::run::{Link, costed_plan};
     let fx = Fixture::images(128).await;
     let schema = fx.client.dataset_schema("images").await.expect("schema");
     let gbit = 1e9 / 8.0;
@@ -233,7 +233,7 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     assert_eq!(large.chosen.pushed, 0, "{}", large.explain());
     assert_eq!(large.plan.fragment.columns, vec!["image", "label"]);
     // `pushdown run` plans the same way, with this machine's cores.
-    costed_plan(&fx.client, &pipeline(64), &schema, gbit)
+    costed_plan(&fx.client, &pipeline(64), &schema, Link::bandwidth(gbit))
         .await
         .expect("run's plan");
 

@@ -11,10 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pushdown_cli::datasets::{GenOptions, Kind, generate};
-use pushdown_cli::run::{RunOptions, Source, bytes, describe, run};
+use pushdown_cli::run::{Link, RunOptions, Source, bytes, costed_plan, describe, run};
 use pushdown_client::{PushdownClient, StreamOptions};
-use pushdown_planner::{Environment, Pipeline, plan_with_profile};
-use pushdown_protocol::{Profile, Query, ScanRequest};
+use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
 use tracing_subscriber::EnvFilter;
 
@@ -358,24 +357,12 @@ async fn explain(args: ExplainArgs) -> Result<()> {
         (Some(url), _) => {
             let client = PushdownClient::connect(&[url]).await?;
             let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let static_plan = pushdown_planner::plan(&pipeline, &schema)?;
-            let profile = if static_plan.fragment.ops.is_empty() {
-                Profile::default()
-            } else {
-                client
-                    .profile(&ScanRequest::new(Query::Fragment(static_plan.fragment.clone())))
-                    .await?
-            };
-            let env = Environment {
+            let link = Link {
                 bandwidth_bytes_per_s: args.bandwidth,
-                server_cores: args
-                    .server_cores
-                    .unwrap_or(f64::from(profile.server_cores.max(1))),
-                client_cores: args
-                    .client_cores
-                    .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
+                server_cores: args.server_cores,
+                client_cores: args.client_cores,
             };
-            let costed = plan_with_profile(&pipeline, &schema, &profile, &env)?;
+            let costed = costed_plan(&client, &pipeline, &schema, link).await?;
             match args.format {
                 Format::Text => print!("{}", costed.explain()),
                 Format::Json => println!("{}", costed.to_json()),

@@ -61,9 +61,14 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
                 .dataset_schema(&pipeline.dataset)
                 .await
                 .with_context(|| format!("dataset `{}`", pipeline.dataset))?;
-            let plan = costed_plan(&client, pipeline, &schema, options.bandwidth_bytes_per_s)
-                .await?
-                .plan;
+            let plan = costed_plan(
+                &client,
+                pipeline,
+                &schema,
+                Link::bandwidth(options.bandwidth_bytes_per_s),
+            )
+            .await?
+            .plan;
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             request.stats = true;
             (request, plan.client_steps.clone(), Some(plan))
@@ -129,12 +134,31 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     })
 }
 
+/// What the cost model may assume; `None` cores mean "what the server reports" and "this
+/// machine's".
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    pub bandwidth_bytes_per_s: f64,
+    pub server_cores: Option<f64>,
+    pub client_cores: Option<f64>,
+}
+
+impl Link {
+    pub fn bandwidth(bandwidth_bytes_per_s: f64) -> Self {
+        Self {
+            bandwidth_bytes_per_s,
+            server_cores: None,
+            client_cores: None,
+        }
+    }
+}
+
 /// Plans `pipeline`, placing its ops by the server's measurements of them when it has any.
 pub async fn costed_plan(
     client: &PushdownClient,
     pipeline: &Pipeline,
     schema: &arrow::datatypes::Schema,
-    bandwidth_bytes_per_s: f64,
+    link: Link,
 ) -> Result<CostedPlan> {
     let static_plan = pushdown_planner::plan(pipeline, schema)?;
     let profile = if static_plan.fragment.ops.is_empty() {
@@ -145,9 +169,13 @@ pub async fn costed_plan(
             .await?
     };
     let env = Environment {
-        bandwidth_bytes_per_s,
-        server_cores: f64::from(profile.server_cores.max(1)),
-        client_cores: std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
+        bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
+        server_cores: link
+            .server_cores
+            .unwrap_or(f64::from(profile.server_cores.max(1))),
+        client_cores: link
+            .client_cores
+            .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
     };
     Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
 }
