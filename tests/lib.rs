@@ -88,6 +88,19 @@ impl Fixture {
     pub async fn local(&self, sql: &str) -> Vec<RecordBatch> {
         local_eval(self.root.path(), sql).await
     }
+
+    /// `SELECT count(*) FROM images WHERE predicate`, evaluated locally.
+    pub async fn local_count(&self, predicate: &str) -> u64 {
+        let batches = self
+            .local(&format!("SELECT count(*) FROM images WHERE {predicate}"))
+            .await;
+        batches[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("count is Int64")
+            .value(0) as u64
+    }
 }
 
 /// Server settings that make many small shards out of small test files.
