@@ -65,6 +65,19 @@ impl Fixture {
         .await
     }
 
+    /// Images (`rows`, as [`Self::images`]) and a text dataset of `text_rows` rows (with its
+    /// trained `tokenizer.json`) side by side.
+    pub async fn images_and_text(rows: usize, text_rows: usize) -> Self {
+        Self::new(small_shards(), |root| {
+            write_images(root, rows);
+            let mut options = GenOptions::new(Kind::Text, text_rows);
+            options.row_group_rows = Some(64);
+            options.rows_per_file = Some(256);
+            generate(&options, &root.join("text")).expect("text");
+        })
+        .await
+    }
+
     /// Runs a request to the end (one stream at a time, so batches come in endpoint order).
     pub async fn collect(&self, request: &ScanRequest) -> Result<(Vec<RecordBatch>, StreamTotals), String> {
         collect_with(

@@ -4,7 +4,9 @@
 //!   (bilinear convolution, SIMD), the kernel `decode_resize` uses;
 //! * decode + resize of real JPEGs: `pushdown_ops::decode_resize` vs `image` decode +
 //!   `image` resize;
-//! * hash buckets of strings: XXH3 (`hash_bucket`) vs the standard library's SipHash.
+//! * hash buckets of strings: XXH3 (`hash_bucket`) vs the standard library's SipHash;
+//! * tokenize + truncate to 256 of the text dataset's documents with its own trained BPE:
+//!   `Tokenizer::encode` (the usual call, with offsets) vs the `tokenize` op (`encode_fast`).
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::hint::black_box;
@@ -104,5 +106,48 @@ fn hash_bucket(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, resize, decode_resize, hash_bucket);
+fn tokenize(c: &mut Criterion) {
+    use arrow::array::AsArray;
+    use pushdown_cli::datasets::{Kind, batch};
+    let docs = batch(Kind::Text, &Kind::Text.schema(), 42, 0..256, 256).expect("text");
+    let bodies = docs
+        .column_by_name("body")
+        .expect("body")
+        .as_string::<i32>()
+        .clone();
+    let json = pushdown_ops::train_tokenizer(bodies.iter().flatten(), 4096).expect("train");
+    let tokenizer = Arc::new(pushdown_ops::load_tokenizer(json.as_bytes()).expect("load"));
+    let bytes: u64 = bodies.iter().flatten().map(|b| b.len() as u64).sum();
+    let mut group = c.benchmark_group("tokenize_256_documents_to_256");
+    group.throughput(Throughput::Bytes(bytes));
+    group.sample_size(20);
+    group.bench_function("Tokenizer::encode + truncate (baseline)", |b| {
+        b.iter(|| {
+            for body in bodies.iter().flatten() {
+                let encoding = tokenizer.encode(body, false).expect("encode");
+                black_box(&encoding.get_ids()[..encoding.len().min(256)]);
+            }
+        })
+    });
+    let mut resources = pushdown_ops::Tokenizers::new(Some("text".into()));
+    resources.insert("text", Arc::clone(&tokenizer));
+    let ctx = pushdown_ops::Context {
+        seed: 0,
+        resources: &resources,
+    };
+    let column: ArrayRef = Arc::new(bodies.clone());
+    let field = arrow::datatypes::Field::new("body", arrow::datatypes::DataType::Utf8, true);
+    let op = lookup("tokenize").expect("op");
+    group.bench_function("pushdown_ops::tokenize (ours)", |b| {
+        b.iter(|| {
+            black_box(
+                op.apply_in(&column, &field, &[Value::Int(256)], &ctx)
+                    .expect("apply"),
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, resize, decode_resize, hash_bucket, tokenize);
 criterion_main!(benches);

@@ -10,15 +10,25 @@ use pushdown_tests::{Fixture, num_rows, rows};
 /// Runs `op(column, params)` in the server via SQL and in the client on the column (itself
 /// a SQL expression, evaluated by the server); the outputs must be identical, row for row.
 async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pushdown_planner::Param]) {
+    same_on_both_sides_of(fx, "images", column, call, params).await;
+}
+
+async fn same_on_both_sides_of(
+    fx: &Fixture,
+    dataset: &str,
+    column: &str,
+    call: &str,
+    params: &[pushdown_planner::Param],
+) {
     let sql_params: Vec<String> = params.iter().map(|p| p.to_value().to_string()).collect();
     let sql = format!(
-        "SELECT id, {call}({column}{}) AS out FROM images",
+        "SELECT id, {call}({column}{}) AS out FROM {dataset}",
         sql_params.iter().map(|p| format!(", {p}")).collect::<String>()
     );
     let served = fx.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
 
     let raw = fx
-        .sql(&format!("SELECT id, {column} AS out FROM images"))
+        .sql(&format!("SELECT id, {column} AS out FROM {dataset}"))
         .await
         .expect("raw");
     let step = Step::Map(MapStep {
@@ -27,7 +37,15 @@ async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pu
         params: params.to_vec(),
         output: None,
     });
-    let mut steps = ClientSteps::new(&[step], raw[0].schema(), 0).expect("client steps");
+    // Client-side resources (the dataset's tokenizer) come from the server, as in `run`.
+    let resources = fx
+        .client
+        .resources_for(std::slice::from_ref(&step), dataset)
+        .await
+        .expect("resources");
+    let mut steps = ClientSteps::new(&[step], raw[0].schema(), 0)
+        .expect("client steps")
+        .with_resources(std::sync::Arc::new(resources));
     let mut local = Vec::new();
     for b in raw {
         local.extend(steps.push(b).expect("apply"));
@@ -44,7 +62,7 @@ async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_op_is_identical_on_server_and_client() {
-    let fx = Fixture::images(96).await;
+    let fx = Fixture::images_and_text(96, 120).await;
     same_on_both_sides(&fx, "image", "decode_resize", &[16.into(), 12.into()]).await;
     same_on_both_sides(&fx, "image", "thumbnail", &[32.into()]).await;
     same_on_both_sides(&fx, "image", "thumbnail", &[48.into(), 60.into()]).await;
@@ -55,6 +73,11 @@ async fn every_op_is_identical_on_server_and_client() {
     same_on_both_sides(&fx, pixels, "center_crop", &[16.into(), 12.into()]).await;
     same_on_both_sides(&fx, pixels, "grayscale", &[]).await;
     same_on_both_sides(&fx, pixels, "normalize", &[0.45.into(), 0.225.into()]).await;
+    same_on_both_sides_of(&fx, "text", "body", "tokenize", &[256.into()]).await;
+    same_on_both_sides_of(&fx, "text", "body", "tokenize", &[16.into(), "text".into()]).await;
+    let tokens = "tokenize(body, 300)";
+    same_on_both_sides_of(&fx, "text", tokens, "pad_tokens", &[64.into()]).await;
+    same_on_both_sides_of(&fx, "text", tokens, "pad_tokens", &[512.into(), 2.into()]).await;
     // Every deterministic op of the registry is covered above.
     for op in pushdown_ops::registry().iter().filter(|op| op.is_deterministic()) {
         assert!(
@@ -65,7 +88,9 @@ async fn every_op_is_identical_on_server_and_client() {
                 "cast_to",
                 "center_crop",
                 "grayscale",
-                "normalize"
+                "normalize",
+                "tokenize",
+                "pad_tokens"
             ]
             .contains(&op.name()),
             "untested op {}",
@@ -249,4 +274,106 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
         let n = fx.local_count("label < 800").await;
         assert_eq!(report.rows, n, "{}", costed.explain());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_truncates_with_the_datasets_own_tokenizer() {
+    use arrow::array::AsArray;
+    use arrow::datatypes::UInt32Type;
+    let fx = Fixture::images_and_text(16, 200).await;
+    let ids = |batches: &[arrow::record_batch::RecordBatch], col: usize| -> Vec<Vec<u32>> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let list = b.column(col).as_list::<i32>().clone();
+                (0..list.len())
+                    .map(move |r| list.value(r).as_primitive::<UInt32Type>().values().to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let batches = fx
+        .sql("SELECT tokenize(body, 100000) AS full, tokenize(body, 64) AS cut, body FROM text")
+        .await
+        .expect("tokenize");
+    let (full, cut) = (ids(&batches, 0), ids(&batches, 1));
+    assert_eq!(full.len(), 200);
+    let mut truncated = 0;
+    for (f, c) in full.iter().zip(&cut) {
+        assert_eq!(c.len(), f.len().min(64));
+        assert_eq!(&f[..c.len()], c.as_slice(), "truncation keeps the prefix");
+        truncated += usize::from(f.len() > 64);
+        // The tokenizer was trained on this corpus: no unknown tokens, and sub-word merges
+        // make tokens fewer than characters.
+        assert!(!f.contains(&1), "[UNK] in {f:?}");
+    }
+    assert!(
+        truncated > 150,
+        "most documents are longer than 64 tokens: {truncated}"
+    );
+    let body = batches[0].column(2).as_string::<i32>().value(0);
+    assert!(
+        full[0].len() * 2 < body.len(),
+        "{} tokens for {} bytes",
+        full[0].len(),
+        body.len()
+    );
+
+    // Tokens move fewer bytes than the documents.
+    let bytes = |sql: &'static str| {
+        let fx = &fx;
+        async move {
+            fx.collect(&ScanRequest::new(Query::Sql(sql.into())))
+                .await
+                .expect(sql)
+                .1
+                .bytes_received
+        }
+    };
+    let (docs, tokens) = (
+        bytes("SELECT body FROM text").await,
+        bytes("SELECT tokenize(body, 128) AS t FROM text").await,
+    );
+    assert!(tokens * 2 < docs, "tokens {tokens} bytes vs documents {docs}");
+
+    // Resources that do not exist are clear errors, and the server goes on serving.
+    let err = fx
+        .sql("SELECT tokenize(caption, 8) FROM images")
+        .await
+        .expect_err("images ship no tokenizer");
+    assert!(err.contains("ships no tokenizer.json"), "{err}");
+    let err = fx
+        .sql("SELECT tokenize(body, 8, 'nope') FROM text")
+        .await
+        .expect_err("unknown tokenizer");
+    assert!(err.contains("no dataset 'nope'"), "{err}");
+    let err = fx
+        .sql("SELECT tokenize(body, 0) FROM text")
+        .await
+        .expect_err("max_len 0");
+    assert!(err.contains("max_len"), "{err}");
+    let err = fx.client.tokenizer("images").await.expect_err("no tokenizer");
+    assert!(err.to_string().contains("ships no tokenizer.json"), "{err}");
+    // A caption tokenized with the text dataset's tokenizer: named explicitly.
+    let named = fx
+        .sql("SELECT tokenize(caption, 8, 'text') AS t FROM images")
+        .await
+        .expect("named tokenizer");
+    assert_eq!(num_rows(&named), 16);
+}
+
+#[test]
+fn generated_tokenizers_are_reproducible() {
+    use pushdown_cli::datasets::{GenOptions, Kind, generate};
+    let dirs = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    for d in &dirs {
+        generate(&GenOptions::new(Kind::Text, 300), d.path()).expect("gen");
+    }
+    let read =
+        |d: &tempfile::TempDir| std::fs::read(d.path().join("tokenizer.json")).expect("tokenizer.json");
+    assert_eq!(read(&dirs[0]), read(&dirs[1]));
+    pushdown_ops::load_tokenizer(&read(&dirs[0])).expect("loads");
 }

@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | `images` | `id` i64, `image` binary (JPEG, 192–320 px sides), `label` i32 0..999, `caption` utf8, `width` i32, `height` i32, `split` utf8 | 128 rows | 1024 rows |
 //! | `clicks` | `label` i32, `i1..i13` i32 (nullable), `c1..c26` utf8 (8 hex chars, skewed), `day` i32 | 16 Ki rows | 128 Ki rows |
-//! | `text` | `id` i64, `lang` utf8, `quality` f32 0..1, `body` utf8 (a paragraph) | 4 Ki rows | 32 Ki rows |
+//! | `text` | `id` i64, `lang` utf8, `quality` f32 0..1, `body` utf8 (100–3000 Zipfian pseudo-words; `tokenizer.json` beside the files) | 4 Ki rows | 32 Ki rows |
 //!
 //! Every row is a function of (seed, row id) alone, so files are generated in parallel and
 //! the output is identical whatever the thread count. Files are zstd-compressed, with page
@@ -171,6 +171,9 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
         Ok(())
     })?;
     bar.finish_and_clear();
+    if options.kind == Kind::Text {
+        write_tokenizer(options.seed, options.rows, dir)?;
+    }
     let bytes = files
         .iter()
         .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
@@ -391,56 +394,48 @@ const LANGS: [(&str, f64); 6] = [
     ("zh", 0.08),
     ("ja", 0.05),
 ];
-const WORDS: [&str; 48] = [
-    "the",
-    "model",
-    "data",
-    "training",
-    "input",
-    "pipeline",
-    "storage",
-    "network",
-    "reduce",
-    "image",
-    "text",
-    "token",
-    "batch",
-    "shuffle",
-    "server",
-    "client",
-    "column",
-    "row",
-    "filter",
-    "project",
-    "learning",
-    "gradient",
-    "epoch",
-    "accelerator",
-    "memory",
-    "bandwidth",
-    "latency",
-    "throughput",
-    "compress",
-    "arrow",
-    "parquet",
-    "query",
-    "plan",
-    "stream",
-    "shard",
-    "record",
-    "feature",
-    "label",
-    "sample",
-    "random",
-    "crop",
-    "flip",
-    "mask",
-    "vector",
-    "tensor",
-    "of",
-    "and",
-    "with",
+/// Syllables of the text dataset's pseudo-words: enough that a BPE tokenizer has sub-words
+/// to learn, like natural language.
+const SYLLABLES: [&str; 40] = [
+    "ka", "to", "ri", "men", "sa", "lo", "ver", "in", "da", "ne", "qu", "ar", "tion", "el", "po", "mi", "st",
+    "or", "ge", "la", "ch", "un", "be", "ro", "se", "al", "th", "is", "an", "re", "de", "es", "on", "ti",
+    "ma", "ou", "wa", "ke", "ly", "ing",
 ];
+
+/// Words in the text dataset's vocabulary; word `k` is drawn with probability ∝ 1/(k+1).
+const VOCABULARY: usize = 20_000;
+
+/// Word `k`: one to four syllables, a pure function of `k`.
+fn word(k: usize, out: &mut String) {
+    let mut x = (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
+    let n = 1 + ((k + 1).ilog2().min(9) as usize + (x % 3) as usize) / 3;
+    for _ in 0..n {
+        out.push_str(SYLLABLES[(x % SYLLABLES.len() as u64) as usize]);
+        x = x.rotate_left(17).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    }
+}
+
+/// A Zipf(1) draw over `VOCABULARY` words by inverting the harmonic CDF's approximation.
+fn zipf_word(u: f64) -> usize {
+    let h = (VOCABULARY as f64).ln() + 0.577_215_664_9;
+    (((u * h - 0.577_215_664_9).exp()) as usize).min(VOCABULARY - 1)
+}
+
+/// Documents per tokenizer training run: enough for every frequent word, quick to train.
+const TOKENIZER_SAMPLE_ROWS: usize = 400;
+
+/// Trains the text dataset's tokenizer on its first rows and writes `tokenizer.json` beside
+/// the files: the tokenizer ships with the data, so nothing is downloaded at run time.
+fn write_tokenizer(seed: u64, rows: usize, dir: &Path) -> Result<()> {
+    let sample = text(seed, 0..rows.clamp(1, TOKENIZER_SAMPLE_ROWS));
+    let bodies = sample[3]
+        .as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .context("text bodies")?;
+    let json = pushdown_ops::train_tokenizer(bodies.iter().flatten(), 4096).map_err(anyhow::Error::msg)?;
+    std::fs::write(dir.join(pushdown_ops::TOKENIZER_FILE), json)?;
+    Ok(())
+}
 
 fn text(seed: u64, ids: std::ops::Range<usize>) -> Vec<ArrayRef> {
     let n = ids.len();
@@ -462,16 +457,14 @@ fn text(seed: u64, ids: std::ops::Range<usize>) -> Vec<ArrayRef> {
         }
         lang.append_value(chosen);
         quality.append_value(rng.random::<f32>().sqrt());
-        let words = rng.random_range(40..220);
+        // Document lengths are long-tailed, like web text: most are a few hundred words.
+        let words = (100.0 / (1.0 - rng.random::<f64>() * 0.97)).min(3000.0) as usize;
         let mut s = String::with_capacity(words * 8);
         for w in 0..words {
             if w > 0 {
-                s.push(if rng.random_bool(0.07) { '.' } else { ' ' });
-                if s.ends_with('.') {
-                    s.push(' ');
-                }
+                s.push_str(if rng.random_bool(0.07) { ". " } else { " " });
             }
-            s.push_str(WORDS[(rng.random::<f32>().powi(2) * WORDS.len() as f32) as usize % WORDS.len()]);
+            word(zipf_word(rng.random()), &mut s);
         }
         s.push('.');
         body.append_value(s);

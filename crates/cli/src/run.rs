@@ -1,6 +1,7 @@
 //! `pushdown run`: plan a pipeline (or SQL), pull the reduced stream, apply the client steps.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -55,7 +56,7 @@ impl RunReport {
 /// Runs `options` to the end.
 pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let client = PushdownClient::connect(&options.servers).await?;
-    let (request, steps, plan) = match &options.source {
+    let (request, steps, plan, dataset) = match &options.source {
         Source::Pipeline(pipeline) => {
             let schema = client
                 .dataset_schema(&pipeline.dataset)
@@ -71,13 +72,22 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
             .plan;
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             request.stats = true;
-            (request, plan.client_steps.clone(), Some(plan))
+            (
+                request,
+                plan.client_steps.clone(),
+                Some(plan),
+                Some(pipeline.dataset.clone()),
+            )
         }
         Source::Sql(sql) => {
             let mut request = ScanRequest::new(Query::Sql(sql.clone()));
             request.stats = true;
-            (request, Vec::<Step>::new(), None)
+            (request, Vec::<Step>::new(), None, None)
         }
+    };
+    let resources: Arc<dyn pushdown_ops::Resources> = match &dataset {
+        Some(d) => Arc::new(client.resources_for(&steps, d).await?),
+        None => Arc::new(pushdown_ops::NoResources),
     };
     let info = client.plan(&request).await?;
     let estimate = plan_estimate(&info);
@@ -89,7 +99,8 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         let mut stream = client.stream(&info, options.stream.clone())?;
         let totals_handle = stream.totals_handle();
         let mut client_steps =
-            ClientSteps::new(&steps, stream.schema(), options.seed.wrapping_add(epoch as u64))?;
+            ClientSteps::new(&steps, stream.schema(), options.seed.wrapping_add(epoch as u64))?
+                .with_resources(Arc::clone(&resources));
         if writer.is_none()
             && let Some(path) = &options.out
         {

@@ -22,6 +22,7 @@ use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo};
 use futures::TryStreamExt;
+use pushdown_ops::Tokenizers;
 use pushdown_protocol::{PlanEstimate, ScanRequest};
 use tonic::transport::{Channel, Endpoint};
 
@@ -180,6 +181,42 @@ impl PushdownClient {
             .first()
             .ok_or_else(|| ClientError::Invalid("the profile action returned nothing".into()))?;
         pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
+    }
+
+    /// The tokenizer shipped with `dataset` (its `tokenizer.json`), from the server.
+    pub async fn tokenizer(&self, dataset: &str) -> Result<std::sync::Arc<pushdown_ops::TokenizerModel>> {
+        let bodies = self
+            .action("tokenizer", bytes::Bytes::from(dataset.to_owned()))
+            .await?;
+        let body = bodies
+            .first()
+            .ok_or_else(|| ClientError::Invalid("the tokenizer action returned nothing".into()))?;
+        pushdown_ops::load_tokenizer(body)
+            .map(std::sync::Arc::new)
+            .map_err(ClientError::Invalid)
+    }
+
+    /// The resources the client-side `steps` of a pipeline over `dataset` need: the
+    /// tokenizers their `tokenize` calls name (or `dataset`'s, for calls that name none).
+    pub async fn resources_for(&self, steps: &[pushdown_planner::Step], dataset: &str) -> Result<Tokenizers> {
+        let mut tokenizers = Tokenizers::new(Some(dataset.to_owned()));
+        for step in steps {
+            let pushdown_planner::Step::Map(m) = step else {
+                continue;
+            };
+            if m.call != "tokenize" {
+                continue;
+            }
+            let name = match m.values().get(1) {
+                Some(pushdown_ops::Value::Text(name)) => name.clone(),
+                _ => dataset.to_owned(),
+            };
+            if !tokenizers.contains(&name) {
+                let tokenizer = self.tokenizer(&name).await?;
+                tokenizers.insert(name, tokenizer);
+            }
+        }
+        Ok(tokenizers)
     }
 
     /// Streams every endpoint of `info`.

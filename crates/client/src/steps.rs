@@ -156,6 +156,7 @@ enum Stage {
 pub struct ClientSteps {
     stages: Vec<Stage>,
     schema: SchemaRef,
+    resources: Arc<dyn pushdown_ops::Resources>,
 }
 
 impl ClientSteps {
@@ -222,7 +223,15 @@ impl ClientSteps {
         Ok(Self {
             stages,
             schema: current,
+            resources: Arc::new(pushdown_ops::NoResources),
         })
+    }
+
+    /// The resources (tokenizers) client-side ops resolve, e.g. those fetched with
+    /// [`crate::PushdownClient::tokenizers`].
+    pub fn with_resources(mut self, resources: Arc<dyn pushdown_ops::Resources>) -> Self {
+        self.resources = resources;
+        self
     }
 
     /// Schema of the batches this produces.
@@ -262,6 +271,7 @@ impl ClientSteps {
     }
 
     fn run_from(&mut self, first: usize, mut batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let resources = Arc::clone(&self.resources);
         for stage in &mut self.stages[first..] {
             let mut next = Vec::new();
             for batch in batches {
@@ -280,7 +290,11 @@ impl ClientSteps {
                     } => {
                         let batch_seed = mix(*seed, *batches);
                         *batches += 1;
-                        let out = op.apply_field(batch.column(*input), input_field, params, batch_seed)?;
+                        let ctx = pushdown_ops::Context {
+                            seed: batch_seed,
+                            resources: resources.as_ref(),
+                        };
+                        let out = op.apply_in(batch.column(*input), input_field, params, &ctx)?;
                         let mut columns = batch.columns().to_vec();
                         match output {
                             Some(i) => columns[*i] = out,

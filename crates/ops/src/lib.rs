@@ -23,6 +23,8 @@
 //! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
 //! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
 //! | `color_jitter(pixels, s)` | strength | pixels, brightness and contrast ×U[1−s, 1+s] | random: trainer only |
+//! | `tokenize(text, max_len[, tokenizer])` | max tokens, tokenizer name (default: the dataset's) | `List<UInt32>` token ids, truncated | deterministic, reducing |
+//! | `pad_tokens(tokens, len[, pad_id])` | length, pad id (0) | `FixedSizeList<UInt32, len>` | deterministic |
 //! | `random_mask(tokens, p, id)` | probability, mask id | token lists, each id masked with probability `p` | random: trainer only |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
@@ -45,6 +47,7 @@
 mod image_ops;
 mod tabular;
 mod tensor_ops;
+mod text;
 
 use std::fmt;
 
@@ -56,6 +59,12 @@ pub use tabular::{Cast, HashBucket};
 pub use tensor_ops::{
     CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, shape_of,
 };
+pub use text::{
+    NoResources, PadTokens, Resources, SPECIAL_TOKENS, TOKENIZER_FILE, Tokenize, Tokenizers, load_tokenizer,
+    train_tokenizer,
+};
+/// The tokenizer type of the `tokenizers` crate, as ops use it.
+pub use tokenizers::Tokenizer as TokenizerModel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -95,6 +104,33 @@ impl fmt::Display for Value {
     }
 }
 
+/// What a call of an op may use beyond its literal parameters.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    /// Random ops draw row `i`'s randomness from `(seed, i)`; deterministic ops ignore it.
+    pub seed: u64,
+    /// Named resources (tokenizers) the call may resolve.
+    pub resources: &'a dyn Resources,
+}
+
+impl Context<'static> {
+    /// A context with `seed` and no resources.
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            seed,
+            resources: &NoResources,
+        }
+    }
+}
+
+impl fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One op: its properties and its kernel.
 pub trait Op: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
@@ -116,6 +152,18 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// `seed`.
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef>;
 
+    /// [`Self::apply_field`] with resources: what servers and clients call. Ops that need a
+    /// resource (a tokenizer) override this one.
+    fn apply_in(
+        &self,
+        input: &ArrayRef,
+        field: &Field,
+        params: &[Value],
+        ctx: &Context<'_>,
+    ) -> Result<ArrayRef> {
+        self.apply_field(input, field, params, ctx.seed)
+    }
+
     /// [`Self::apply_field`] for a column whose field carries no metadata, with seed 0.
     fn apply(&self, input: &ArrayRef, params: &[Value]) -> Result<ArrayRef> {
         let field = Field::new("input", input.data_type().clone(), true);
@@ -123,7 +171,7 @@ pub trait Op: Send + Sync + fmt::Debug {
     }
 }
 
-static OPS: [&dyn Op; 11] = [
+static OPS: [&dyn Op; 13] = [
     &DecodeResize,
     &Thumbnail,
     &HashBucket,
@@ -134,6 +182,8 @@ static OPS: [&dyn Op; 11] = [
     &RandomCrop,
     &RandomFlip,
     &ColorJitter,
+    &Tokenize,
+    &PadTokens,
     &RandomMask,
 ];
 

@@ -362,3 +362,63 @@ fn random_mask_rate_matches_p() {
             .is_err()
     );
 }
+
+#[test]
+fn tokenize_and_pad_tokens() {
+    use arrow::array::{FixedSizeListArray, StringArray};
+    use arrow::datatypes::UInt32Type;
+    let corpus = ["the data pipeline reads the data", "data to the trainer"];
+    let json = crate::train_tokenizer(corpus.iter().cycle().take(50), 64).expect("train");
+    let mut tokenizers = crate::Tokenizers::new(Some("text".into()));
+    tokenizers.insert(
+        "text",
+        Arc::new(crate::load_tokenizer(json.as_bytes()).expect("load")),
+    );
+    let ctx = crate::Context {
+        seed: 0,
+        resources: &tokenizers,
+    };
+    let text: ArrayRef = Arc::new(StringArray::from(vec![Some(corpus[0]), None, Some("")]));
+    let field = Field::new("t", DataType::Utf8, true);
+    let op = lookup("tokenize").expect("tokenize");
+    let tokens = op
+        .apply_in(&text, &field, &[Value::Int(4)], &ctx)
+        .expect("tokenize");
+    let list = tokens.as_list::<i32>();
+    assert_eq!(list.value(0).len(), 4, "six words, truncated to 4");
+    assert!(list.is_null(1));
+    assert_eq!(list.value(2).len(), 0);
+    // Without resources, the error says what is missing.
+    let err = op.apply(&text, &[Value::Int(4)]).expect_err("no tokenizer");
+    assert!(err.to_string().contains("no tokenizer"), "{err}");
+
+    let pad = lookup("pad_tokens").expect("pad_tokens");
+    let tokens_field = op
+        .output_field(&field, &[Value::Int(4)], "tokens")
+        .expect("field");
+    let padded = pad
+        .apply_field(&tokens, &tokens_field, &[Value::Int(6), Value::Int(9)], 0)
+        .expect("pad");
+    let padded = padded
+        .as_any()
+        .downcast_ref::<FixedSizeListArray>()
+        .expect("fixed");
+    let values = padded.values().as_primitive::<UInt32Type>().values();
+    assert_eq!(values.len(), 18);
+    assert_eq!(
+        &values[..4],
+        list.value(0).as_primitive::<UInt32Type>().values().as_ref()
+    );
+    assert_eq!(
+        &values[4..],
+        &[9; 14],
+        "padding after the tokens; null and empty rows are all padding"
+    );
+    let out = pad
+        .output_field(&tokens_field, &[Value::Int(6)], "p")
+        .expect("field");
+    assert_eq!(
+        out.metadata().get(crate::SHAPE_METADATA_KEY).map(String::as_str),
+        Some("6")
+    );
+}

@@ -21,7 +21,7 @@ use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::execution::cache::cache_manager::FileMetadataCache;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::ParquetMetaData;
 
 use crate::error::{Result, ServerError};
@@ -74,6 +74,8 @@ pub struct Dataset {
     pub schema: SchemaRef,
     pub files: Vec<DataFile>,
     pub broken: Vec<BrokenFile>,
+    /// The dataset's `tokenizer.json`, if it ships one (an error if it cannot be parsed).
+    pub tokenizer: Option<std::result::Result<Arc<tokenizers::Tokenizer>, String>>,
 }
 
 impl Dataset {
@@ -189,10 +191,13 @@ impl Catalog {
     }
 
     async fn load_dataset(&self, name: &str, folder: &Path) -> Result<Option<Dataset>> {
+        let tokenizer_path = folder.clone().join(pushdown_ops::TOKENIZER_FILE);
+        let mut has_tokenizer = false;
         let mut objects: Vec<ObjectMeta> = self
             .store
             .list(Some(folder))
             .try_filter(|m| {
+                has_tokenizer |= m.location == tokenizer_path;
                 let keep = m.location.extension() == Some("parquet")
                     && m.location.parts().all(|p| !p.as_ref().starts_with(['.', '_']));
                 futures::future::ready(keep)
@@ -203,6 +208,11 @@ impl Catalog {
         if objects.is_empty() {
             return Ok(None);
         }
+        let tokenizer = if has_tokenizer {
+            Some(self.tokenizer(name, &tokenizer_path).await)
+        } else {
+            None
+        };
         objects.sort_by(|a, b| a.location.cmp(&b.location));
         let footers: Vec<_> = futures::stream::iter(objects)
             .map(|meta| async move {
@@ -246,7 +256,26 @@ impl Catalog {
             schema,
             files,
             broken,
+            tokenizer,
         }))
+    }
+
+    async fn tokenizer(
+        &self,
+        dataset: &str,
+        path: &Path,
+    ) -> std::result::Result<Arc<tokenizers::Tokenizer>, String> {
+        let loaded = match self.store.get(path).await {
+            Ok(got) => match got.bytes().await {
+                Ok(bytes) => pushdown_ops::load_tokenizer(&bytes).map(Arc::new),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(reason) = &loaded {
+            tracing::warn!(dataset, %reason, "unusable tokenizer.json");
+        }
+        loaded
     }
 
     /// The file's Arrow schema and Parquet metadata, from the cache when unchanged.

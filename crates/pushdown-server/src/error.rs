@@ -15,6 +15,9 @@ pub enum ServerError {
     #[error("unknown dataset `{name}`; known datasets: [{}]", known.join(", "))]
     UnknownDataset { name: String, known: Vec<String> },
 
+    #[error("{0}")]
+    NoResource(String),
+
     #[error("malformed ticket: {0}")]
     BadTicket(#[source] ProtocolError),
 
@@ -91,6 +94,7 @@ impl From<ServerError> for Status {
         let (code, internal) = match &e {
             ServerError::UnknownDataset { .. } => (Code::NotFound, false),
             ServerError::UnknownShard { .. } => (Code::NotFound, false),
+            ServerError::NoResource(_) => (Code::NotFound, false),
             ServerError::BadTicket(_) => (Code::InvalidArgument, false),
             ServerError::BadCommand(_) => (Code::InvalidArgument, false),
             ServerError::BadRequest(_) => (Code::InvalidArgument, false),
@@ -122,7 +126,11 @@ impl From<ServerError> for Status {
 pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(ServerError::UnknownDataset { .. } | ServerError::UnknownShard { .. }) => "not_found",
+        Err(
+            ServerError::UnknownDataset { .. }
+            | ServerError::UnknownShard { .. }
+            | ServerError::NoResource(_),
+        ) => "not_found",
         Err(
             ServerError::BadTicket(_)
             | ServerError::BadCommand(_)

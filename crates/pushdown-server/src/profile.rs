@@ -107,6 +107,11 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
         .iter()
         .map(|(c, (a, _))| (c.clone(), bytes(a) / n))
         .collect();
+    let resources = crate::udf::DatasetResources::new((*datasets).clone(), Some(dataset.name.clone()));
+    let ctx = pushdown_ops::Context {
+        seed: 0,
+        resources: &resources,
+    };
     let mut ops = Vec::new();
     for call in &f.ops {
         let op = pushdown_ops::lookup(&call.op)
@@ -140,7 +145,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
             .map_err(|e| ServerError::BadQuery(e.to_string()))?;
         let start = Instant::now();
         let out = op
-            .apply_field(&array, &field, &params, 0)
+            .apply_in(&array, &field, &params, &ctx)
             .map_err(|e| ServerError::BadQuery(e.to_string()))?;
         let ns = start.elapsed().as_nanos() as f64;
         ops.push(OpProfile {

@@ -141,11 +141,7 @@ impl Engine {
         let options = config.options_mut();
         options.execution.parquet = self.parquet_options(false).global;
         options.sql_parser.enable_ident_normalization = true;
-        let ctx = SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime));
-        for udf in crate::udf::udfs() {
-            ctx.register_udf(udf);
-        }
-        ctx
+        SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
     }
 
     pub(crate) fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
@@ -278,6 +274,7 @@ impl Engine {
                     self.parquet_options(pushdown),
                 );
                 ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
+                register_ops(&ctx, &datasets, Some(dataset.name.clone()));
                 let df = dataframe(&ctx, &ticket.request.query).await?;
                 if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
                     return Err(ServerError::BadRequest(
@@ -368,7 +365,25 @@ fn register_referenced(
         }
         ctx.register_table(name.as_str(), table(&dataset))?;
     }
+    let default = match referenced.as_slice() {
+        [only] => Some(only.clone()),
+        _ => None,
+    };
+    register_ops(ctx, datasets, default);
     Ok(referenced)
+}
+
+/// Registers every deterministic op as a UDF whose resources (tokenizers) come from the
+/// datasets, `default` being the one a call that names none uses.
+pub(crate) fn register_ops(
+    ctx: &SessionContext,
+    datasets: &BTreeMap<String, Arc<Dataset>>,
+    default: Option<String>,
+) {
+    let resources = Arc::new(crate::udf::DatasetResources::new(datasets.clone(), default));
+    for udf in crate::udf::udfs(resources) {
+        ctx.register_udf(udf);
+    }
 }
 
 /// The request as a DataFrame over the tables registered in `ctx`.

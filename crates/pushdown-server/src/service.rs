@@ -256,6 +256,32 @@ impl PushdownService {
                     .map_err(|e| ServerError::Internal(format!("profile task: {e}")))??;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
             }
+            "tokenizer" => {
+                let name = std::str::from_utf8(&action.body).map_err(|_| {
+                    ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
+                })?;
+                let dataset = self.state.engine.catalog().dataset(name.trim()).await?;
+                let json = match &dataset.tokenizer {
+                    None => {
+                        return Err(ServerError::NoResource(format!(
+                            "dataset `{}` ships no {}",
+                            dataset.name,
+                            pushdown_ops::TOKENIZER_FILE
+                        )));
+                    }
+                    Some(Err(reason)) => {
+                        return Err(ServerError::CorruptFile {
+                            dataset: dataset.name.clone(),
+                            file: pushdown_ops::TOKENIZER_FILE.to_owned(),
+                            reason: reason.clone(),
+                        });
+                    }
+                    Some(Ok(t)) => t
+                        .to_string(false)
+                        .map_err(|e| ServerError::Internal(format!("serializing the tokenizer: {e}")))?,
+                };
+                Ok(vec![arrow_flight::Result::new(json)])
+            }
             other => Err(ServerError::BadRequest(format!(
                 "unknown action `{other}`; actions: {}",
                 ACTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
@@ -267,7 +293,7 @@ impl PushdownService {
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
 
-const ACTIONS: [(&str, &str); 3] = [
+const ACTIONS: [(&str, &str); 4] = [
     ("health", "Returns `ok` when the server is serving"),
     (
         "explain",
@@ -277,6 +303,10 @@ const ACTIONS: [(&str, &str); 3] = [
         "profile",
         "Body: a ScanRequest with a fragment. Runs it on a sample; returns a pushdown.v1.Profile \
          (selectivity, scan ns/row, bytes per column, per op bytes in/out and ns/row)",
+    ),
+    (
+        "tokenizer",
+        "Body: a dataset name. Returns the dataset's tokenizer.json, for client-side `tokenize`",
     ),
 ];
 

@@ -11,28 +11,78 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
-use pushdown_ops::{Op, Value};
+use std::collections::BTreeMap;
 
-/// Every deterministic op as a UDF.
-pub fn udfs() -> Vec<ScalarUDF> {
+use pushdown_ops::{Context, Op, Resources, Value};
+
+use crate::catalog::Dataset;
+
+/// Resources of op calls on a server: each dataset's `tokenizer.json`, by dataset name.
+#[derive(Debug)]
+pub struct DatasetResources {
+    datasets: BTreeMap<String, Arc<Dataset>>,
+    default: Option<String>,
+}
+
+impl DatasetResources {
+    /// `default`: the dataset whose resources a call that names none gets (the one being read).
+    pub fn new(datasets: BTreeMap<String, Arc<Dataset>>, default: Option<String>) -> Self {
+        Self { datasets, default }
+    }
+}
+
+impl Resources for DatasetResources {
+    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<tokenizers::Tokenizer>, String> {
+        let Some(name) = name.or(self.default.as_deref()) else {
+            return Err(
+                "the query reads several datasets: name the tokenizer's, e.g. tokenize(body, 256, 'text')"
+                    .into(),
+            );
+        };
+        let dataset = self
+            .datasets
+            .get(name)
+            .ok_or_else(|| format!("no dataset '{name}' to take a tokenizer from"))?;
+        match &dataset.tokenizer {
+            None => Err(format!(
+                "dataset '{name}' ships no {}",
+                pushdown_ops::TOKENIZER_FILE
+            )),
+            Some(Err(reason)) => Err(format!("dataset '{name}': {reason}")),
+            Some(Ok(t)) => Ok(Arc::clone(t)),
+        }
+    }
+}
+
+/// Every deterministic op as a UDF, resolving resources through `resources`.
+pub fn udfs(resources: Arc<dyn Resources>) -> Vec<ScalarUDF> {
     pushdown_ops::registry()
         .iter()
         .filter(|op| op.is_deterministic())
-        .map(|op| ScalarUDF::new_from_impl(OpUdf::new(*op)))
+        .map(|op| ScalarUDF::new_from_impl(OpUdf::new(*op, Arc::clone(&resources))))
         .collect()
 }
 
-#[derive(Debug)]
 struct OpUdf {
     op: &'static dyn Op,
     signature: Signature,
+    resources: Arc<dyn Resources>,
+}
+
+impl std::fmt::Debug for OpUdf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpUdf")
+            .field("op", &self.op.name())
+            .finish_non_exhaustive()
+    }
 }
 
 impl OpUdf {
-    fn new(op: &'static dyn Op) -> Self {
+    fn new(op: &'static dyn Op, resources: Arc<dyn Resources>) -> Self {
         Self {
             op,
             signature: Signature::variadic_any(Volatility::Immutable),
+            resources,
         }
     }
 
@@ -130,7 +180,15 @@ impl ScalarUDFImpl for OpUdf {
             .collect::<Result<Vec<_>>>()?;
         let out = self
             .op
-            .apply_field(&input, &field, &params, 0)
+            .apply_in(
+                &input,
+                &field,
+                &params,
+                &Context {
+                    seed: 0,
+                    resources: self.resources.as_ref(),
+                },
+            )
             .map_err(|e| DataFusionError::Execution(e.to_string()))?;
         Ok(ColumnarValue::Array(out))
     }

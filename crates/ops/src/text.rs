@@ -1,0 +1,330 @@
+//! Text ops: tokenization with a dataset's own tokenizer.
+//!
+//! A tokenizer is a resource, not a parameter: the query names it (or lets it default to the
+//! dataset being read) and whoever runs the op resolves the name through [`Resources`]. A
+//! server resolves names to the `tokenizer.json` shipped in a dataset's folder; a client gets
+//! the same file from the server, so both sides tokenize with byte-identical vocabularies.
+//! Nothing is downloaded at run time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, ListBuilder, UInt32Builder};
+use arrow::datatypes::{DataType, Field};
+use tokenizers::Tokenizer;
+
+use crate::{Context, Op, OpError, Result, Value, expect_params, int_param};
+
+/// Tokens given to every tokenizer [`train_tokenizer`] makes, in id order: padding is id 0.
+pub const SPECIAL_TOKENS: [&str; 3] = ["[PAD]", "[UNK]", "[MASK]"];
+
+/// The file name a dataset's tokenizer has inside the dataset's folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// Named resources that ops may need beyond their literal parameters.
+pub trait Resources: Send + Sync + std::fmt::Debug {
+    /// The tokenizer called `name`, or the default one (the dataset being read) for `None`.
+    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<Tokenizer>, String>;
+}
+
+/// No resources: ops that need one fail with a clear error.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoResources;
+
+impl Resources for NoResources {
+    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<Tokenizer>, String> {
+        Err(match name {
+            Some(n) => format!("no tokenizer named '{n}' is available here"),
+            None => "no tokenizer is available here".to_owned(),
+        })
+    }
+}
+
+/// Tokenizers by name, with an optional default: what a client holds after fetching them.
+#[derive(Debug, Default, Clone)]
+pub struct Tokenizers {
+    default: Option<String>,
+    by_name: HashMap<String, Arc<Tokenizer>>,
+}
+
+impl Tokenizers {
+    pub fn new(default: Option<String>) -> Self {
+        Self {
+            default,
+            by_name: HashMap::new(),
+        }
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, tokenizer: Arc<Tokenizer>) {
+        self.by_name.insert(name.into(), tokenizer);
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+}
+
+impl Resources for Tokenizers {
+    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<Tokenizer>, String> {
+        let Some(name) = name.or(self.default.as_deref()) else {
+            return Err("no default tokenizer: name one, e.g. tokenize(body, 256, 'text')".to_owned());
+        };
+        self.by_name.get(name).cloned().ok_or_else(|| {
+            let mut known: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            format!("no tokenizer named '{name}' (known: {})", known.join(", "))
+        })
+    }
+}
+
+/// Parses a `tokenizer.json`.
+pub fn load_tokenizer(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
+    Tokenizer::from_bytes(bytes).map_err(|e| format!("invalid tokenizer.json: {e}"))
+}
+
+/// Trains a BPE tokenizer (whitespace/punctuation pre-tokenization, [`SPECIAL_TOKENS`] first)
+/// on `corpus` and returns its JSON. Training is deterministic: the same corpus gives the same
+/// bytes.
+pub fn train_tokenizer<I, S>(corpus: I, vocab_size: usize) -> std::result::Result<String, String>
+where
+    I: Iterator<Item = S> + Send,
+    S: AsRef<str> + Send,
+{
+    use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+    use tokenizers::normalizers::NormalizerWrapper;
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    use tokenizers::processors::PostProcessorWrapper;
+    use tokenizers::{AddedToken, DecoderWrapper, TokenizerBuilder};
+
+    let err = |e: tokenizers::Error| e.to_string();
+    let mut trainer = BpeTrainerBuilder::new()
+        .show_progress(false)
+        .vocab_size(vocab_size)
+        .min_frequency(2)
+        .special_tokens(
+            SPECIAL_TOKENS
+                .iter()
+                .map(|t| AddedToken::from(*t, true))
+                .collect(),
+        )
+        .build();
+    let model = BPE::builder()
+        .unk_token(SPECIAL_TOKENS[1].to_owned())
+        .build()
+        .map_err(err)?;
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >::new()
+    .with_model(model)
+    .with_pre_tokenizer(Some(PreTokenizerWrapper::Whitespace(Whitespace {})))
+    .build()
+    .map_err(err)?;
+    tokenizer.train(&mut trainer, corpus).map_err(err)?;
+    let tokenizer: Tokenizer = tokenizer.into();
+    tokenizer.to_string(false).map_err(err)
+}
+
+/// `tokenize(text, max_len[, tokenizer])`: token ids of each text (no special tokens added),
+/// truncated to the first `max_len`, as `List<UInt32>`. The tokenizer defaults to the one
+/// shipped with the dataset being read. Deterministic and, for documents longer than
+/// `max_len` tokens' worth of text, data-reducing.
+#[derive(Debug)]
+pub struct Tokenize;
+
+impl Tokenize {
+    fn params(params: &[Value]) -> Result<(usize, Option<&str>)> {
+        expect_params("tokenize", params, 1, 2)?;
+        let max_len = int_param("tokenize", params, 0, "max_len", 1..=1 << 20, None)? as usize;
+        let name = match params.get(1) {
+            None => None,
+            Some(Value::Text(n)) => Some(n.as_str()),
+            Some(other) => {
+                return Err(OpError::BadArguments {
+                    op: "tokenize",
+                    reason: format!("the tokenizer must be named by a string literal, got {other}"),
+                });
+            }
+        };
+        Ok((max_len, name))
+    }
+}
+
+impl Op for Tokenize {
+    fn name(&self) -> &'static str {
+        "tokenize"
+    }
+
+    fn signature(&self) -> &'static str {
+        "tokenize(text, max_len[, tokenizer])"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        Self::params(params)?;
+        if !matches!(
+            input.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ) {
+            return Err(OpError::BadArguments {
+                op: self.name(),
+                reason: format!("expects text, got {}", input.data_type()),
+            });
+        }
+        Ok(Field::new(
+            output,
+            DataType::List(Arc::new(Field::new_list_field(DataType::UInt32, false))),
+            input.is_nullable(),
+        ))
+    }
+
+    fn apply_field(&self, _: &ArrayRef, _: &Field, params: &[Value], _: u64) -> Result<ArrayRef> {
+        let (_, name) = Self::params(params)?;
+        Err(OpError::BadArguments {
+            op: self.name(),
+            reason: NoResources
+                .tokenizer(name)
+                .err()
+                .unwrap_or_else(|| "needs a tokenizer".to_owned()),
+        })
+    }
+
+    fn apply_in(
+        &self,
+        input: &ArrayRef,
+        field: &Field,
+        params: &[Value],
+        ctx: &Context<'_>,
+    ) -> Result<ArrayRef> {
+        self.output_field(field, params, "check")?;
+        let (max_len, name) = Self::params(params)?;
+        let tokenizer = ctx
+            .resources
+            .tokenizer(name)
+            .map_err(|reason| OpError::BadArguments {
+                op: "tokenize",
+                reason,
+            })?;
+        let text = arrow::compute::cast(input, &DataType::Utf8).map_err(|source| OpError::Arrow {
+            op: "tokenize",
+            source,
+        })?;
+        let text = text.as_string::<i32>();
+        let mut out =
+            ListBuilder::with_capacity(UInt32Builder::with_capacity(text.len() * max_len), text.len())
+                .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false)));
+        for (row, value) in text.iter().enumerate() {
+            let Some(value) = value else {
+                out.append_null();
+                continue;
+            };
+            let encoding = tokenizer
+                .encode_fast(value, false)
+                .map_err(|e| OpError::BadValue {
+                    op: "tokenize",
+                    row,
+                    reason: e.to_string(),
+                })?;
+            let ids = encoding.get_ids();
+            out.values().append_slice(&ids[..ids.len().min(max_len)]);
+            out.append(true);
+        }
+        Ok(Arc::new(out.finish()))
+    }
+}
+
+/// `pad_tokens(tokens, len[, pad_id])`: token lists cut or padded (with `pad_id`, default 0 =
+/// `[PAD]`) to exactly `len`, as `FixedSizeList<UInt32, len>`: a fixed-shape tensor a trainer
+/// gets as one contiguous buffer. Nulls become all-padding rows.
+#[derive(Debug)]
+pub struct PadTokens;
+
+impl PadTokens {
+    fn params(params: &[Value]) -> Result<(usize, u32)> {
+        expect_params("pad_tokens", params, 1, 2)?;
+        let len = int_param("pad_tokens", params, 0, "len", 1..=1 << 20, None)? as usize;
+        let pad = int_param("pad_tokens", params, 1, "pad_id", 0..=u32::MAX as i64, Some(0))? as u32;
+        Ok((len, pad))
+    }
+}
+
+impl Op for PadTokens {
+    fn name(&self) -> &'static str {
+        "pad_tokens"
+    }
+
+    fn signature(&self) -> &'static str {
+        "pad_tokens(tokens, len[, pad_id])"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let (len, _) = Self::params(params)?;
+        match input.data_type() {
+            DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _)
+                if item.data_type().is_integer() => {}
+            other => {
+                return Err(OpError::BadArguments {
+                    op: self.name(),
+                    reason: format!("expects lists of integer token ids, got {other}"),
+                });
+            }
+        }
+        Ok(Field::new(
+            output,
+            DataType::FixedSizeList(
+                Arc::new(Field::new_list_field(DataType::UInt32, false)),
+                len as i32,
+            ),
+            false,
+        )
+        .with_metadata(HashMap::from([(
+            crate::SHAPE_METADATA_KEY.to_owned(),
+            len.to_string(),
+        )])))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _: u64) -> Result<ArrayRef> {
+        self.output_field(field, params, "check")?;
+        let (len, pad) = Self::params(params)?;
+        let arrow_err = |source| OpError::Arrow {
+            op: "pad_tokens",
+            source,
+        };
+        let item = Arc::new(Field::new_list_field(DataType::UInt32, true));
+        let as_list = arrow::compute::cast(input, &DataType::LargeList(item)).map_err(arrow_err)?;
+        let list = as_list.as_list::<i64>();
+        let values = list.values().as_primitive::<arrow::datatypes::UInt32Type>();
+        let mut flat: Vec<u32> = Vec::with_capacity(list.len() * len);
+        for row in 0..list.len() {
+            let start = flat.len();
+            if list.is_valid(row) {
+                let (a, b) = (
+                    list.value_offsets()[row] as usize,
+                    list.value_offsets()[row + 1] as usize,
+                );
+                let b = b.min(a + len);
+                if values.null_count() > 0 && (a..b).any(|i| values.is_null(i)) {
+                    return Err(OpError::BadValue {
+                        op: "pad_tokens",
+                        row,
+                        reason: "null token id".to_owned(),
+                    });
+                }
+                flat.extend_from_slice(&values.values()[a..b]);
+            }
+            flat.resize(start + len, pad);
+        }
+        let values = arrow::array::UInt32Array::from(flat);
+        let out = arrow::array::FixedSizeListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::UInt32, false)),
+            len as i32,
+            Arc::new(values),
+            None,
+        )
+        .map_err(arrow_err)?;
+        Ok(Arc::new(out))
+    }
+}
