@@ -43,6 +43,9 @@ async fn pipeline_run_writes_the_rows_the_filter_selects() {
     let options = RunOptions {
         servers: vec![fx.running.url()],
         bandwidth_bytes_per_s: 1e9 / 8.0,
+        server_cores: None,
+        client_cores: None,
+        push: None,
         source: Source::Pipeline(pipeline),
         out: Some(out.clone()),
         epochs: 1,

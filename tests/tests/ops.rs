@@ -151,6 +151,9 @@ async fn pipelines_push_deterministic_ops_to_the_server() {
     let report = run(&RunOptions {
         servers: vec![fx.running.url()],
         bandwidth_bytes_per_s: 10e6 / 8.0,
+        server_cores: None,
+        client_cores: None,
+        push: None,
         source: Source::Pipeline(pipeline),
         out: None,
         epochs: 1,
@@ -263,6 +266,9 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
         let report = run(&RunOptions {
             servers: vec![fx.running.url()],
             bandwidth_bytes_per_s: gbit,
+            server_cores: None,
+            client_cores: None,
+            push: None,
             source: Source::Pipeline(pipeline(side)),
             out: None,
             epochs: 1,

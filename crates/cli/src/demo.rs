@@ -66,6 +66,9 @@ pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<D
     let report = run(&RunOptions {
         servers: vec![running.url()],
         bandwidth_bytes_per_s: 1e9 / 8.0,
+        server_cores: None,
+        client_cores: None,
+        push: None,
         source: Source::Pipeline(pipeline),
         out: None,
         epochs: 1,

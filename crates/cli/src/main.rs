@@ -334,6 +334,9 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     let report = run(&RunOptions {
         servers: args.client.servers,
         bandwidth_bytes_per_s: args.client.bandwidth,
+        server_cores: None,
+        client_cores: None,
+        push: None,
         source,
         out: args.out.clone(),
         epochs: args.epochs,

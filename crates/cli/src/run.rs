@@ -8,8 +8,9 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use pushdown_client::{ClientSteps, PushdownClient, StreamOptions, StreamTotals, plan_estimate};
-use pushdown_planner::{CostedPlan, Environment, Pipeline, Plan, Step, plan_with_profile};
-use pushdown_protocol::{PlanEstimate, Profile, Query, ScanRequest, StreamStats};
+pub use pushdown_client::{Link, costed_plan};
+use pushdown_planner::{Pipeline, Plan, Step};
+use pushdown_protocol::{PlanEstimate, Query, ScanRequest, StreamStats};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -23,6 +24,13 @@ pub struct RunOptions {
     pub servers: Vec<String>,
     /// The link to the servers, for placing ops by measured cost (bytes/s).
     pub bandwidth_bytes_per_s: f64,
+    /// Cores of the storage host and the trainer, for placing ops (default: the server's
+    /// count, this machine's).
+    pub server_cores: Option<f64>,
+    pub client_cores: Option<f64>,
+    /// Push exactly the first `k` eligible ops instead of the planner's choice (benchmarks
+    /// that measure every placement).
+    pub push: Option<usize>,
     pub source: Source,
     pub out: Option<PathBuf>,
     pub epochs: usize,
@@ -62,14 +70,17 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
                 .dataset_schema(&pipeline.dataset)
                 .await
                 .with_context(|| format!("dataset `{}`", pipeline.dataset))?;
-            let plan = costed_plan(
-                &client,
-                pipeline,
-                &schema,
-                Link::bandwidth(options.bandwidth_bytes_per_s),
-            )
-            .await?
-            .plan;
+            let plan = match options.push {
+                Some(k) => pushdown_planner::plan_limited(pipeline, &schema, k)?,
+                None => {
+                    let link = Link {
+                        bandwidth_bytes_per_s: options.bandwidth_bytes_per_s,
+                        server_cores: options.server_cores,
+                        client_cores: options.client_cores,
+                    };
+                    costed_plan(&client, pipeline, &schema, link).await?.plan
+                }
+            };
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             request.stats = true;
             (
@@ -147,50 +158,6 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
 
 /// What the cost model may assume; `None` cores mean "what the server reports" and "this
 /// machine's".
-#[derive(Debug, Clone, Copy)]
-pub struct Link {
-    pub bandwidth_bytes_per_s: f64,
-    pub server_cores: Option<f64>,
-    pub client_cores: Option<f64>,
-}
-
-impl Link {
-    pub fn bandwidth(bandwidth_bytes_per_s: f64) -> Self {
-        Self {
-            bandwidth_bytes_per_s,
-            server_cores: None,
-            client_cores: None,
-        }
-    }
-}
-
-/// Plans `pipeline`, placing its ops by the server's measurements of them when it has any.
-pub async fn costed_plan(
-    client: &PushdownClient,
-    pipeline: &Pipeline,
-    schema: &arrow::datatypes::Schema,
-    link: Link,
-) -> Result<CostedPlan> {
-    let static_plan = pushdown_planner::plan(pipeline, schema)?;
-    let profile = if static_plan.fragment.ops.is_empty() {
-        Profile::default()
-    } else {
-        client
-            .profile(&ScanRequest::new(Query::Fragment(static_plan.fragment.clone())))
-            .await?
-    };
-    let env = Environment {
-        bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
-        server_cores: link
-            .server_cores
-            .unwrap_or(f64::from(profile.server_cores.max(1))),
-        client_cores: link
-            .client_cores
-            .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
-    };
-    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
-}
-
 /// Human-readable byte counts.
 pub fn bytes(n: u64) -> String {
     humansize::format_size(n, humansize::BINARY)

@@ -13,6 +13,8 @@
 //! The interleave order depends only on each shard's batches, never on network timing, so
 //! with a seed the delivered sequence is reproducible.
 
+mod loader;
+mod plan;
 mod steps;
 mod stream;
 
@@ -26,8 +28,10 @@ use pushdown_ops::Tokenizers;
 use pushdown_protocol::{PlanEstimate, ScanRequest};
 use tonic::transport::{Channel, Endpoint};
 
-pub use steps::{ClientSteps, ShuffleBuffer};
-pub use stream::{ShardStream, StreamOptions, StreamTotals};
+pub use loader::{Column, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, TensorBatch};
+pub use plan::{Link, costed_plan};
+pub use steps::{ClientSteps, RowSteps, ShuffleBuffer};
+pub use stream::{Order, Segment, ShardStream, StreamOptions, StreamTotals};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -121,7 +121,7 @@ fn stage_seed(seed: u64, i: usize) -> u64 {
 }
 
 /// SplitMix64 finalizer over two words: decorrelated seeds from counters.
-fn mix(a: u64, b: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
     let mut z = a ^ b.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -290,17 +290,15 @@ impl ClientSteps {
                     } => {
                         let batch_seed = mix(*seed, *batches);
                         *batches += 1;
-                        let ctx = pushdown_ops::Context {
-                            seed: batch_seed,
-                            resources: resources.as_ref(),
+                        let map = MapCall {
+                            op: *op,
+                            input: *input,
+                            input_field,
+                            params,
+                            output: *output,
+                            schema,
                         };
-                        let out = op.apply_in(batch.column(*input), input_field, params, &ctx)?;
-                        let mut columns = batch.columns().to_vec();
-                        match output {
-                            Some(i) => columns[*i] = out,
-                            None => columns.push(out),
-                        }
-                        next.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+                        next.push(map.apply(&batch, batch_seed, resources.as_ref())?);
                     }
                     Stage::Batch { coalescer, .. } => {
                         coalescer.push_batch(batch)?;
@@ -420,5 +418,149 @@ mod tests {
         let mut all = ids(&out);
         all.sort_unstable();
         assert_eq!(all, (0..50 * 33).collect::<Vec<_>>());
+    }
+}
+
+/// One op call on a batch.
+struct MapCall<'a> {
+    op: &'static dyn pushdown_ops::Op,
+    input: usize,
+    input_field: &'a arrow::datatypes::Field,
+    params: &'a [pushdown_ops::Value],
+    output: Option<usize>,
+    schema: &'a SchemaRef,
+}
+
+impl MapCall<'_> {
+    fn apply(
+        &self,
+        batch: &RecordBatch,
+        seed: u64,
+        resources: &dyn pushdown_ops::Resources,
+    ) -> Result<RecordBatch> {
+        let ctx = pushdown_ops::Context { seed, resources };
+        let out = self
+            .op
+            .apply_in(batch.column(self.input), self.input_field, self.params, &ctx)?;
+        let mut columns = batch.columns().to_vec();
+        match self.output {
+            Some(i) => columns[i] = out,
+            None => columns.push(out),
+        }
+        Ok(RecordBatch::try_new(Arc::clone(self.schema), columns)?)
+    }
+}
+
+#[derive(Debug)]
+enum RowStage {
+    Select(Vec<usize>),
+    Map {
+        op: &'static dyn pushdown_ops::Op,
+        input: usize,
+        input_field: arrow::datatypes::FieldRef,
+        params: Vec<pushdown_ops::Value>,
+        output: Option<usize>,
+        schema: SchemaRef,
+        seed: u64,
+    },
+}
+
+/// The row-wise client steps (selects and op calls) as a pure function of a batch and a key:
+/// random ops draw from `(step seed, key)` and the row's position in the batch, so a batch
+/// gets the same augmentation whichever thread runs it, and again after a resume.
+#[derive(Debug)]
+pub struct RowSteps {
+    stages: Vec<RowStage>,
+    schema: SchemaRef,
+    resources: Arc<dyn pushdown_ops::Resources>,
+}
+
+impl RowSteps {
+    /// `steps` must be selects and maps (shuffles and batching are the caller's).
+    pub fn new(
+        steps: &[Step],
+        schema: SchemaRef,
+        seed: u64,
+        resources: Arc<dyn pushdown_ops::Resources>,
+    ) -> Result<Self> {
+        let mut stages = Vec::new();
+        let mut current = schema;
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                Step::Select { columns } => {
+                    let indices = columns
+                        .iter()
+                        .map(|c| current.index_of(c))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    current = Arc::new(current.project(&indices)?);
+                    stages.push(RowStage::Select(indices));
+                }
+                Step::Map(m) => {
+                    let op = m
+                        .op()
+                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
+                    let input = current.index_of(&m.input)?;
+                    let input_field = Arc::clone(&current.fields()[input]);
+                    let name = m.output();
+                    let params = m.values();
+                    let field = op.output_field(current.field(input), &params, name)?;
+                    let output = current.index_of(name).ok();
+                    let mut fields: Vec<_> = current.fields().iter().cloned().collect();
+                    match output {
+                        Some(i) => fields[i] = Arc::new(field),
+                        None => fields.push(Arc::new(field)),
+                    }
+                    current = Arc::new(arrow::datatypes::Schema::new(fields));
+                    stages.push(RowStage::Map {
+                        op,
+                        input,
+                        input_field,
+                        params,
+                        output,
+                        schema: Arc::clone(&current),
+                        seed: stage_seed(seed, i),
+                    });
+                }
+                other => {
+                    return Err(ClientError::Invalid(format!("{other:?} is not a row-wise step")));
+                }
+            }
+        }
+        Ok(Self {
+            stages,
+            schema: current,
+            resources,
+        })
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    /// Applies every step to `batch`; `key` identifies the batch (its index in the epoch).
+    pub fn apply(&self, mut batch: RecordBatch, key: u64) -> Result<RecordBatch> {
+        for stage in &self.stages {
+            batch = match stage {
+                RowStage::Select(indices) => batch.project(indices)?,
+                RowStage::Map {
+                    op,
+                    input,
+                    input_field,
+                    params,
+                    output,
+                    schema,
+                    seed,
+                } => MapCall {
+                    op: *op,
+                    input: *input,
+                    input_field,
+                    params,
+                    output: *output,
+                    schema,
+                }
+                .apply(&batch, mix(*seed, key), self.resources.as_ref())?,
+            };
+        }
+        Ok(batch)
     }
 }

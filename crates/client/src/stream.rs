@@ -29,6 +29,30 @@ pub struct StreamOptions {
     pub max_retries: usize,
     /// Wait before the first retry; doubles after each.
     pub retry_backoff: Duration,
+    /// How batches of in-flight shards are merged.
+    pub order: Order,
+}
+
+/// The merge order of a [`ShardStream`]; either way a function of the shards alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// One batch from each in-flight shard in turn: mixes shards, but the sequence depends
+    /// on `concurrency`.
+    #[default]
+    RoundRobin,
+    /// Shard after shard: `concurrency` only prefetches, the sequence never changes.
+    Sequential,
+}
+
+/// A part of one endpoint: skip its first `skip` rows, then deliver `take` rows (all when
+/// `None`).
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub endpoint: arrow_flight::FlightEndpoint,
+    /// The endpoint's position in its FlightInfo, for errors.
+    pub index: usize,
+    pub skip: u64,
+    pub take: Option<u64>,
 }
 
 impl Default for StreamOptions {
@@ -38,6 +62,7 @@ impl Default for StreamOptions {
             buffered_batches: 2,
             max_retries: 3,
             retry_backoff: Duration::from_millis(100),
+            order: Order::RoundRobin,
         }
     }
 }
@@ -76,7 +101,7 @@ impl Drop for AbortOnDrop {
 pub struct ShardStream {
     client: PushdownClient,
     schema: SchemaRef,
-    pending: VecDeque<(usize, arrow_flight::FlightEndpoint)>,
+    pending: VecDeque<Segment>,
     active: VecDeque<Active>,
     options: StreamOptions,
     totals: Arc<Mutex<StreamTotals>>,
@@ -94,11 +119,33 @@ impl std::fmt::Debug for ShardStream {
 
 impl ShardStream {
     pub(crate) fn start(client: PushdownClient, info: &FlightInfo, options: StreamOptions) -> Result<Self> {
+        let segments = info
+            .endpoint
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(index, endpoint)| Segment {
+                endpoint,
+                index,
+                skip: 0,
+                take: None,
+            })
+            .collect();
+        Self::segments(client, info, segments, options)
+    }
+
+    /// Streams `segments` (parts of `info`'s endpoints) in the given order.
+    pub(crate) fn segments(
+        client: PushdownClient,
+        info: &FlightInfo,
+        segments: Vec<Segment>,
+        options: StreamOptions,
+    ) -> Result<Self> {
         let schema = Arc::new(info.clone().try_decode_schema()?);
         Ok(Self {
             client,
             schema,
-            pending: info.endpoint.iter().cloned().enumerate().collect(),
+            pending: segments.into(),
             active: VecDeque::new(),
             options,
             totals: Arc::default(),
@@ -120,14 +167,13 @@ impl ShardStream {
     }
 
     fn start_next(&mut self) {
-        let Some((index, endpoint)) = self.pending.pop_front() else {
+        let Some(segment) = self.pending.pop_front() else {
             return;
         };
         let (tx, rx) = mpsc::channel(self.options.buffered_batches.max(1));
         let task = tokio::spawn(run_endpoint(
             self.client.clone(),
-            index,
-            endpoint,
+            segment,
             tx,
             self.options.clone(),
             Arc::clone(&self.totals),
@@ -156,7 +202,9 @@ impl Stream for ShardStream {
             match front.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(batch))) => {
                     // Round-robin: this shard goes to the back of the line.
-                    if let Some(a) = self.active.pop_front() {
+                    if self.options.order == Order::RoundRobin
+                        && let Some(a) = self.active.pop_front()
+                    {
                         self.active.push_back(a);
                     }
                     let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
@@ -204,13 +252,13 @@ fn retryable(code: Code) -> bool {
 /// Streams one endpoint into `tx`, resuming after failures from the last delivered row.
 async fn run_endpoint(
     client: PushdownClient,
-    index: usize,
-    endpoint: arrow_flight::FlightEndpoint,
+    segment: Segment,
     tx: mpsc::Sender<Result<RecordBatch>>,
     options: StreamOptions,
     totals: Arc<Mutex<StreamTotals>>,
 ) {
-    let Some(ticket) = endpoint.ticket else {
+    let index = segment.index;
+    let Some(ticket) = segment.endpoint.ticket else {
         let _ = tx
             .send(Err(ClientError::Invalid(format!(
                 "endpoint {index} has no ticket"
@@ -218,7 +266,9 @@ async fn run_endpoint(
             .await;
         return;
     };
-    let mut delivered = 0u64;
+    // Rows of the endpoint delivered (or skipped) so far, and where to stop.
+    let mut delivered = segment.skip;
+    let end = segment.take.map(|t| segment.skip + t);
     let mut attempt = 0usize;
     let mut backoff = options.retry_backoff;
     loop {
@@ -249,7 +299,10 @@ async fn run_endpoint(
             bytes,
             &tx,
             &totals,
-            &mut delivered,
+            Progress {
+                delivered: &mut delivered,
+                end,
+            },
         )
         .await
         {
@@ -280,6 +333,12 @@ async fn run_endpoint(
     }
 }
 
+/// Rows of an endpoint delivered so far (counting skipped ones), and where to stop.
+struct Progress<'a> {
+    delivered: &'a mut u64,
+    end: Option<u64>,
+}
+
 enum Fetch {
     ConsumerGone,
     Status(tonic::Status),
@@ -294,8 +353,12 @@ async fn fetch(
     ticket: bytes::Bytes,
     tx: &mpsc::Sender<Result<RecordBatch>>,
     totals: &Arc<Mutex<StreamTotals>>,
-    delivered: &mut u64,
+    progress: Progress<'_>,
 ) -> Result<(), Fetch> {
+    let Progress { delivered, end } = progress;
+    if end.is_some_and(|e| *delivered >= e) {
+        return Ok(());
+    }
     let (_, flight) = client.server(server);
     let response = flight
         .clone()
@@ -337,12 +400,22 @@ async fn fetch(
             }
         };
         match decoded.payload {
-            DecodedPayload::RecordBatch(batch) => {
+            DecodedPayload::RecordBatch(mut batch) => {
+                if let Some(end) = end {
+                    let left = end - *delivered;
+                    if (batch.num_rows() as u64) > left {
+                        batch = batch.slice(0, left as usize);
+                    }
+                }
                 let rows = batch.num_rows() as u64;
                 if tx.send(Ok(batch)).await.is_err() {
                     return Err(Fetch::ConsumerGone);
                 }
                 *delivered += rows;
+                if end.is_some_and(|e| *delivered >= e) {
+                    // The rest of the shard is not ours: dropping the response cancels it.
+                    return Ok(());
+                }
             }
             DecodedPayload::None | DecodedPayload::Schema(_) => {}
         }

@@ -149,11 +149,7 @@ pub fn plan(pipeline: &Pipeline, schema: &Schema) -> Result<Plan, PlanError> {
 }
 
 /// [`plan`], with at most `max_server_ops` map steps pushed to the server.
-pub(crate) fn plan_limited(
-    pipeline: &Pipeline,
-    schema: &Schema,
-    max_server_ops: usize,
-) -> Result<Plan, PlanError> {
+pub fn plan_limited(pipeline: &Pipeline, schema: &Schema, max_server_ops: usize) -> Result<Plan, PlanError> {
     let steps = pipeline.steps();
     validate(steps, schema)?;
     let (steps, hoisted) = hoist(steps);

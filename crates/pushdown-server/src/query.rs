@@ -247,6 +247,25 @@ impl Engine {
 
     /// `DoGet`: checks the ticket against the catalog and builds its physical plan.
     pub async fn open(&self, ticket: &ShardTicket) -> Result<Opened> {
+        let (ctx, df, row_groups) = self.dataframe_for(ticket).await?;
+        let plan = df.create_physical_plan().await?;
+        Ok(Opened {
+            plan,
+            ctx,
+            row_groups,
+        })
+    }
+
+    /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
+    /// the filter's columns are read, and none at all when statistics answer.
+    pub async fn count(&self, ticket: &ShardTicket) -> Result<u64> {
+        let (_ctx, df, _) = self.dataframe_for(ticket).await?;
+        let n = df.count().await? as u64;
+        Ok(n.saturating_sub(ticket.skip_rows))
+    }
+
+    /// The ticket's query as a DataFrame over its shard (or the whole catalog), checked.
+    async fn dataframe_for(&self, ticket: &ShardTicket) -> Result<(SessionContext, DataFrame, u64)> {
         let datasets = self.catalog.datasets().await?;
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
@@ -281,12 +300,8 @@ impl Engine {
                         "the ticket's query is not row-wise over its shard's dataset".into(),
                     ));
                 }
-                let plan = df.create_physical_plan().await?;
-                Ok(Opened {
-                    plan,
-                    ctx,
-                    row_groups: u64::from(shard.row_groups.end - shard.row_groups.start),
-                })
+                let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
+                Ok((ctx, df, row_groups))
             }
             None => {
                 let ctx = self.session(self.config.cpu_threads);
@@ -304,12 +319,7 @@ impl Engine {
                         .sum::<u64>();
                 }
                 let df = dataframe(&ctx, &ticket.request.query).await?;
-                let plan = df.create_physical_plan().await?;
-                Ok(Opened {
-                    plan,
-                    ctx,
-                    row_groups,
-                })
+                Ok((ctx, df, row_groups))
             }
         }
     }

@@ -256,6 +256,19 @@ impl PushdownService {
                     .map_err(|e| ServerError::Internal(format!("profile task: {e}")))??;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
             }
+            "count" => {
+                let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
+                let state = Arc::clone(&self.state);
+                let task = self
+                    .state
+                    .cpu
+                    .spawn(async move { state.engine.count(&ticket).await });
+                let n = task
+                    .join()
+                    .await
+                    .map_err(|e| ServerError::Internal(format!("count task: {e}")))??;
+                Ok(vec![arrow_flight::Result::new(n.to_string())])
+            }
             "tokenizer" => {
                 let name = std::str::from_utf8(&action.body).map_err(|_| {
                     ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
@@ -293,7 +306,7 @@ impl PushdownService {
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
 
-const ACTIONS: [(&str, &str); 4] = [
+const ACTIONS: [(&str, &str); 5] = [
     ("health", "Returns `ok` when the server is serving"),
     (
         "explain",
@@ -303,6 +316,11 @@ const ACTIONS: [(&str, &str); 4] = [
         "profile",
         "Body: a ScanRequest with a fragment. Runs it on a sample; returns a pushdown.v1.Profile \
          (selectivity, scan ns/row, bytes per column, per op bytes in/out and ns/row)",
+    ),
+    (
+        "count",
+        "Body: a ticket. Returns (as decimal text) how many rows its DoGet would stream, reading only \
+         the filter's columns",
     ),
     (
         "tokenizer",

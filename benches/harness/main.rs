@@ -1,0 +1,254 @@
+//! The benchmark harness: real servers over real, bandwidth-limited links.
+//!
+//! ```text
+//! cargo run --release -p pushdown-benches --bin harness -- [--quick] placement
+//! ```
+//!
+//! Datasets are generated once into `--data` (default `target/bench-data`, reused when
+//! present). Links are veth pairs into a network namespace shaped with `tc tbf` (root and
+//! iproute2), falling back to a pacing TCP proxy on loopback. Each suite prints its table
+//! and replaces its own section of `benches/RESULTS.md`.
+
+mod link;
+mod placement;
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_client::PushdownClient;
+
+#[derive(Debug, Parser)]
+#[command(about = "pushdown benchmarks over bandwidth-limited links")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every legal placement of three pipelines over fixed-bandwidth links, against the
+    /// planner's choice.
+    Placement {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Internal: a server for a benchmark (started by the harness, possibly in a namespace).
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Small datasets and one repetition: minutes, for checking the harness.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where datasets are generated (reused when present).
+    #[arg(long, default_value = "target/bench-data")]
+    pub data: PathBuf,
+    /// Use the pacing proxy even where network namespaces are available.
+    #[arg(long)]
+    pub proxy: bool,
+    /// Repetitions of each cell (the best is kept); default 1 with --quick, else 2.
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// The Markdown file whose section this run replaces.
+    #[arg(long, default_value = "benches/RESULTS.md")]
+    pub results: PathBuf,
+    #[arg(skip)]
+    pub reps_resolved: usize,
+}
+
+impl Options {
+    fn resolve(mut self) -> Self {
+        self.reps_resolved = self.reps.unwrap_or(if self.quick { 1 } else { 2 }).max(1);
+        self
+    }
+}
+
+/// The generated datasets of a run.
+#[derive(Debug)]
+pub struct Datasets {
+    pub root: PathBuf,
+    pub rows: Vec<(Kind, usize, u64)>,
+}
+
+fn datasets(options: &Options) -> Result<Datasets> {
+    let sizes: [(Kind, usize); 3] = if options.quick {
+        [
+            (Kind::Images, 2048),
+            (Kind::Clicks, 24 * 16 * 1024),
+            (Kind::Text, 8192),
+        ]
+    } else {
+        [
+            (Kind::Images, 8192),
+            (Kind::Clicks, 24 * 64 * 1024),
+            (Kind::Text, 32 * 1024),
+        ]
+    };
+    let root = options.data.join(if options.quick { "quick" } else { "full" });
+    let mut rows = Vec::new();
+    for (kind, n) in sizes {
+        let dir = root.join(kind.name());
+        let stamp = dir.join(format!("_rows_{n}"));
+        if !stamp.exists() {
+            eprintln!("generating {} ({n} rows) in {}", kind.name(), dir.display());
+            let mut gen_options = GenOptions::new(kind, n);
+            gen_options.progress = true;
+            generate(&gen_options, &dir)?;
+            std::fs::write(&stamp, b"")?;
+        }
+        let bytes = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+            .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+            .sum();
+        rows.push((kind, n, bytes));
+    }
+    Ok(Datasets { root, rows })
+}
+
+/// A link at `rate` bits/s: a shaped veth into a namespace, else the pacing proxy (whose
+/// upstream is set once the server is up).
+pub async fn make_link(rate: u64, options: &Options) -> Result<link::Link> {
+    if !options.proxy {
+        match link::Link::netns(rate) {
+            Ok(l) => return Ok(l),
+            Err(e) => eprintln!("network namespaces unavailable ({e:#}); using the pacing proxy"),
+        }
+    }
+    Ok(link::Link::pending_proxy(rate))
+}
+
+/// Connects, waiting for a just-started server.
+pub async fn connect(url: &str) -> Result<PushdownClient> {
+    let mut last = None;
+    for _ in 0..100 {
+        match PushdownClient::connect(&[url]).await {
+            Ok(c) => match c.action("health", bytes::Bytes::new()).await {
+                Ok(_) => return Ok(c),
+                Err(e) => last = Some(anyhow::Error::from(e)),
+            },
+            Err(e) => last = Some(anyhow::Error::from(e)),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last
+        .unwrap_or_else(|| anyhow::anyhow!("no server"))
+        .context(format!("connecting to {url}")))
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({cpu}), Linux {}", std::env::consts::ARCH)
+}
+
+/// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in `path`,
+/// appending the section when it is not there yet.
+fn write_section(path: &Path, name: &str, body: &str) -> Result<()> {
+    let (begin, end) = (format!("<!-- {name}:begin -->"), format!("<!-- {name}:end -->"));
+    let current = std::fs::read_to_string(path).unwrap_or_default();
+    let section = format!("{begin}\n{body}{end}");
+    let next = match (current.find(&begin), current.find(&end)) {
+        (Some(a), Some(b)) if b > a => format!("{}{section}{}", &current[..a], &current[b + end.len()..]),
+        _ => format!("{}\n{section}\n", current.trim_end()),
+    };
+    std::fs::write(path, next).with_context(|| format!("writing {}", path.display()))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if let Command::Serve {
+        data,
+        listen,
+        threads,
+    } = args.command
+    {
+        return serve(&data, listen, threads);
+    }
+    let Command::Placement { options } = args.command else {
+        unreachable!("serve returned above");
+    };
+    let options = options.resolve();
+    // The trainer side gets CPU 1; servers are started on CPU 0.
+    let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let data = datasets(&options)?;
+        let rates: &[u64] = &[100_000_000, 1_000_000_000];
+        let cells = placement::measure(&options, &data, rates).await?;
+        let (table, ok) = placement::report(&cells);
+        let command = format!(
+            "cargo run --release -p pushdown-benches --bin harness -- placement{}",
+            if options.quick { " --quick" } else { "" }
+        );
+        let sizes: Vec<String> = data
+            .rows
+            .iter()
+            .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_cli::run::bytes(*b)))
+            .collect();
+        let body = format!(
+            "## Placement: the planner's choice against every legal placement\n\n\
+             Command: `{command}`  \nMachine: {}; server pinned to CPU 0 with 1 thread, trainer to CPU 1{} \
+             (the planner is told: 1 server core, 1 trainer core, the link's rate).  \nData: {}.  \n\
+             Each cell runs the pipeline to the end; rows/s is the best of {} run(s); bytes are counted on the link.\n\n{table}\n\
+             Target: the planner's choice within 10% of the best measured placement on every pipeline and link: **{}**.\n\n",
+            machine(),
+            if pinned { "" } else { " (pinning unavailable: shared cores)" },
+            sizes.join(", "),
+            options.reps_resolved,
+            if ok { "met" } else { "missed" }
+        );
+        println!("{body}");
+        write_section(&options.results, "placement", &body)?;
+        Ok(())
+    })
+}
+
+/// `harness serve`: a server with `threads` CPU threads over `data`; prints its address.
+fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = pushdown_server::open_store(&data.to_string_lossy())?;
+        let config = pushdown_server::ServerConfig {
+            cpu_threads: threads,
+            ..pushdown_server::ServerConfig::default()
+        };
+        let server = pushdown_server::Server::builder(store)
+            .config(config)
+            .open()
+            .await?;
+        let running = server.spawn(listen).await?;
+        println!("listening on {}", running.addr());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,111 @@
+//! Server processes of a benchmark, and CPU/memory accounting from `/proc`.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+/// Clock ticks per second of `/proc/*/stat` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+/// CPU seconds (user + system) process `pid` has used, all threads.
+pub fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / TICKS)
+}
+
+/// Peak resident set size of `pid` in bytes (`VmHWM`).
+pub fn peak_rss(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets `pid`'s peak RSS to its current RSS (Linux ≥ 4.0: write 5 to clear_refs).
+pub fn reset_peak_rss(pid: &str) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
+/// Pins every thread of this process to `cpus` (e.g. "1"), so threads it creates inherit it.
+pub fn pin_self(cpus: &str) -> bool {
+    Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A `harness serve` child process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// Starts `harness serve` over `data`, in `namespace` when given, pinned to `cpus`.
+    pub fn start(
+        data: &Path,
+        listen: &str,
+        threads: usize,
+        namespace: Option<&str>,
+        cpus: Option<&str>,
+    ) -> Result<Self> {
+        let exe = std::env::current_exe().context("locating the harness binary")?;
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(ns) = namespace {
+            argv.extend(["ip", "netns", "exec", ns].map(String::from));
+        }
+        if let Some(c) = cpus {
+            argv.extend(["taskset", "-c", c].map(String::from));
+        }
+        argv.push(exe.to_string_lossy().into_owned());
+        argv.extend([
+            "serve".to_owned(),
+            "--data".to_owned(),
+            data.to_string_lossy().into_owned(),
+            "--listen".to_owned(),
+            listen.to_owned(),
+            "--threads".to_owned(),
+            threads.to_string(),
+        ]);
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", argv.join(" ")))?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            bail!("server did not start: {line:?}");
+        };
+        let addr = addr.parse().with_context(|| format!("server address {addr:?}"))?;
+        Ok(Self { child, addr })
+    }
+
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(&self.pid()).unwrap_or(f64::NAN)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

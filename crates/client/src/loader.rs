@@ -1,0 +1,762 @@
+//! The trainer's loader: a reproducible, resumable, rank-partitioned sequence of batches.
+//!
+//! ```text
+//!  shards (endpoints) ── count action: exact rows after the filter, per shard
+//!     │ epoch e: shards permuted by (seed, e); their rows concatenated: N rows
+//!     │ rank r of W: rows [r·L, (r+1)·L), L = ⌊N/W⌋ (drop_last) or ⌈N/W⌉ (wrapping pad)
+//!     ▼
+//!  ShardStream (Sequential: prefetches `concurrency` shards, never reorders)
+//!     │ windows of S rows, each permuted by (seed, e, r, window)
+//!     │ batches of B rows; batch b's random ops draw from (seed, e, r, b) and the row
+//!     ▼
+//!  `workers` blocking threads: client ops + tensors ── bounded queue of `prefetch` ──▶ next()
+//! ```
+//!
+//! Every choice is a function of (seed, epoch, rank, world size): never of timing, the
+//! number of streams in flight, or which server answered. So the state to resume from is
+//! just (epoch, batches delivered): a restored loader seeks to the window holding its next
+//! row (one window is re-read), permutes it the same way, and carries on.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use arrow_flight::FlightInfo;
+use futures::{StreamExt, TryStreamExt};
+use pushdown_planner::{Pipeline, Step};
+use pushdown_protocol::{Query, ScanRequest};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::mpsc;
+
+use crate::steps::{RowSteps, mix};
+use crate::stream::{Order, Segment, ShardStream};
+use crate::{ClientError, Link, PushdownClient, Result, StreamOptions, costed_plan};
+
+/// What the loader reads.
+#[derive(Debug, Clone)]
+pub enum LoaderSource {
+    /// A row-wise SQL query (projection and filter over one dataset, server ops allowed).
+    Sql(String),
+    /// A pipeline: the planner places its ops; its shuffle and batch steps set the loader's
+    /// shuffle window and batch size unless the options do.
+    Pipeline(Pipeline),
+}
+
+/// How the loader orders, partitions and batches.
+#[derive(Debug, Clone)]
+pub struct LoaderOptions {
+    /// Rows per batch (default: the pipeline's batch step, else 256).
+    pub batch_size: Option<usize>,
+    /// Rows per shuffle window (default: the pipeline's shuffle step, else 1: no shuffle).
+    pub shuffle_buffer: Option<usize>,
+    pub seed: u64,
+    pub rank: usize,
+    pub world_size: usize,
+    /// Epochs to iterate.
+    pub epochs: usize,
+    /// Drop the rows that do not fill a batch (and those that would make ranks unequal);
+    /// otherwise ranks are padded by wrapping around the epoch, as `DistributedSampler`.
+    pub drop_last: bool,
+    /// Batches prepared ahead of the consumer.
+    pub prefetch: usize,
+    /// Threads that run client-side ops and build tensors.
+    pub workers: usize,
+    pub stream: StreamOptions,
+    /// For placing a pipeline's ops.
+    pub link: Link,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: None,
+            shuffle_buffer: None,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            epochs: 1,
+            drop_last: false,
+            prefetch: 4,
+            workers: 2,
+            stream: StreamOptions::default(),
+            link: Link::bandwidth(1e9 / 8.0),
+        }
+    }
+}
+
+/// One column of a batch: a contiguous tensor where the layout allows, else Arrow.
+#[derive(Debug, Clone)]
+pub enum Column {
+    /// Row-major values of a primitive type; `shape[0]` is the batch's rows.
+    Tensor { shape: Vec<usize>, values: ArrayRef },
+    /// Variable-length or nullable values, as Arrow.
+    Arrow(ArrayRef),
+}
+
+/// A batch as a trainer consumes it.
+#[derive(Debug, Clone)]
+pub struct TensorBatch {
+    pub rows: usize,
+    pub columns: Vec<(String, Column)>,
+    /// The batch's index in its epoch, and the epoch.
+    pub index: u64,
+    pub epoch: u64,
+}
+
+impl TensorBatch {
+    /// Fixed-shape, null-free primitive columns (scalars, `FixedSizeList`s with their
+    /// `pushdown.shape`) become tensors; everything else stays Arrow.
+    pub fn from_record_batch(batch: &RecordBatch, epoch: u64, index: u64) -> Self {
+        let rows = batch.num_rows();
+        let columns = batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(field, array)| (field.name().clone(), to_column(field, array, rows)))
+            .collect();
+        Self {
+            rows,
+            columns,
+            index,
+            epoch,
+        }
+    }
+
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+    }
+}
+
+fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> Column {
+    if array.null_count() > 0 {
+        return Column::Arrow(Arc::clone(array));
+    }
+    match array.data_type() {
+        t if t.is_primitive() => Column::Tensor {
+            shape: vec![rows],
+            values: Arc::clone(array),
+        },
+        DataType::FixedSizeList(item, n) if item.data_type().is_primitive() => {
+            let list = array.as_fixed_size_list();
+            let n = *n as usize;
+            let values = list.values();
+            let values = if values.len() == rows * n {
+                Arc::clone(values)
+            } else {
+                values.slice(list.offset() * n, rows * n)
+            };
+            if values.null_count() > 0 {
+                return Column::Arrow(Arc::clone(array));
+            }
+            let dims: Option<Vec<usize>> = field
+                .metadata()
+                .get(pushdown_ops::SHAPE_METADATA_KEY)
+                .and_then(|s| s.split(',').map(|d| d.trim().parse().ok()).collect());
+            let mut shape = vec![rows];
+            match dims {
+                Some(d) if d.iter().product::<usize>() == n => shape.extend(d),
+                _ => shape.push(n),
+            }
+            Column::Tensor { shape, values }
+        }
+        _ => Column::Arrow(Arc::clone(array)),
+    }
+}
+
+/// Where a loader is: the next batch is batch `batches` of epoch `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoaderState {
+    /// Identifies the query, shards, seed, rank, world size and batching the state belongs to.
+    pub fingerprint: u64,
+    pub epoch: u64,
+    pub batches: u64,
+}
+
+const STATE_MAGIC: &[u8; 4] = b"PDL1";
+
+impl LoaderState {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = STATE_MAGIC.to_vec();
+        for v in [self.fingerprint, self.epoch, self.batches] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad =
+            || ClientError::Invalid("not a pushdown loader state (expected 28 bytes starting PDL1)".into());
+        if bytes.len() != 28 || &bytes[..4] != STATE_MAGIC {
+            return Err(bad());
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[4 + 8 * i..12 + 8 * i]);
+            u64::from_le_bytes(b)
+        };
+        Ok(Self {
+            fingerprint: word(0),
+            epoch: word(1),
+            batches: word(2),
+        })
+    }
+}
+
+/// What the consumer experienced.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoaderStats {
+    pub batches: u64,
+    pub rows: u64,
+    /// Time spent inside `next` waiting for a batch.
+    pub waited: Duration,
+    /// Time since the first `next`.
+    pub elapsed: Duration,
+}
+
+impl LoaderStats {
+    /// The fraction of the consumer's time spent waiting for data.
+    pub fn wait_fraction(&self) -> f64 {
+        self.waited.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Everything fixed for the loader's life.
+#[derive(Debug)]
+struct Shared {
+    client: PushdownClient,
+    info: FlightInfo,
+    /// Rows each endpoint streams (after the filter).
+    counts: Vec<u64>,
+    steps: RowSteps,
+    batch_size: usize,
+    window: usize,
+    options: LoaderOptions,
+    fingerprint: u64,
+}
+
+/// Batches for one rank, epoch after epoch. Iterating blocks the calling thread only while
+/// no prepared batch is ready; the network and client ops run on the loader's own threads.
+pub struct Loader {
+    runtime: Option<tokio::runtime::Runtime>,
+    shared: Arc<Shared>,
+    epoch: u64,
+    batches: u64,
+    rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
+    producer: Option<tokio::task::JoinHandle<()>>,
+    stats: LoaderStats,
+    started: Option<Instant>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("epoch", &self.epoch)
+            .field("batches", &self.batches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread.
+    pub fn new<S: AsRef<str>>(servers: &[S], source: LoaderSource, options: LoaderOptions) -> Result<Self> {
+        if options.world_size == 0 || options.rank >= options.world_size {
+            return Err(ClientError::Invalid(format!(
+                "rank {} is not in 0..{}",
+                options.rank, options.world_size
+            )));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(options.workers.max(1))
+            .thread_name("pushdown-loader")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
+        let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let shared = runtime.block_on(prepare(servers, source, options))?;
+        Ok(Self {
+            runtime: Some(runtime),
+            shared: Arc::new(shared),
+            epoch: 0,
+            batches: 0,
+            rx: None,
+            producer: None,
+            stats: LoaderStats::default(),
+            started: None,
+            failed: false,
+        })
+    }
+
+    /// The schema of the batches' columns.
+    pub fn schema(&self) -> SchemaRef {
+        self.shared.steps.schema()
+    }
+
+    /// Rows each rank gets per epoch, and batches per epoch.
+    pub fn epoch_len(&self) -> (u64, u64) {
+        let n: u64 = self.shared.counts.iter().sum();
+        let (rows, _) = rank_range(n, &self.shared.options);
+        (
+            rows,
+            batches_in(rows, self.shared.batch_size as u64, self.shared.options.drop_last),
+        )
+    }
+
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            fingerprint: self.shared.fingerprint,
+            epoch: self.epoch,
+            batches: self.batches,
+        }
+    }
+
+    /// Continues from `state`: the next batch is the one the saved loader would have given.
+    pub fn restore(&mut self, state: LoaderState) -> Result<()> {
+        if state.fingerprint != self.shared.fingerprint {
+            return Err(ClientError::Invalid(
+                "the state belongs to another query, seed, rank, world size or batching".into(),
+            ));
+        }
+        self.stop_producer();
+        self.epoch = state.epoch;
+        self.batches = state.batches;
+        self.failed = false;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> LoaderStats {
+        let mut s = self.stats;
+        s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
+        s
+    }
+
+    fn stop_producer(&mut self) {
+        self.rx = None;
+        if let Some(p) = self.producer.take() {
+            p.abort();
+        }
+    }
+
+    fn start_producer(&mut self) {
+        let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
+        let shared = Arc::clone(&self.shared);
+        let (epoch, first) = (self.epoch, self.batches);
+        let Some(runtime) = &self.runtime else { return };
+        let handle = runtime.spawn(async move {
+            if let Err(e) = produce(shared, epoch, first, tx.clone()).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        self.rx = Some(rx);
+        self.producer = Some(handle);
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<TensorBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.started.get_or_insert_with(Instant::now);
+        if self.failed {
+            return None;
+        }
+        loop {
+            if self.epoch >= self.shared.options.epochs as u64 {
+                return None;
+            }
+            if self.rx.is_none() {
+                self.start_producer();
+            }
+            let rx = self.rx.as_mut()?;
+            let start = Instant::now();
+            let got = rx.blocking_recv();
+            self.stats.waited += start.elapsed();
+            match got {
+                Some(Ok(batch)) => {
+                    self.batches += 1;
+                    self.stats.batches += 1;
+                    self.stats.rows += batch.rows as u64;
+                    return Some(Ok(batch));
+                }
+                Some(Err(e)) => {
+                    self.failed = true;
+                    self.stop_producer();
+                    return Some(Err(e));
+                }
+                None => {
+                    self.stop_producer();
+                    self.epoch += 1;
+                    self.batches = 0;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.stop_producer();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOptions) -> Result<Shared> {
+    let client = PushdownClient::connect(&servers).await?;
+    let (request, steps, dataset, batch_step, shuffle_step) = match &source {
+        LoaderSource::Sql(sql) => {
+            let request = ScanRequest::new(Query::Sql(sql.clone()));
+            (request, Vec::new(), None, None, None)
+        }
+        LoaderSource::Pipeline(pipeline) => {
+            let schema = client.dataset_schema(&pipeline.dataset).await?;
+            let plan = costed_plan(&client, pipeline, &schema, options.link).await?.plan;
+            let (mut batch, mut shuffle) = (None, None);
+            let mut row_steps = Vec::new();
+            for step in &plan.client_steps {
+                match step {
+                    Step::Batch { size, .. } => batch = Some(*size),
+                    Step::Shuffle { buffer } => shuffle = Some(*buffer),
+                    other => row_steps.push(other.clone()),
+                }
+            }
+            let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+            (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
+        }
+    };
+    let info = client.plan(&request).await?;
+    if info.endpoint.is_empty() && info.total_records != 0 {
+        return Err(ClientError::Invalid(
+            "the loader needs a row-wise query (projection and filter over one dataset)".into(),
+        ));
+    }
+    let counts: Vec<u64> = futures::stream::iter(info.endpoint.iter().map(|e| {
+        let client = client.clone();
+        let ticket = e.ticket.clone();
+        async move {
+            let ticket = ticket.ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
+            let body = client.action("count", ticket.ticket).await?;
+            let text = body
+                .first()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            text.trim()
+                .parse::<u64>()
+                .map_err(|_| ClientError::Invalid(format!("bad count `{text}`")))
+        }
+    }))
+    .buffered(16)
+    .try_collect()
+    .await?;
+    let resources: Arc<dyn pushdown_ops::Resources> = match &dataset {
+        Some(d) => Arc::new(client.resources_for(&steps, d).await?),
+        None => Arc::new(pushdown_ops::NoResources),
+    };
+    let schema = Arc::new(info.clone().try_decode_schema()?);
+    let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
+    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
+    let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
+    let fingerprint = fingerprint(&request, &counts, &options, batch_size, window);
+    Ok(Shared {
+        client,
+        info,
+        counts,
+        steps,
+        batch_size,
+        window,
+        options,
+        fingerprint,
+    })
+}
+
+/// FNV-1a over what the sample sequence depends on: stable across processes and versions.
+fn fingerprint(request: &ScanRequest, counts: &[u64], o: &LoaderOptions, batch: usize, window: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(&request.encode());
+    for c in counts {
+        eat(&c.to_le_bytes());
+    }
+    for v in [
+        o.seed,
+        o.rank as u64,
+        o.world_size as u64,
+        batch as u64,
+        window as u64,
+        u64::from(o.drop_last),
+    ] {
+        eat(&v.to_le_bytes());
+    }
+    h
+}
+
+/// Rows per rank and the first of rank `r`'s rows in the (wrapping) epoch sequence.
+fn rank_range(n: u64, o: &LoaderOptions) -> (u64, u64) {
+    let w = o.world_size as u64;
+    let per_rank = if o.drop_last { n / w } else { n.div_ceil(w) };
+    (per_rank, o.rank as u64 * per_rank)
+}
+
+fn batches_in(rows: u64, batch: u64, drop_last: bool) -> u64 {
+    if drop_last {
+        rows / batch
+    } else {
+        rows.div_ceil(batch)
+    }
+}
+
+/// Epoch `epoch`'s shard order.
+fn shard_order(seed: u64, epoch: u64, shards: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..shards).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(mix(seed, epoch)));
+    order
+}
+
+/// The parts of shards holding positions `[start, end)` of the epoch sequence (wrapping).
+fn segments(counts: &[u64], order: &[usize], start: u64, end: u64) -> Vec<(usize, u64, u64)> {
+    let n: u64 = counts.iter().sum();
+    let mut out = Vec::new();
+    if n == 0 {
+        return out;
+    }
+    let mut pos = start;
+    while pos < end {
+        let mut g = pos % n;
+        for &shard in order {
+            let c = counts[shard];
+            if g < c {
+                let take = (c - g).min(end - pos);
+                out.push((shard, g, take));
+                pos += take;
+                break;
+            }
+            g -= c;
+        }
+    }
+    out
+}
+
+fn window_rng(shared: &Shared, epoch: u64, window: u64) -> ChaCha8Rng {
+    let o = &shared.options;
+    ChaCha8Rng::seed_from_u64(mix(mix(mix(o.seed, epoch), o.rank as u64 + 1), window))
+}
+
+fn batch_key(shared: &Shared, epoch: u64, batch: u64) -> u64 {
+    let o = &shared.options;
+    mix(mix(mix(o.seed ^ 0x5EED, epoch), o.rank as u64), batch)
+}
+
+/// Produces batches `first..` of `epoch` into `tx`.
+async fn produce(
+    shared: Arc<Shared>,
+    epoch: u64,
+    first: u64,
+    tx: mpsc::Sender<Result<TensorBatch>>,
+) -> Result<()> {
+    let (b, s) = (shared.batch_size as u64, shared.window as u64);
+    let n: u64 = shared.counts.iter().sum();
+    let (per_rank, rank_start) = rank_range(n, &shared.options);
+    let total_batches = batches_in(per_rank, b, shared.options.drop_last);
+    if first >= total_batches {
+        return Ok(());
+    }
+    // Seek: to the window holding the first row of batch `first`.
+    let skip = first * b;
+    let mut window = skip / s;
+    let mut drop_rows = (skip - window * s) as usize;
+    let order = shard_order(shared.options.seed, epoch, shared.counts.len());
+    let parts = segments(
+        &shared.counts,
+        &order,
+        rank_start + window * s,
+        rank_start + per_rank,
+    );
+    let segments: Vec<Segment> = parts
+        .into_iter()
+        .map(|(shard, skip, take)| Segment {
+            endpoint: shared.info.endpoint[shard].clone(),
+            index: shard,
+            skip,
+            take: Some(take),
+        })
+        .collect();
+    let mut options = shared.options.stream.clone();
+    options.order = Order::Sequential;
+    let mut stream = ShardStream::segments(shared.client.clone(), &shared.info, segments, options)?;
+    let schema = stream.schema();
+
+    let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window
+    let mut pending_rows = 0usize;
+    let mut shuffled: VecDeque<RecordBatch> = VecDeque::new(); // permuted rows, not yet batched
+    let mut shuffled_rows = 0usize;
+    let mut next_batch = first;
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    let workers = shared.options.workers.max(1);
+    let mut done = false;
+    loop {
+        if !done {
+            match stream.next().await {
+                Some(batch) => {
+                    let batch = batch?;
+                    pending_rows += batch.num_rows();
+                    pending.push_back(batch);
+                }
+                None => done = true,
+            }
+        }
+        // Full windows (or the last one) are permuted and queued for batching.
+        while pending_rows >= shared.window || (done && pending_rows > 0) {
+            let take = pending_rows.min(shared.window);
+            let rows = take_rows(&schema, &mut pending, take)?;
+            pending_rows -= take;
+            let mut idx: Vec<u32> = (0..take as u32).collect();
+            idx.shuffle(&mut window_rng(&shared, epoch, window));
+            window += 1;
+            let mut permuted = arrow::compute::take_record_batch(&rows, &UInt32Array::from(idx))?;
+            if drop_rows > 0 {
+                let d = drop_rows.min(permuted.num_rows());
+                permuted = permuted.slice(d, permuted.num_rows() - d);
+                drop_rows -= d;
+            }
+            shuffled_rows += permuted.num_rows();
+            shuffled.push_back(permuted);
+        }
+        // Whole batches (or the last, partial one) go to the workers.
+        while next_batch < total_batches
+            && (shuffled_rows >= shared.batch_size || (done && shuffled_rows > 0))
+        {
+            let take = shuffled_rows.min(shared.batch_size);
+            let rows = take_rows(&schema, &mut shuffled, take)?;
+            shuffled_rows -= take;
+            let key = batch_key(&shared, epoch, next_batch);
+            let index = next_batch;
+            let worker_shared = Arc::clone(&shared);
+            in_flight.push_back(tokio::task::spawn_blocking(move || {
+                let out = worker_shared.steps.apply(rows, key)?;
+                Ok::<_, ClientError>(TensorBatch::from_record_batch(&out, epoch, index))
+            }));
+            next_batch += 1;
+            while in_flight.len() >= workers {
+                send_next(&mut in_flight, &tx).await?;
+            }
+        }
+        if done && (next_batch >= total_batches || shuffled_rows == 0) {
+            break;
+        }
+    }
+    while !in_flight.is_empty() {
+        send_next(&mut in_flight, &tx).await?;
+    }
+    Ok(())
+}
+
+type Prepared = tokio::task::JoinHandle<Result<TensorBatch>>;
+
+async fn send_next(
+    in_flight: &mut futures::stream::FuturesOrdered<Prepared>,
+    tx: &mpsc::Sender<Result<TensorBatch>>,
+) -> Result<()> {
+    if let Some(joined) = in_flight.next().await {
+        let batch = joined.map_err(|e| ClientError::Invalid(format!("a loader worker failed: {e}")))??;
+        if tx.send(Ok(batch)).await.is_err() {
+            // The consumer is gone (restored or dropped): stop quietly.
+            return Err(ClientError::Invalid("loader consumer gone".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Removes the first `n` rows of `queue` as one batch.
+fn take_rows(schema: &SchemaRef, queue: &mut VecDeque<RecordBatch>, n: usize) -> Result<RecordBatch> {
+    let mut parts = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let Some(front) = queue.pop_front() else { break };
+        if front.num_rows() <= left {
+            left -= front.num_rows();
+            parts.push(front);
+        } else {
+            parts.push(front.slice(0, left));
+            queue.push_front(front.slice(left, front.num_rows() - left));
+            left = 0;
+        }
+    }
+    Ok(arrow::compute::concat_batches(schema, &parts)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(rank: usize, world: usize, drop_last: bool) -> LoaderOptions {
+        LoaderOptions {
+            rank,
+            world_size: world,
+            drop_last,
+            ..LoaderOptions::default()
+        }
+    }
+
+    #[test]
+    fn ranks_cover_the_epoch_exactly_once_or_pad_by_wrapping() {
+        let counts = [5u64, 0, 7, 3, 11];
+        let n: u64 = counts.iter().sum();
+        let order = shard_order(9, 2, counts.len());
+        for world in 1..=4 {
+            for drop_last in [true, false] {
+                let mut seen = Vec::new();
+                for rank in 0..world {
+                    let (len, start) = rank_range(n, &options(rank, world, drop_last));
+                    let parts = segments(&counts, &order, start, start + len);
+                    let rows: u64 = parts.iter().map(|p| p.2).sum();
+                    assert_eq!(rows, len, "every rank gets the same rows");
+                    for (shard, skip, take) in parts {
+                        assert!(skip + take <= counts[shard]);
+                        seen.extend((skip..skip + take).map(|r| (shard, r)));
+                    }
+                }
+                let total = seen.len() as u64;
+                seen.sort_unstable();
+                seen.dedup();
+                if drop_last {
+                    assert_eq!(total, n / world as u64 * world as u64);
+                    assert_eq!(seen.len() as u64, total, "no row twice");
+                } else {
+                    assert_eq!(seen.len() as u64, n, "every row at least once");
+                    assert!(total - n < world as u64, "padding is less than one row per rank");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shard_orders_change_by_epoch_and_are_reproducible() {
+        assert_eq!(shard_order(1, 0, 50), shard_order(1, 0, 50));
+        assert_ne!(shard_order(1, 0, 50), shard_order(1, 1, 50));
+        assert_ne!(shard_order(1, 0, 50), shard_order(2, 0, 50));
+    }
+
+    #[test]
+    fn states_round_trip_and_reject_garbage() {
+        let s = LoaderState {
+            fingerprint: 7,
+            epoch: 2,
+            batches: 31,
+        };
+        assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
+        assert!(LoaderState::from_bytes(b"PDL1").is_err());
+        assert!(LoaderState::from_bytes(&[0u8; 28]).is_err());
+    }
+}

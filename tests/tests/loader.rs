@@ -1,0 +1,259 @@
+//! The trainer's loader against real servers: reproducible whatever the concurrency or the
+//! number of servers, exactly resumable, and fair across data-parallel ranks.
+
+use arrow::array::AsArray;
+use arrow::datatypes::{Int64Type, UInt8Type};
+use pushdown_client::{Column, Loader, LoaderOptions, LoaderSource, LoaderState, StreamOptions};
+use pushdown_planner::Pipeline;
+use pushdown_server::Server;
+use pushdown_tests::{Fixture, small_shards, write_images};
+
+const SQL: &str = "SELECT id, label FROM images WHERE label < 600";
+
+struct Setup {
+    runtime: tokio::runtime::Runtime,
+    fx: Fixture,
+}
+
+fn setup(rows: usize) -> Setup {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fx = runtime.block_on(Fixture::new(small_shards(), |root| {
+        write_images(root, rows);
+    }));
+    Setup { runtime, fx }
+}
+
+fn options(seed: u64) -> LoaderOptions {
+    LoaderOptions {
+        batch_size: Some(32),
+        shuffle_buffer: Some(100),
+        seed,
+        epochs: 2,
+        ..LoaderOptions::default()
+    }
+}
+
+fn loader(servers: &[String], o: LoaderOptions) -> Loader {
+    Loader::new(servers, LoaderSource::Sql(SQL.into()), o).expect("loader")
+}
+
+fn ids(batch: &pushdown_client::TensorBatch) -> Vec<i64> {
+    match batch.column("id").expect("id") {
+        Column::Tensor { shape, values } => {
+            assert_eq!(shape, &vec![batch.rows]);
+            values.as_primitive::<Int64Type>().values().to_vec()
+        }
+        Column::Arrow(_) => panic!("ids are a tensor"),
+    }
+}
+
+fn drain(l: &mut Loader, limit: usize) -> Vec<Vec<i64>> {
+    l.by_ref().take(limit).map(|b| ids(&b.expect("batch"))).collect()
+}
+
+#[test]
+fn the_sequence_depends_on_the_seed_alone() {
+    let s = setup(300);
+    let url = s.fx.running.url();
+    // A second server over the same data.
+    let second = s.runtime.block_on(async {
+        let store = pushdown_server::open_store(&s.fx.root.path().to_string_lossy()).expect("store");
+        let server = Server::builder(store)
+            .config(small_shards())
+            .open()
+            .await
+            .expect("server");
+        server.spawn("127.0.0.1:0".parse().unwrap()).await.expect("spawn")
+    });
+    let mut runs = Vec::new();
+    for (servers, concurrency) in [
+        (vec![url.clone()], 1),
+        (vec![url.clone()], 4),
+        (vec![second.url(), url.clone()], 3),
+    ] {
+        let mut o = options(7);
+        o.stream = StreamOptions {
+            concurrency,
+            buffered_batches: 1,
+            ..StreamOptions::default()
+        };
+        o.workers = concurrency;
+        runs.push(drain(&mut loader(&servers, o), usize::MAX));
+    }
+    assert_eq!(runs[0], runs[1], "concurrency changes nothing");
+    assert_eq!(runs[0], runs[2], "the number of servers changes nothing");
+
+    let expected = s.runtime.block_on(s.fx.local_count("label < 600")) as usize;
+    let epoch: Vec<i64> = runs[0]
+        .iter()
+        .take(expected.div_ceil(32))
+        .flatten()
+        .copied()
+        .collect();
+    assert_eq!(epoch.len(), expected, "one epoch is every row once");
+    let mut sorted = epoch.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), expected);
+    assert!(
+        epoch.windows(2).filter(|w| w[0] > w[1]).count() > expected / 4,
+        "shuffled"
+    );
+    let second_epoch: Vec<i64> = runs[0]
+        .iter()
+        .skip(expected.div_ceil(32))
+        .flatten()
+        .copied()
+        .collect();
+    assert_ne!(epoch, second_epoch, "each epoch is reshuffled");
+    let other_seed = drain(&mut loader(&[url], options(8)), usize::MAX);
+    assert_ne!(runs[0], other_seed);
+}
+
+#[test]
+fn a_restored_loader_continues_exactly() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let whole = drain(&mut loader(&servers, options(3)), usize::MAX);
+    let per_epoch = whole.len() / 2;
+    // k = 0, inside the first window, mid-shard, at and across the epoch boundary.
+    for k in [0, 1, 4, 5, per_epoch, per_epoch + 1, whole.len() - 1] {
+        let mut first = loader(&servers, options(3));
+        let head = drain(&mut first, k);
+        let saved = first.state().to_bytes();
+        drop(first);
+        let mut restored = loader(&servers, options(3));
+        restored
+            .restore(LoaderState::from_bytes(&saved).expect("state"))
+            .expect("restore");
+        let tail = drain(&mut restored, usize::MAX);
+        let joined: Vec<Vec<i64>> = head.into_iter().chain(tail).collect();
+        assert_eq!(joined, whole, "resumed after {k} batches");
+    }
+    // A state of another configuration is refused.
+    let mut o = options(3);
+    o.rank = 1;
+    o.world_size = 2;
+    let mut other = loader(&servers, o);
+    let state = loader(&servers, options(3)).state();
+    assert!(other.restore(state).is_err());
+}
+
+#[test]
+fn ranks_get_equal_batches_and_cover_every_row() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let n = s.runtime.block_on(s.fx.local_count("label < 600")) as usize;
+    for world in 1..=4 {
+        for drop_last in [true, false] {
+            let mut all = Vec::new();
+            let mut counts = Vec::new();
+            for rank in 0..world {
+                let o = LoaderOptions {
+                    batch_size: Some(16),
+                    shuffle_buffer: Some(50),
+                    seed: 11,
+                    rank,
+                    world_size: world,
+                    epochs: 1,
+                    drop_last,
+                    ..LoaderOptions::default()
+                };
+                let mut l = loader(&servers, o);
+                let batches = drain(&mut l, usize::MAX);
+                assert_eq!(batches.len() as u64, l.epoch_len().1);
+                counts.push(batches.len());
+                all.extend(batches.into_iter().flatten());
+            }
+            assert!(
+                counts.iter().all(|&c| c == counts[0]),
+                "{world} ranks: {counts:?}"
+            );
+            let total = all.len();
+            all.sort_unstable();
+            all.dedup();
+            if drop_last {
+                assert_eq!(all.len(), total, "no row twice");
+                assert_eq!(total, (n / world) / 16 * 16 * world);
+            } else {
+                assert_eq!(all.len(), n, "every row");
+                assert!(total - n < world, "padding under one row per rank");
+            }
+        }
+    }
+}
+
+#[test]
+fn pixels_come_out_as_tensors_with_the_intended_augmentation() {
+    let s = setup(200);
+    let servers = vec![s.fx.running.url()];
+    let pipeline = |flip: f64| {
+        Pipeline::new("images")
+            .map("decode_resize", "image", [16i64, 12], "pixels")
+            .select(["id", "pixels"])
+            .map("random_flip", "pixels", [flip], "pixels")
+            .map("random_crop", "pixels", [8i64, 8], "crop")
+            .shuffle(64)
+            .batch(25)
+    };
+    let load = |flip: f64| -> Vec<(i64, Vec<u8>, Vec<u8>)> {
+        let o = LoaderOptions {
+            seed: 5,
+            workers: 3,
+            ..LoaderOptions::default()
+        };
+        let l = Loader::new(&servers, LoaderSource::Pipeline(pipeline(flip)), o).expect("loader");
+        let mut rows = Vec::new();
+        for b in l {
+            let b = b.expect("batch");
+            let tensor = |name: &str, shape: &[usize]| match b.column(name).expect("column") {
+                Column::Tensor { shape: s, values } => {
+                    assert_eq!(&s[1..], shape, "{name}");
+                    values.as_primitive::<UInt8Type>().values().to_vec()
+                }
+                Column::Arrow(_) => panic!("{name} is a tensor"),
+            };
+            let (px, crop) = (tensor("pixels", &[12, 16, 3]), tensor("crop", &[8, 8, 3]));
+            for (r, id) in ids(&b).into_iter().enumerate() {
+                rows.push((
+                    id,
+                    px[r * 576..(r + 1) * 576].to_vec(),
+                    crop[r * 192..(r + 1) * 192].to_vec(),
+                ));
+            }
+        }
+        rows.sort_by_key(|r| r.0);
+        rows
+    };
+    let (plain, flipped) = (load(0.0), load(0.5));
+    assert_eq!(plain.len(), 200);
+    let mirror = |px: &[u8]| -> Vec<u8> {
+        let mut out = vec![0; px.len()];
+        for y in 0..12 {
+            for x in 0..16 {
+                let (a, b) = ((y * 16 + x) * 3, (y * 16 + 15 - x) * 3);
+                out[a..a + 3].copy_from_slice(&px[b..b + 3]);
+            }
+        }
+        out
+    };
+    let mut mirrored = 0;
+    for ((id, a, crop), (_, b, _)) in plain.iter().zip(&flipped) {
+        if a != b {
+            assert_eq!(&mirror(a), b, "row {id}: flipped means mirrored");
+            mirrored += 1;
+        }
+        // The crop is a window of the pixels it was cut from.
+        let inside = (0..=4).any(|y0| {
+            (0..=8).any(|x0| (0..8).all(|y| crop[y * 24..y * 24 + 24] == a[((y0 + y) * 16 + x0) * 3..][..24]))
+        });
+        assert!(inside, "row {id}: crop not inside the image");
+    }
+    let rate = mirrored as f64 / 200.0;
+    let sigma = (0.25f64 / 200.0).sqrt();
+    assert!((rate - 0.5).abs() < 4.0 * sigma, "flip rate {rate}");
+}
