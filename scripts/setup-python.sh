@@ -13,3 +13,9 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
   echo "$want" > "$stamp"
 fi
+
+# pushdown.Loader (crates/python), built by maturin into the same cargo target directory. A
+# debug build unless PUSHDOWN_PY_PROFILE=release (benchmarks): tests need correctness, not speed.
+profile=${PUSHDOWN_PY_PROFILE:-dev}
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile $profile" .venv/bin/python -m pip install --quiet \
+  --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./crates/python

@@ -1,0 +1,104 @@
+"""pushdown: reduced training data from pushdown servers, as numpy batches.
+
+    import pushdown
+    loader = pushdown.Loader(servers=["http://storage-1:50051"],
+                             sql="SELECT decode_resize(image, 64, 64) AS pixels, label FROM images",
+                             batch_size=256, shuffle_buffer=10_000, seed=0, rank=0, world_size=1)
+    for batch in loader:          # dict[str, numpy.ndarray]
+        ...
+    state = loader.state_dict()   # resume later with load_state_dict(state)
+
+The sequence of samples a rank sees is a function of (seed, epoch, rank, world size) only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, Optional, Sequence, Union
+
+from ._native import _Loader
+
+__all__ = ["Loader"]
+
+
+def _arrow(ipc: bytes):
+    try:
+        import pyarrow as pa
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("variable-length columns come as pyarrow arrays: pip install pyarrow") from e
+    table = pa.ipc.open_stream(ipc).read_all()
+    return table.column(0).combine_chunks()
+
+
+class Loader:
+    """Batches for one data-parallel rank, epoch after epoch.
+
+    Fixed-shape columns (pixels, padded token ids, numeric features) come out as numpy arrays
+    of shape ``(rows, ...)``; variable-length ones as ``pyarrow.Array``. Give exactly one of
+    ``sql`` (a row-wise query) or ``pipeline`` (TOML/JSON text or a dict, as for
+    ``pushdown run``: the planner places its ops by measured cost).
+    """
+
+    def __init__(
+        self,
+        servers: Union[str, Sequence[str]],
+        sql: Optional[str] = None,
+        pipeline: Optional[Union[str, Dict[str, Any]]] = None,
+        batch_size: Optional[int] = None,
+        shuffle_buffer: Optional[int] = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        epochs: int = 1,
+        drop_last: bool = False,
+        prefetch: int = 4,
+        workers: int = 2,
+        concurrency: int = 4,
+        bandwidth_bytes_per_s: Optional[float] = None,
+    ) -> None:
+        if isinstance(servers, str):
+            servers = [servers]
+        if pipeline is not None and not isinstance(pipeline, str):
+            pipeline = json.dumps(pipeline)
+        self._inner = _Loader(
+            list(servers),
+            sql=sql,
+            pipeline=pipeline,
+            batch_size=batch_size,
+            shuffle_buffer=shuffle_buffer,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            epochs=epochs,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            workers=workers,
+            concurrency=concurrency,
+            bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        )
+        self.epochs = epochs
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        item = self._inner.next_batch()
+        if item is None:
+            raise StopIteration
+        return {name: (value if kind == "tensor" else _arrow(value)) for name, kind, value in item}
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self._inner.epoch_len()[1]
+
+    def state_dict(self) -> Dict[str, bytes]:
+        """Where the loader is; a loader built with the same arguments continues from it."""
+        return {"pushdown_loader": bytes(self._inner.state())}
+
+    def load_state_dict(self, state: Dict[str, bytes]) -> None:
+        self._inner.restore(state["pushdown_loader"])
+
+    @property
+    def stats(self) -> Dict[str, float]:
+        """Batches and rows delivered, and the fraction of time the consumer waited."""
+        return dict(self._inner.stats())

@@ -1,0 +1,198 @@
+//! `pushdown._native`: the Rust loader behind `pushdown.Loader`.
+//!
+//! Batches cross into Python as `(name, kind, value)` triples: `kind` is `"tensor"` for a
+//! numpy array (built from the Arrow buffer without copying when the buffer is uniquely
+//! owned, which batches fresh from the loader's workers are) or `"arrow"` for the Arrow IPC
+//! bytes of a variable-length column, which the Python side reads with pyarrow. The GIL is
+//! released while the loader waits for data or plans.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{ArrayRef, AsArray};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
+    UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+};
+use numpy::{PyArray1, PyArrayMethods};
+use pushdown_client::{Column, Link, Loader, LoaderOptions, LoaderSource, LoaderState, StreamOptions};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+/// `(name, "tensor" | "arrow", numpy array | Arrow IPC bytes)`.
+type PyColumn = (String, &'static str, Py<PyAny>);
+
+fn runtime_error(e: impl std::fmt::Display) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// The Rust loader. Use `pushdown.Loader`, which wraps it.
+#[pyclass(name = "_Loader", module = "pushdown._native")]
+struct PyLoader {
+    inner: Arc<Mutex<Loader>>,
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (
+        servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
+        world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
+        bandwidth_bytes_per_s=None
+    ))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
+    fn new(
+        py: Python<'_>,
+        servers: Vec<String>,
+        sql: Option<String>,
+        pipeline: Option<String>,
+        batch_size: Option<usize>,
+        shuffle_buffer: Option<usize>,
+        seed: u64,
+        rank: usize,
+        world_size: usize,
+        epochs: usize,
+        drop_last: bool,
+        prefetch: usize,
+        workers: usize,
+        concurrency: usize,
+        bandwidth_bytes_per_s: Option<f64>,
+    ) -> PyResult<Self> {
+        let source = match (sql, pipeline) {
+            (Some(sql), None) => LoaderSource::Sql(sql),
+            (None, Some(text)) => LoaderSource::Pipeline(
+                pushdown_planner::Pipeline::parse(&text).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            ),
+            _ => return Err(PyValueError::new_err("give exactly one of sql= or pipeline=")),
+        };
+        if servers.is_empty() {
+            return Err(PyValueError::new_err("servers= needs at least one URL"));
+        }
+        let options = LoaderOptions {
+            batch_size,
+            shuffle_buffer,
+            seed,
+            rank,
+            world_size,
+            epochs,
+            drop_last,
+            prefetch,
+            workers,
+            stream: StreamOptions {
+                concurrency: concurrency.max(1),
+                ..StreamOptions::default()
+            },
+            link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
+        };
+        let loader = py
+            .detach(|| Loader::new(&servers, source, options))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Mutex::new(loader)),
+        })
+    }
+
+    /// The next batch as `[(name, kind, value)]`, or `None` at the end.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PyColumn>>> {
+        let inner = Arc::clone(&self.inner);
+        let next = py.detach(move || inner.lock().unwrap_or_else(|p| p.into_inner()).next());
+        let Some(batch) = next else { return Ok(None) };
+        let batch = batch.map_err(runtime_error)?;
+        let mut out = Vec::with_capacity(batch.columns.len());
+        for (name, column) in batch.columns {
+            let (kind, value) = match column {
+                Column::Tensor { shape, values } => ("tensor", tensor(py, values, &shape)?),
+                Column::Arrow(array) => ("arrow", arrow_ipc(py, &name, &array)?),
+            };
+            out.push((name, kind, value));
+        }
+        Ok(Some(out))
+    }
+
+    /// The position to resume from, as bytes.
+    fn state<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let state = self.inner.lock().unwrap_or_else(|p| p.into_inner()).state();
+        PyBytes::new(py, &state.to_bytes())
+    }
+
+    fn restore(&self, state: &[u8]) -> PyResult<()> {
+        let state = LoaderState::from_bytes(state).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restore(state)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// `(rows, batches)` per epoch for this rank.
+    fn epoch_len(&self) -> (u64, u64) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).epoch_len()
+    }
+
+    /// Batches and rows delivered, seconds waited for data and elapsed.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("rows", s.rows)?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
+        d.set_item("wait_fraction", s.wait_fraction())?;
+        Ok(d)
+    }
+}
+
+fn tensor(py: Python<'_>, values: ArrayRef, shape: &[usize]) -> PyResult<Py<PyAny>> {
+    match values.data_type() {
+        DataType::UInt8 => typed::<UInt8Type>(py, values, shape),
+        DataType::UInt16 => typed::<UInt16Type>(py, values, shape),
+        DataType::UInt32 => typed::<UInt32Type>(py, values, shape),
+        DataType::UInt64 => typed::<UInt64Type>(py, values, shape),
+        DataType::Int8 => typed::<Int8Type>(py, values, shape),
+        DataType::Int16 => typed::<Int16Type>(py, values, shape),
+        DataType::Int32 => typed::<Int32Type>(py, values, shape),
+        DataType::Int64 => typed::<Int64Type>(py, values, shape),
+        DataType::Float32 => typed::<Float32Type>(py, values, shape),
+        DataType::Float64 => typed::<Float64Type>(py, values, shape),
+        // Other primitives (dates, decimals, f16) go through Arrow.
+        _ => arrow_ipc(py, "values", &values),
+    }
+}
+
+fn typed<T>(py: Python<'_>, values: ArrayRef, shape: &[usize]) -> PyResult<Py<PyAny>>
+where
+    T: ArrowPrimitiveType,
+    T::Native: numpy::Element,
+{
+    let array = values.as_primitive::<T>().clone();
+    drop(values);
+    let (_, buffer, _) = array.into_parts();
+    // Moves the allocation into numpy when this is its only owner; copies otherwise.
+    let vec: Vec<T::Native> = match buffer.into_inner().into_vec::<T::Native>() {
+        Ok(v) => v,
+        Err(shared) => arrow::buffer::ScalarBuffer::<T::Native>::from(shared).to_vec(),
+    };
+    let array = PyArray1::from_vec(py, vec).reshape(shape.to_vec())?;
+    Ok(array.into_any().unbind())
+}
+
+fn arrow_ipc(py: Python<'_>, name: &str, array: &ArrayRef) -> PyResult<Py<PyAny>> {
+    let field = arrow::datatypes::Field::new(name, array.data_type().clone(), true);
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![field]));
+    let batch = arrow::record_batch::RecordBatch::try_new(Arc::clone(&schema), vec![Arc::clone(array)])
+        .map_err(runtime_error)?;
+    let mut out = Vec::new();
+    {
+        let mut writer =
+            arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema).map_err(runtime_error)?;
+        writer.write(&batch).map_err(runtime_error)?;
+        writer.finish().map_err(runtime_error)?;
+    }
+    Ok(PyBytes::new(py, &out).into_any().unbind())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLoader>()?;
+    Ok(())
+}
