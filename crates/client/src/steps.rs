@@ -228,7 +228,7 @@ impl ClientSteps {
     }
 
     /// The resources (tokenizers) client-side ops resolve, e.g. those fetched with
-    /// [`crate::PushdownClient::tokenizers`].
+    /// [`crate::PushdownClient::resources_for`].
     pub fn with_resources(mut self, resources: Arc<dyn pushdown_ops::Resources>) -> Self {
         self.resources = resources;
         self
