@@ -131,18 +131,10 @@ pub(crate) fn mix(a: u64, b: u64) -> u64 {
 #[derive(Debug)]
 enum Stage {
     Shuffle(Box<ShuffleBuffer>),
-    Select(Vec<usize>),
-    Map {
-        op: &'static dyn pushdown_ops::Op,
-        input: usize,
-        input_field: arrow::datatypes::FieldRef,
-        /// Random ops: batch `k` draws from `mix(seed, k)`, row `i` of it from that and `i`.
-        seed: u64,
+    /// A select or an op call; random ops draw batch `k` from `(seed, k)`.
+    Row {
+        stage: RowStage,
         batches: u64,
-        params: Vec<pushdown_ops::Value>,
-        /// Where the output goes: replaces column `i`, or is appended.
-        output: Option<usize>,
-        schema: SchemaRef,
     },
     Batch {
         coalescer: BatchCoalescer,
@@ -173,45 +165,14 @@ impl ClientSteps {
                         *buffer, stage_seed, 1024,
                     ))));
                 }
-                Step::Select { columns } => {
-                    let indices = columns
-                        .iter()
-                        .map(|c| current.index_of(c))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    current = Arc::new(current.project(&indices)?);
-                    stages.push(Stage::Select(indices));
-                }
                 Step::Batch { size, drop_last } => stages.push(Stage::Batch {
                     coalescer: BatchCoalescer::new(Arc::clone(&current), *size),
                     drop_last: *drop_last,
                     size: *size,
                 }),
-                Step::Map(m) => {
-                    let op = m
-                        .op()
-                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
-                    let input = current.index_of(&m.input)?;
-                    let input_field = Arc::clone(&current.fields()[input]);
-                    let name = m.output();
-                    let params = m.values();
-                    let field = op.output_field(current.field(input), &params, name)?;
-                    let output = current.index_of(name).ok();
-                    let mut fields: Vec<_> = current.fields().iter().cloned().collect();
-                    match output {
-                        Some(i) => fields[i] = Arc::new(field),
-                        None => fields.push(Arc::new(field)),
-                    }
-                    current = Arc::new(arrow::datatypes::Schema::new(fields));
-                    stages.push(Stage::Map {
-                        op,
-                        input,
-                        input_field,
-                        seed: stage_seed(seed, i),
-                        batches: 0,
-                        params,
-                        output,
-                        schema: Arc::clone(&current),
-                    });
+                Step::Select { .. } | Step::Map(_) => {
+                    let stage = RowStage::build(step, &mut current, seed, i)?;
+                    stages.push(Stage::Row { stage, batches: 0 });
                 }
                 Step::Filter { expr } => {
                     return Err(ClientError::Invalid(format!(
@@ -249,7 +210,7 @@ impl ClientSteps {
         for i in 0..self.stages.len() {
             let flushed = match &mut self.stages[i] {
                 Stage::Shuffle(s) => s.finish()?,
-                Stage::Select(_) | Stage::Map { .. } => vec![],
+                Stage::Row { .. } => vec![],
                 Stage::Batch {
                     coalescer,
                     drop_last,
@@ -277,28 +238,9 @@ impl ClientSteps {
             for batch in batches {
                 match stage {
                     Stage::Shuffle(s) => next.extend(s.push(batch)?),
-                    Stage::Select(indices) => next.push(batch.project(indices)?),
-                    Stage::Map {
-                        op,
-                        input,
-                        input_field,
-                        seed,
-                        batches,
-                        params,
-                        output,
-                        schema,
-                    } => {
-                        let batch_seed = mix(*seed, *batches);
+                    Stage::Row { stage, batches } => {
+                        next.push(stage.apply(batch, *batches, resources.as_ref())?);
                         *batches += 1;
-                        let map = MapCall {
-                            op: *op,
-                            input: *input,
-                            input_field,
-                            params,
-                            output: *output,
-                            schema,
-                        };
-                        next.push(map.apply(&batch, batch_seed, resources.as_ref())?);
                     }
                     Stage::Batch { coalescer, .. } => {
                         coalescer.push_batch(batch)?;
@@ -421,36 +363,6 @@ mod tests {
     }
 }
 
-/// One op call on a batch.
-struct MapCall<'a> {
-    op: &'static dyn pushdown_ops::Op,
-    input: usize,
-    input_field: &'a arrow::datatypes::Field,
-    params: &'a [pushdown_ops::Value],
-    output: Option<usize>,
-    schema: &'a SchemaRef,
-}
-
-impl MapCall<'_> {
-    fn apply(
-        &self,
-        batch: &RecordBatch,
-        seed: u64,
-        resources: &dyn pushdown_ops::Resources,
-    ) -> Result<RecordBatch> {
-        let ctx = pushdown_ops::Context { seed, resources };
-        let out = self
-            .op
-            .apply_in(batch.column(self.input), self.input_field, self.params, &ctx)?;
-        let mut columns = batch.columns().to_vec();
-        match self.output {
-            Some(i) => columns[i] = out,
-            None => columns.push(out),
-        }
-        Ok(RecordBatch::try_new(Arc::clone(self.schema), columns)?)
-    }
-}
-
 #[derive(Debug)]
 enum RowStage {
     Select(Vec<usize>),
@@ -463,6 +375,83 @@ enum RowStage {
         schema: SchemaRef,
         seed: u64,
     },
+}
+
+impl RowStage {
+    /// The stage of `step` (a select or a map at position `i`) over batches of `current`,
+    /// which becomes the stage's output schema.
+    fn build(step: &Step, current: &mut SchemaRef, seed: u64, i: usize) -> Result<Self> {
+        match step {
+            Step::Select { columns } => {
+                let indices = columns
+                    .iter()
+                    .map(|c| current.index_of(c))
+                    .collect::<Result<Vec<_>, _>>()?;
+                *current = Arc::new(current.project(&indices)?);
+                Ok(RowStage::Select(indices))
+            }
+            Step::Map(m) => {
+                let op = m
+                    .op()
+                    .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
+                let input = current.index_of(&m.input)?;
+                let input_field = Arc::clone(&current.fields()[input]);
+                let name = m.output();
+                let params = m.values();
+                let field = op.output_field(current.field(input), &params, name)?;
+                let output = current.index_of(name).ok();
+                let mut fields: Vec<_> = current.fields().iter().cloned().collect();
+                match output {
+                    Some(i) => fields[i] = Arc::new(field),
+                    None => fields.push(Arc::new(field)),
+                }
+                *current = Arc::new(arrow::datatypes::Schema::new(fields));
+                Ok(RowStage::Map {
+                    op,
+                    input,
+                    input_field,
+                    params,
+                    output,
+                    schema: Arc::clone(current),
+                    seed: stage_seed(seed, i),
+                })
+            }
+            other => Err(ClientError::Invalid(format!("{other:?} is not a row-wise step"))),
+        }
+    }
+
+    /// Applies the stage; a random op draws from `(its seed, key)` and the row.
+    fn apply(
+        &self,
+        batch: RecordBatch,
+        key: u64,
+        resources: &dyn pushdown_ops::Resources,
+    ) -> Result<RecordBatch> {
+        match self {
+            RowStage::Select(indices) => Ok(batch.project(indices)?),
+            RowStage::Map {
+                op,
+                input,
+                input_field,
+                params,
+                output,
+                schema,
+                seed,
+            } => {
+                let ctx = pushdown_ops::Context {
+                    seed: mix(*seed, key),
+                    resources,
+                };
+                let out = op.apply_in(batch.column(*input), input_field, params, &ctx)?;
+                let mut columns = batch.columns().to_vec();
+                match output {
+                    Some(i) => columns[*i] = out,
+                    None => columns.push(out),
+                }
+                Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+            }
+        }
+    }
 }
 
 /// The row-wise client steps (selects and op calls) as a pure function of a batch and a key:
@@ -483,49 +472,12 @@ impl RowSteps {
         seed: u64,
         resources: Arc<dyn pushdown_ops::Resources>,
     ) -> Result<Self> {
-        let mut stages = Vec::new();
         let mut current = schema;
-        for (i, step) in steps.iter().enumerate() {
-            match step {
-                Step::Select { columns } => {
-                    let indices = columns
-                        .iter()
-                        .map(|c| current.index_of(c))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    current = Arc::new(current.project(&indices)?);
-                    stages.push(RowStage::Select(indices));
-                }
-                Step::Map(m) => {
-                    let op = m
-                        .op()
-                        .ok_or_else(|| ClientError::Invalid(format!("unknown op `{}`", m.call)))?;
-                    let input = current.index_of(&m.input)?;
-                    let input_field = Arc::clone(&current.fields()[input]);
-                    let name = m.output();
-                    let params = m.values();
-                    let field = op.output_field(current.field(input), &params, name)?;
-                    let output = current.index_of(name).ok();
-                    let mut fields: Vec<_> = current.fields().iter().cloned().collect();
-                    match output {
-                        Some(i) => fields[i] = Arc::new(field),
-                        None => fields.push(Arc::new(field)),
-                    }
-                    current = Arc::new(arrow::datatypes::Schema::new(fields));
-                    stages.push(RowStage::Map {
-                        op,
-                        input,
-                        input_field,
-                        params,
-                        output,
-                        schema: Arc::clone(&current),
-                        seed: stage_seed(seed, i),
-                    });
-                }
-                other => {
-                    return Err(ClientError::Invalid(format!("{other:?} is not a row-wise step")));
-                }
-            }
-        }
+        let stages = steps
+            .iter()
+            .enumerate()
+            .map(|(i, step)| RowStage::build(step, &mut current, seed, i))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             stages,
             schema: current,
@@ -540,26 +492,7 @@ impl RowSteps {
     /// Applies every step to `batch`; `key` identifies the batch (its index in the epoch).
     pub fn apply(&self, mut batch: RecordBatch, key: u64) -> Result<RecordBatch> {
         for stage in &self.stages {
-            batch = match stage {
-                RowStage::Select(indices) => batch.project(indices)?,
-                RowStage::Map {
-                    op,
-                    input,
-                    input_field,
-                    params,
-                    output,
-                    schema,
-                    seed,
-                } => MapCall {
-                    op: *op,
-                    input: *input,
-                    input_field,
-                    params,
-                    output: *output,
-                    schema,
-                }
-                .apply(&batch, mix(*seed, key), self.resources.as_ref())?,
-            };
+            batch = stage.apply(batch, key, self.resources.as_ref())?;
         }
         Ok(batch)
     }
