@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv with what the Python tests need (pyarrow's own Flight client, pytest).
+# Creates .venv with what the Python tests need (pyarrow's own Flight client, pytest, moto).
 # Idempotent: reinstalls only when tests/python/requirements.txt changed.
+# `--bench` also installs what the benchmark harness uses (DuckDB, matplotlib).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -12,6 +13,9 @@ want=$(sha256sum tests/python/requirements.txt | cut -d' ' -f1)
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
   echo "$want" > "$stamp"
+fi
+if [[ "${1:-}" == "--bench" ]]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r benches/python/requirements.txt
 fi
 
 # pushdown.Loader (crates/python), built by maturin into the same cargo target directory. A

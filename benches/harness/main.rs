@@ -9,9 +9,11 @@
 //! iproute2), falling back to a pacing TCP proxy on loopback. Each suite prints its table
 //! and replaces its own section of `benches/RESULTS.md`.
 
+mod compare;
 mod link;
 mod placement;
 mod process;
+mod s3;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +35,12 @@ enum Command {
     /// Every legal placement of three pipelines over fixed-bandwidth links, against the
     /// planner's choice.
     Placement {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Pushdown against no pushdown (Parquet from S3), a full-row service, local files and
+    /// DuckDB, on images, clicks and text, over loopback, 1 and 10 Gbit/s links.
+    Compare {
         #[command(flatten)]
         options: Options,
     },
@@ -68,6 +76,10 @@ pub struct Options {
     #[arg(skip)]
     pub reps_resolved: usize,
 }
+
+/// A cell shorter than this is repeated (its rows and time summed) until it is not: short
+/// runs measure start-up and noise.
+pub const MIN_CELL_SECS: f64 = 1.5;
 
 impl Options {
     fn resolve(mut self) -> Self {
@@ -159,7 +171,10 @@ fn machine() -> String {
                 .map(|s| s.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // Not `available_parallelism`: the harness pins itself to one core.
+    let cores = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(0);
     format!("{cores} cores ({cpu}), Linux {}", std::env::consts::ARCH)
 }
 
@@ -186,10 +201,11 @@ fn main() -> Result<()> {
     {
         return serve(&data, listen, threads);
     }
-    let Command::Placement { options } = args.command else {
-        unreachable!("serve returned above");
+    let (suite, options) = match args.command {
+        Command::Placement { options } => ("placement", options.resolve()),
+        Command::Compare { options } => ("compare", options.resolve()),
+        Command::Serve { .. } => unreachable!("serve returned above"),
     };
-    let options = options.resolve();
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -198,6 +214,15 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let data = datasets(&options)?;
+        if suite == "compare" {
+            let command = format!(
+                "cargo run --release -p pushdown-benches --bin harness -- compare{}",
+                if options.quick { " --quick" } else { "" }
+            );
+            let body = compare::suite(&options, &data, &command).await?;
+            println!("{body}");
+            return write_section(&options.results, "compare", &body);
+        }
         let rates: &[u64] = &[100_000_000, 1_000_000_000];
         let cells = placement::measure(&options, &data, rates).await?;
         let (table, ok) = placement::report(&cells);
@@ -214,7 +239,7 @@ fn main() -> Result<()> {
             "## Placement: the planner's choice against every legal placement\n\n\
              Command: `{command}`  \nMachine: {}; server pinned to CPU 0 with 1 thread, trainer to CPU 1{} \
              (the planner is told: 1 server core, 1 trainer core, the link's rate).  \nData: {}.  \n\
-             Each cell runs the pipeline to the end; rows/s is the best of {} run(s); bytes are counted on the link.\n\n{table}\n\
+             Each cell runs the pipeline to the end (again, until it has run ≥ 1.5 s); rows/s is the best of {} run(s); bytes are counted on the link.\n\n{table}\n\
              Target: the planner's choice within 10% of the best measured placement on every pipeline and link: **{}**.\n\n",
             machine(),
             if pinned { "" } else { " (pinning unavailable: shared cores)" },

@@ -24,7 +24,7 @@ pub fn pipelines() -> Vec<(&'static str, Pipeline)> {
         .map("random_crop", "pixels", [56i64, 56], "pixels")
         .map("random_flip", "pixels", [0.5f64], "pixels")
         .batch(256);
-    let mut clicks = Pipeline::new("clicks").filter("day = 3");
+    let mut clicks = Pipeline::new("clicks").filter("day >= 12");
     for c in 1..=5 {
         clicks = clicks.map("hash_bucket", &format!("c{c}"), [100_000i64], &format!("h{c}"));
     }
@@ -109,29 +109,34 @@ async fn measure_pipeline(
         for _ in 0..options.reps_resolved {
             let (wire0, server0, client0) = (link.bytes(), server.cpu_seconds(), self_cpu());
             let start = Instant::now();
-            let report = run(&RunOptions {
-                servers: vec![url.to_owned()],
-                bandwidth_bytes_per_s: rate_bytes,
-                server_cores: Some(1.0),
-                client_cores: Some(1.0),
-                push: Some(k),
-                source: Source::Pipeline(pipeline.clone()),
-                out: None,
-                epochs: 1,
-                seed: 1,
-                stream: StreamOptions::default(),
-            })
-            .await
-            .with_context(|| format!("{name} with {k} ops pushed"))?;
+            let (mut rows, mut received) = (0u64, 0u64);
+            while start.elapsed().as_secs_f64() < crate::MIN_CELL_SECS {
+                let report = run(&RunOptions {
+                    servers: vec![url.to_owned()],
+                    bandwidth_bytes_per_s: rate_bytes,
+                    server_cores: Some(1.0),
+                    client_cores: Some(1.0),
+                    push: Some(k),
+                    source: Source::Pipeline(pipeline.clone()),
+                    out: None,
+                    epochs: 1,
+                    seed: 1,
+                    stream: StreamOptions::default(),
+                })
+                .await
+                .with_context(|| format!("{name} with {k} ops pushed"))?;
+                rows += report.rows;
+                received += report.totals.bytes_received;
+            }
             let secs = start.elapsed().as_secs_f64();
             let wire = match (link.bytes(), wire0) {
                 (Some(b), Some(a)) => b - a,
-                _ => report.totals.bytes_received,
+                _ => received,
             };
-            let rps = report.rows as f64 / secs;
+            let rps = rows as f64 / secs;
             let sample = (
                 rps,
-                report.rows,
+                rows,
                 wire,
                 server.cpu_seconds() - server0,
                 self_cpu() - client0,

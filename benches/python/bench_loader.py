@@ -1,10 +1,15 @@
 """Trainer-side throughput: pushdown.Loader (Rust) vs numpy, same steps, same run.
 
-Steps: shuffle + random crop 56×56 + random flip + batch 256 over 64×64 RGB images.
-The server decodes and downscales (decode_resize 64×64); both contenders start from what
-crosses the network. numpy gets the pixels already in memory (no network, no IPC decoding:
-its best case); the Rust loader pays for receiving and decoding the stream too. Throughput is
-per CPU second of this process (all its threads), so "per core".
+Steps: shuffle (window of 4096) + random crop 56×56 + random flip + batch 256 over 64×64 RGB
+images. The server decodes and downscales (decode_resize 64×64); every contender starts from
+what crosses the network:
+
+* numpy, pixels in memory: no network, no IPC decoding (its best case, a ceiling);
+* numpy fed by the same stream: the reduced pixels arrive as numpy arrays (pushdown.Loader,
+  no shuffle, no ops), numpy shuffles windows, crops, flips and batches: the same work as
+* pushdown.Loader: stream + Rust shuffle, crop, flip, batch.
+
+Throughput is per CPU second of this process (all its threads), so "per core".
 
     scripts/setup-python.sh && PUSHDOWN_PY_PROFILE=release scripts/setup-python.sh
     .venv/bin/python benches/python/bench_loader.py --server http://127.0.0.1:PORT
@@ -14,13 +19,15 @@ fraction of its time spent waiting for data.
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import pushdown
 
-B, CROP = 256, 56
+B, CROP, WINDOW = 256, 56, 4096
 
 
 def numpy_epoch(pixels, rng):
@@ -42,6 +49,29 @@ def numpy_epoch(pixels, rng):
     return batches
 
 
+def numpy_streamed(server, epochs, rng, compression):
+    """numpy doing the client steps on the stream of reduced pixels."""
+    batches = 0
+    for _ in range(epochs):
+        window = []
+        rows = 0
+        source = pushdown.Loader(
+            server,
+            sql="SELECT decode_resize(image, 64, 64) AS pixels FROM images",
+            batch_size=1024,
+            compression=compression,
+        )
+        for b in source:
+            window.append(b["pixels"])
+            rows += len(b["pixels"])
+            if rows >= WINDOW:
+                batches += numpy_epoch(np.concatenate(window), rng)
+                window, rows = [], 0
+        if window:
+            batches += numpy_epoch(np.concatenate(window), rng)
+    return batches
+
+
 def pipeline():
     return {
         "dataset": "images",
@@ -50,7 +80,7 @@ def pipeline():
             {"op": "select", "columns": ["pixels", "label"]},
             {"op": "map", "call": "random_crop", "input": "pixels", "params": [CROP, CROP]},
             {"op": "map", "call": "random_flip", "input": "pixels", "params": [0.5]},
-            {"op": "shuffle", "buffer": 4096},
+            {"op": "shuffle", "buffer": WINDOW},
             {"op": "batch", "size": B, "drop_last": True},
         ],
     }
@@ -62,6 +92,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--step-ms", type=float, default=20.0)
+    ap.add_argument("--compression", default="zstd,none", help="comma-separated: zstd, lz4, none")
+    ap.add_argument("--results", help="Markdown file whose `loader` section to replace")
     args = ap.parse_args()
 
     # The reduced pixels, once, for numpy.
@@ -77,33 +109,79 @@ def main():
     c0, t0 = time.process_time(), time.perf_counter()
     np_batches = sum(numpy_epoch(pixels, rng) for _ in range(args.epochs))
     np_cpu, np_wall = time.process_time() - c0, time.perf_counter() - t0
+    rows = [("numpy, pixels in memory (no network)", "–", np_batches, np_wall, np_cpu)]
+    waits = []
 
-    loader = pushdown.Loader(
-        args.server, pipeline=pipeline(), seed=0, epochs=args.epochs, workers=args.workers, prefetch=8
-    )
-    c0, t0 = time.process_time(), time.perf_counter()
-    rs_batches = 0
-    for batch in loader:
-        assert batch["pixels"].shape == (B, CROP, CROP, 3)
-        rs_batches += 1
-    rs_cpu, rs_wall = time.process_time() - c0, time.perf_counter() - t0
+    for compression in args.compression.split(","):
+        c0, t0 = time.process_time(), time.perf_counter()
+        ns_batches = numpy_streamed(args.server, args.epochs, rng, compression)
+        rows.append(("numpy fed by the stream", compression, ns_batches, time.perf_counter() - t0, time.process_time() - c0))
 
-    stepped = pushdown.Loader(
-        args.server, pipeline=pipeline(), seed=0, epochs=1, workers=args.workers, prefetch=8
-    )
-    for batch in stepped:
-        time.sleep(args.step_ms / 1000)
-    waited = stepped.stats
+        loader = pushdown.Loader(
+            args.server,
+            pipeline=pipeline(),
+            seed=0,
+            epochs=args.epochs,
+            workers=args.workers,
+            prefetch=8,
+            compression=compression,
+        )
+        c0, t0 = time.process_time(), time.perf_counter()
+        rs_batches = 0
+        for batch in loader:
+            assert batch["pixels"].shape == (B, CROP, CROP, 3)
+            rs_batches += 1
+        rows.append(("pushdown.Loader (stream + Rust)", compression, rs_batches, time.perf_counter() - t0, time.process_time() - c0))
 
-    print(f"images: {len(pixels)} rows of 64x64x3; {args.epochs} epochs; batch {B}; crop {CROP}; workers {args.workers}")
-    print("| contender | batches | batches/s (wall) | batches per CPU second |")
-    print("|---|---:|---:|---:|")
-    print(f"| numpy (pixels in memory) | {np_batches} | {np_batches / np_wall:.1f} | {np_batches / np_cpu:.1f} |")
-    print(f"| pushdown.Loader (stream + Rust ops) | {rs_batches} | {rs_batches / rs_wall:.1f} | {rs_batches / rs_cpu:.1f} |")
-    print(
-        f"consumer at {args.step_ms:.0f} ms/step: waited {waited['wait_fraction'] * 100:.1f}% of "
-        f"{waited['elapsed_s']:.2f} s over {waited['batches']} batches"
+        stepped = pushdown.Loader(
+            args.server,
+            pipeline=pipeline(),
+            seed=0,
+            epochs=1,
+            workers=args.workers,
+            prefetch=8,
+            compression=compression,
+        )
+        for batch in stepped:
+            time.sleep(args.step_ms / 1000)
+        waits.append((compression, stepped.stats))
+
+    out = [
+        f"Images: {len(pixels)} rows of 64×64×3 (server: decode_resize 64×64); {args.epochs} epochs; "
+        f"shuffle window {WINDOW}; random crop {CROP}×{CROP}; random flip 0.5; batch {B}; "
+        f"loader workers {args.workers}.",
+        "",
+        "| contender | stream compression | batches | batches/s (wall) | batches per CPU second | CPU ms per batch |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, comp, n, wall, cpu in rows:
+        out.append(f"| {name} | {comp} | {n} | {n / wall:.1f} | {n / cpu:.1f} | {1000 * cpu / n:.1f} |")
+    out.append("")
+    for comp, st in waits:
+        out.append(
+            f"* A consumer spending {args.step_ms:.0f} ms per step ({comp}): waited {st['wait_fraction'] * 100:.1f}% "
+            f"of {st['elapsed_s']:.2f} s over {st['batches']} batches."
+        )
+    text = "\n".join(out) + "\n"
+    print(text)
+    if args.results:
+        write_section(Path(args.results), "loader", text, " ".join(sys.argv[1:]))
+
+
+def write_section(path, name, body, argv):
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = (
+        f"{begin}\n## Trainer side: pushdown.Loader against numpy, per CPU second\n\n"
+        f"Command: `.venv/bin/python benches/python/bench_loader.py {argv}` (this process pinned to one core; "
+        f"the server to the other, one thread).\n\n{body}{end}"
     )
+    current = path.read_text() if path.exists() else ""
+    a, b = current.find(begin), current.find(end)
+    if a >= 0 and b > a:
+        current = current[:a] + section + current[b + len(end):]
+    else:
+        current = current.rstrip() + "\n\n" + section + "\n"
+    path.write_text(current)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def test_same_seed_same_sequence_whatever_the_concurrency(server):
     a = ids(make(server, concurrency=1, workers=1, prefetch=1))
     b = ids(make(server, concurrency=4, workers=3, prefetch=8))
     assert a == b
+    for compression in ["none", "lz4"]:
+        assert ids(make(server, compression=compression)) == a, compression
     assert a != ids(make(server, seed=4))
     flat = [i for batch in a[: len(a) // 2] for i in batch]
     assert len(flat) == len(set(flat)), "one epoch has every row once"
@@ -106,6 +108,8 @@ def test_bad_arguments_are_clear(server):
         pushdown.Loader(server, sql="SELECT * FROM nope")
     with pytest.raises(ValueError, match="rank"):
         make(server, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="compression"):
+        make(server, compression="gzip")
     loader = make(server)
     with pytest.raises(ValueError):
         loader.load_state_dict({"pushdown_loader": b"garbage"})

@@ -142,3 +142,61 @@ async fn unfiltered_projections_and_types_round_trip() {
         "deterministic shard order"
     );
 }
+
+/// The baselines the benchmarks compare against compute the same answer as pushdown: the
+/// engine in-process (a trainer reading the files itself), and a trainer that receives every
+/// row and column and evaluates the query on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_and_full_row_baselines_equal_pushdown() {
+    use futures::TryStreamExt;
+    let fx = Fixture::images_and_text(300, 150).await;
+    for (dataset, sql) in [
+        (
+            "images",
+            "SELECT id, decode_resize(image, 16, 12) AS pixels, label FROM images WHERE label < 500",
+        ),
+        (
+            "text",
+            "SELECT id, tokenize(body, 32) AS tokens FROM text WHERE lang = 'en' AND quality > 0.5",
+        ),
+    ] {
+        let request = ScanRequest::new(Query::Sql(sql.into()));
+        let pushed = rows(&fx.collect(&request).await.expect("pushdown").0);
+        assert!(!pushed.is_empty());
+
+        let (_, batches) = fx.server.execute(&request).await.expect("in-process");
+        let in_process: Vec<_> = batches.try_collect().await.expect("in-process batches");
+        assert_eq!(rows(&in_process), pushed, "{dataset}: in-process engine");
+
+        let all = ScanRequest::new(Query::Sql(format!("SELECT * FROM {dataset}")));
+        let info = fx.client.plan(&all).await.expect("plan");
+        let options = pushdown_client::StreamOptions {
+            concurrency: 1,
+            ..pushdown_client::StreamOptions::default()
+        };
+        let stream = fx.client.stream(&info, options).expect("stream");
+        // The trainer fetches the dataset's tokenizer, as for client-side `tokenize`.
+        let resources: std::sync::Arc<dyn pushdown_ops::Resources> = if dataset == "text" {
+            let pipeline =
+                pushdown_planner::Pipeline::new(dataset).map("tokenize", "body", [32i64], "tokens");
+            std::sync::Arc::new(
+                fx.client
+                    .resources_for(pipeline.steps(), dataset)
+                    .await
+                    .expect("tokenizer"),
+            )
+        } else {
+            std::sync::Arc::new(pushdown_ops::NoResources)
+        };
+        let (_, batches) =
+            pushdown_server::evaluate(&request.query, dataset, stream.schema(), stream, resources)
+                .await
+                .expect("evaluate");
+        let full_row: Vec<_> = batches.try_collect().await.expect("full-row batches");
+        assert_eq!(
+            rows(&full_row),
+            pushed,
+            "{dataset}: full rows evaluated by the trainer"
+        );
+    }
+}

@@ -5,6 +5,7 @@ use arrow::array::AsArray;
 use arrow::datatypes::{Int64Type, UInt8Type};
 use pushdown_client::{Column, Loader, LoaderOptions, LoaderSource, LoaderState, StreamOptions};
 use pushdown_planner::Pipeline;
+use pushdown_protocol::Compression;
 use pushdown_server::Server;
 use pushdown_tests::{Fixture, small_shards, write_images};
 
@@ -70,12 +71,13 @@ fn the_sequence_depends_on_the_seed_alone() {
         server.spawn("127.0.0.1:0".parse().unwrap()).await.expect("spawn")
     });
     let mut runs = Vec::new();
-    for (servers, concurrency) in [
-        (vec![url.clone()], 1),
-        (vec![url.clone()], 4),
-        (vec![second.url(), url.clone()], 3),
+    for (servers, concurrency, compression) in [
+        (vec![url.clone()], 1, Compression::Zstd),
+        (vec![url.clone()], 4, Compression::None),
+        (vec![second.url(), url.clone()], 3, Compression::Lz4),
     ] {
         let mut o = options(7);
+        o.compression = compression;
         o.stream = StreamOptions {
             concurrency,
             buffered_batches: 1,
@@ -84,7 +86,7 @@ fn the_sequence_depends_on_the_seed_alone() {
         o.workers = concurrency;
         runs.push(drain(&mut loader(&servers, o), usize::MAX));
     }
-    assert_eq!(runs[0], runs[1], "concurrency changes nothing");
+    assert_eq!(runs[0], runs[1], "concurrency and compression change nothing");
     assert_eq!(runs[0], runs[2], "the number of servers changes nothing");
 
     let expected = s.runtime.block_on(s.fx.local_count("label < 600")) as usize;

@@ -47,6 +47,9 @@ pub struct RunReport {
     pub rows: u64,
     pub batches: u64,
     pub elapsed: Duration,
+    /// Time the consumer spent waiting for the next batch from the network (the rest of
+    /// `elapsed` it spent in client steps and writing).
+    pub waited: Duration,
     /// Summed over epochs.
     pub totals: StreamTotals,
 }
@@ -105,6 +108,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let start = Instant::now();
     let mut totals = StreamTotals::default();
     let (mut rows, mut batches) = (0u64, 0u64);
+    let mut waited = Duration::ZERO;
     let mut writer: Option<ArrowWriter<std::fs::File>> = None;
     for epoch in 0..options.epochs.max(1) {
         let mut stream = client.stream(&info, options.stream.clone())?;
@@ -131,7 +135,11 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
             }
             Ok(())
         };
-        while let Some(batch) = stream.next().await {
+        loop {
+            let asked = Instant::now();
+            let next = stream.next().await;
+            waited += asked.elapsed();
+            let Some(batch) = next else { break };
             deliver(client_steps.push(batch?)?)?;
         }
         deliver(client_steps.finish()?)?;
@@ -152,12 +160,11 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         rows,
         batches,
         elapsed: start.elapsed(),
+        waited,
         totals,
     })
 }
 
-/// What the cost model may assume; `None` cores mean "what the server reports" and "this
-/// machine's".
 /// Human-readable byte counts.
 pub fn bytes(n: u64) -> String {
     humansize::format_size(n, humansize::BINARY)

@@ -21,13 +21,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightInfo;
 use futures::{StreamExt, TryStreamExt};
 use pushdown_planner::{Pipeline, Step};
-use pushdown_protocol::{Query, ScanRequest};
+use pushdown_protocol::{Compression, Query, ScanRequest};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -67,6 +67,9 @@ pub struct LoaderOptions {
     /// Threads that run client-side ops and build tensors.
     pub workers: usize,
     pub stream: StreamOptions,
+    /// How the server compresses the stream: zstd for slow links, LZ4 or none where the
+    /// trainer's CPU is scarcer than bandwidth (loopback, same rack).
+    pub compression: Compression,
     /// For placing a pipeline's ops.
     pub link: Link,
 }
@@ -84,6 +87,7 @@ impl Default for LoaderOptions {
             prefetch: 4,
             workers: 2,
             stream: StreamOptions::default(),
+            compression: Compression::default(),
             link: Link::bandwidth(1e9 / 8.0),
         }
     }
@@ -413,7 +417,8 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
     let client = PushdownClient::connect(&servers).await?;
     let (request, steps, dataset, batch_step, shuffle_step) = match &source {
         LoaderSource::Sql(sql) => {
-            let request = ScanRequest::new(Query::Sql(sql.clone()));
+            let mut request = ScanRequest::new(Query::Sql(sql.clone()));
+            request.compression = options.compression;
             (request, Vec::new(), None, None, None)
         }
         LoaderSource::Pipeline(pipeline) => {
@@ -428,7 +433,8 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
                     other => row_steps.push(other.clone()),
                 }
             }
-            let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+            let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+            request.compression = options.compression;
             (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
         }
     };
@@ -599,7 +605,9 @@ async fn produce(
 
     let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window
     let mut pending_rows = 0usize;
-    let mut shuffled: VecDeque<RecordBatch> = VecDeque::new(); // permuted rows, not yet batched
+    // Permuted windows, not yet batched. Rows are never copied before their batch is
+    // gathered, once, on a worker thread.
+    let mut shuffled: VecDeque<Window> = VecDeque::new();
     let mut shuffled_rows = 0usize;
     let mut next_batch = first;
     let mut in_flight = futures::stream::FuturesOrdered::new();
@@ -619,31 +627,34 @@ async fn produce(
         // Full windows (or the last one) are permuted and queued for batching.
         while pending_rows >= shared.window || (done && pending_rows > 0) {
             let take = pending_rows.min(shared.window);
-            let rows = take_rows(&schema, &mut pending, take)?;
+            let parts = split_rows(&mut pending, take);
             pending_rows -= take;
-            let mut idx: Vec<u32> = (0..take as u32).collect();
-            idx.shuffle(&mut window_rng(&shared, epoch, window));
+            let mut order: Vec<(u32, u32)> = parts
+                .iter()
+                .enumerate()
+                .flat_map(|(p, b)| (0..b.num_rows() as u32).map(move |r| (p as u32, r)))
+                .collect();
+            order.shuffle(&mut window_rng(&shared, epoch, window));
             window += 1;
-            let mut permuted = arrow::compute::take_record_batch(&rows, &UInt32Array::from(idx))?;
-            if drop_rows > 0 {
-                let d = drop_rows.min(permuted.num_rows());
-                permuted = permuted.slice(d, permuted.num_rows() - d);
-                drop_rows -= d;
-            }
-            shuffled_rows += permuted.num_rows();
-            shuffled.push_back(permuted);
+            let d = drop_rows.min(order.len());
+            drop_rows -= d;
+            let order: VecDeque<(u32, u32)> = order.into_iter().skip(d).collect();
+            shuffled_rows += order.len();
+            shuffled.push_back(Window { parts, order });
         }
         // Whole batches (or the last, partial one) go to the workers.
         while next_batch < total_batches
             && (shuffled_rows >= shared.batch_size || (done && shuffled_rows > 0))
         {
             let take = shuffled_rows.min(shared.batch_size);
-            let rows = take_rows(&schema, &mut shuffled, take)?;
+            let gather = Gather::take(&mut shuffled, take);
             shuffled_rows -= take;
             let key = batch_key(&shared, epoch, next_batch);
             let index = next_batch;
             let worker_shared = Arc::clone(&shared);
+            let schema = Arc::clone(&schema);
             in_flight.push_back(tokio::task::spawn_blocking(move || {
+                let rows = gather.run(&schema)?;
                 let out = worker_shared.steps.apply(rows, key)?;
                 Ok::<_, ClientError>(TensorBatch::from_record_batch(&out, epoch, index))
             }));
@@ -662,6 +673,59 @@ async fn produce(
     Ok(())
 }
 
+/// A permuted window: the received batches holding its rows, and the rows' order as
+/// (batch, row) positions, front first.
+struct Window {
+    parts: Vec<RecordBatch>,
+    order: VecDeque<(u32, u32)>,
+}
+
+/// One batch's rows, as positions into the (shared) batches that hold them.
+struct Gather {
+    sources: Vec<RecordBatch>,
+    indices: Vec<(usize, usize)>,
+}
+
+impl Gather {
+    /// Takes the next `n` permuted rows, spanning windows where a batch does.
+    fn take(windows: &mut VecDeque<Window>, n: usize) -> Self {
+        let mut sources = Vec::new();
+        let mut indices = Vec::with_capacity(n);
+        while indices.len() < n {
+            let Some(front) = windows.front_mut() else { break };
+            let base = sources.len();
+            sources.extend(front.parts.iter().cloned());
+            let want = (n - indices.len()).min(front.order.len());
+            indices.extend(
+                front
+                    .order
+                    .drain(..want)
+                    .map(|(p, r)| (base + p as usize, r as usize)),
+            );
+            if front.order.is_empty() {
+                windows.pop_front();
+            }
+        }
+        Self { sources, indices }
+    }
+
+    /// Copies the rows into one batch: each value is copied once.
+    fn run(&self, schema: &SchemaRef) -> Result<RecordBatch> {
+        let columns = (0..schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> = self.sources.iter().map(|b| b.column(c).as_ref()).collect();
+                arrow::compute::interleave(&arrays, &self.indices)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(self.indices.len()));
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(schema),
+            columns,
+            &options,
+        )?)
+    }
+}
+
 type Prepared = tokio::task::JoinHandle<Result<TensorBatch>>;
 
 async fn send_next(
@@ -678,8 +742,8 @@ async fn send_next(
     Ok(())
 }
 
-/// Removes the first `n` rows of `queue` as one batch.
-fn take_rows(schema: &SchemaRef, queue: &mut VecDeque<RecordBatch>, n: usize) -> Result<RecordBatch> {
+/// Removes the first `n` rows of `queue`, as slices of its batches (no copy).
+fn split_rows(queue: &mut VecDeque<RecordBatch>, n: usize) -> Vec<RecordBatch> {
     let mut parts = Vec::new();
     let mut left = n;
     while left > 0 {
@@ -693,7 +757,7 @@ fn take_rows(schema: &SchemaRef, queue: &mut VecDeque<RecordBatch>, n: usize) ->
             left = 0;
         }
     }
-    Ok(arrow::compute::concat_batches(schema, &parts)?)
+    parts
 }
 
 #[cfg(test)]

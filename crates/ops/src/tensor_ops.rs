@@ -218,13 +218,13 @@ impl Op for RandomFlip {
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
         let (h, w, c) = shape_of(self.name(), field)?;
+        debug_assert!(h > 0 && w > 0 && c > 0);
         let p = probability(self.name(), params)?;
         map_u8(self.name(), input, h * w * c, |row, src, out| {
             if row_rng(seed, row).random_bool(p) {
-                for y in 0..h {
-                    for x in 0..w {
-                        let (from, to) = ((y * w + x) * c, (y * w + (w - 1 - x)) * c);
-                        out[to..to + c].copy_from_slice(&src[from..from + c]);
+                for (from, to) in src.chunks_exact(w * c).zip(out.chunks_exact_mut(w * c)) {
+                    for (s, o) in from.chunks_exact(c).zip(to.chunks_exact_mut(c).rev()) {
+                        o.copy_from_slice(s);
                     }
                 }
             } else {

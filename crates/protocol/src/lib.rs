@@ -132,6 +132,20 @@ pub enum Compression {
     Lz4,
 }
 
+impl std::str::FromStr for Compression {
+    type Err = String;
+
+    /// `none`, `zstd` or `lz4`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(Self::None),
+            "zstd" => Ok(Self::Zstd),
+            "lz4" => Ok(Self::Lz4),
+            other => Err(format!("unknown compression `{other}` (none, zstd or lz4)")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FilterPushdown {
     #[default]

@@ -29,6 +29,7 @@
 
 mod catalog;
 mod error;
+mod local;
 mod metrics;
 mod profile;
 mod query;
@@ -51,6 +52,7 @@ use tokio::sync::Semaphore;
 
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
+pub use local::{BatchStream, evaluate};
 pub use metrics::{Metrics, serve_metrics};
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store};

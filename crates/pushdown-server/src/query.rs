@@ -397,7 +397,7 @@ pub(crate) fn register_ops(
 }
 
 /// The request as a DataFrame over the tables registered in `ctx`.
-async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
+pub(crate) async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
     match query {
         Query::Sql(sql) => {
             let options = SQLOptions::new()

@@ -38,7 +38,7 @@ impl PyLoader {
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
-        bandwidth_bytes_per_s=None
+        bandwidth_bytes_per_s=None, compression="zstd"
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -57,7 +57,9 @@ impl PyLoader {
         workers: usize,
         concurrency: usize,
         bandwidth_bytes_per_s: Option<f64>,
+        compression: &str,
     ) -> PyResult<Self> {
+        let compression = compression.parse().map_err(PyValueError::new_err)?;
         let source = match (sql, pipeline) {
             (Some(sql), None) => LoaderSource::Sql(sql),
             (None, Some(text)) => LoaderSource::Pipeline(
@@ -82,6 +84,7 @@ impl PyLoader {
                 concurrency: concurrency.max(1),
                 ..StreamOptions::default()
             },
+            compression,
             link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
         };
         let loader = py

@@ -55,6 +55,7 @@ class Loader:
         workers: int = 2,
         concurrency: int = 4,
         bandwidth_bytes_per_s: Optional[float] = None,
+        compression: str = "zstd",
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -75,6 +76,7 @@ class Loader:
             workers=workers,
             concurrency=concurrency,
             bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+            compression=compression,
         )
         self.epochs = epochs
 

@@ -1,0 +1,648 @@
+//! The product's claim, measured: pushdown against what a user would run instead, on the
+//! same data and the same link, in one run.
+//!
+//! Contenders, each running the whole workload to the end:
+//!
+//! * **pushdown**: a server process on the far side of the link, the planner's placement;
+//! * **no pushdown**: the datasets in a real S3-compatible server (moto) on the far side;
+//!   the trainer runs the same engine itself, fetching Parquet byte ranges over the link
+//!   (column chunks it needs, row groups the statistics keep: a good `pyarrow.dataset`
+//!   loader);
+//! * **full-row service**: the server process streams every row and column; the trainer
+//!   filters and transforms;
+//! * **local**: the same engine in the trainer on local files: no network, no IPC.
+//!
+//! The server (or moto) is pinned to CPU 0, the trainer (this process) to CPU 1.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use futures::{Stream, StreamExt};
+use pushdown_cli::run::{RunOptions, Source, run};
+use pushdown_client::{ClientSteps, PushdownClient, StreamOptions};
+use pushdown_planner::{Param, Pipeline, Plan};
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_server::{Server, ServerConfig};
+
+use crate::link::{Kind, Link};
+use crate::process::{ServerProcess, cpu_seconds, peak_rss, reset_peak_rss};
+use crate::s3::S3Server;
+use crate::{Datasets, Options};
+
+/// A workload: its pipeline, and its scan part (projection and filter) as SQL.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub name: &'static str,
+    pub pipeline: Pipeline,
+    pub scan: String,
+}
+
+pub fn workloads() -> Vec<Workload> {
+    let images = Pipeline::new("images")
+        .filter("label < 100")
+        .map("decode_resize", "image", [64i64, 64], "pixels")
+        .select(["pixels", "label"])
+        .map("random_crop", "pixels", [56i64, 56], "pixels")
+        .map("random_flip", "pixels", [0.5f64], "pixels")
+        .batch(256);
+    let mut clicks = Pipeline::new("clicks").filter("day = 3");
+    for c in 1..=5 {
+        clicks = clicks.map("hash_bucket", &format!("c{c}"), [100_000i64], &format!("h{c}"));
+    }
+    let clicks = clicks
+        .select(["label", "i1", "i2", "i3", "i4", "h1", "h2", "h3", "h4", "h5"])
+        .batch(4096);
+    let text = Pipeline::new("text")
+        .filter("lang = 'en' AND quality > 0.5")
+        .map("tokenize", "body", [256i64], "tokens")
+        .map(
+            "random_mask",
+            "tokens",
+            [Param::from(0.15f64), Param::from(2i64)],
+            "tokens",
+        )
+        .select(["tokens"])
+        .batch(64);
+    vec![
+        Workload {
+            name: "images",
+            pipeline: images,
+            scan: "SELECT image, label FROM images WHERE label < 100".into(),
+        },
+        Workload {
+            name: "clicks",
+            pipeline: clicks,
+            scan: "SELECT label, i1, i2, i3, i4, c1, c2, c3, c4, c5 FROM clicks WHERE day = 3".into(),
+        },
+        Workload {
+            name: "text",
+            pipeline: text,
+            scan: "SELECT body FROM text WHERE lang = 'en' AND quality > 0.5".into(),
+        },
+    ]
+}
+
+pub const PUSHDOWN: &str = "pushdown";
+/// Epochs per pushdown run: one connection and one `GetFlightInfo` serve them all.
+const EPOCHS_PER_RUN: usize = 4;
+pub const NO_PUSHDOWN: &str = "no pushdown (Parquet from S3)";
+pub const FULL_ROW: &str = "full-row service";
+pub const LOCAL: &str = "local (no network)";
+
+/// One contender on one workload and link.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cell {
+    pub workload: &'static str,
+    pub link: String,
+    pub rate_bits: Option<u64>,
+    pub contender: &'static str,
+    pub samples: u64,
+    pub samples_per_s: f64,
+    /// Counted on the link where there is one; else what the trainer received.
+    pub wire_bytes: u64,
+    pub server_cpu_s: Option<f64>,
+    pub trainer_cpu_s: f64,
+    pub server_peak_rss: Option<u64>,
+    pub trainer_peak_rss: Option<u64>,
+    /// Fraction of the trainer's time spent waiting for data to arrive.
+    pub waited: f64,
+    /// For pushdown: how many of the pipeline's ops the planner placed on the server.
+    pub ops_pushed: Option<usize>,
+}
+
+impl Cell {
+    pub fn bytes_per_sample(&self) -> f64 {
+        self.wire_bytes as f64 / self.samples.max(1) as f64
+    }
+}
+
+/// What one run of a contender returns.
+struct Outcome {
+    samples: u64,
+    /// Bytes the trainer received (when the link cannot count them).
+    received: u64,
+    waited: Duration,
+}
+
+/// Applies the trainer's steps to `batches` and counts the samples.
+async fn drive<S, E>(mut batches: S, plan: &Plan, schema: SchemaRef) -> Result<(u64, Duration)>
+where
+    S: Stream<Item = std::result::Result<RecordBatch, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut steps = ClientSteps::new(&plan.client_steps, schema, 1)?;
+    let (mut samples, mut waited) = (0u64, Duration::ZERO);
+    loop {
+        let asked = Instant::now();
+        let next = batches.next().await;
+        waited += asked.elapsed();
+        let Some(batch) = next else { break };
+        samples += steps
+            .push(batch?)?
+            .iter()
+            .map(|b| b.num_rows() as u64)
+            .sum::<u64>();
+    }
+    samples += steps.finish()?.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+    Ok((samples, waited))
+}
+
+/// The same engine in this process over `server`'s store, everything the planner may push
+/// run here.
+async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
+    let read0 = server.metrics().store_bytes_read.get();
+    let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+    let (schema, batches) = server.execute(&request).await?;
+    let (samples, waited) = drive(batches, plan, schema).await?;
+    Ok(Outcome {
+        samples,
+        received: server.metrics().store_bytes_read.get() - read0,
+        waited,
+    })
+}
+
+/// Every row and column from the server; the filter, the ops and the trainer's steps here.
+async fn full_row(client: &PushdownClient, workload: &Workload, plan: &Plan) -> Result<Outcome> {
+    let dataset = &workload.pipeline.dataset;
+    let info = client
+        .plan(&ScanRequest::new(Query::Sql(format!("SELECT * FROM {dataset}"))))
+        .await?;
+    let stream = client.stream(&info, StreamOptions::default())?;
+    let totals = stream.totals_handle();
+    let input_schema = stream.schema();
+    let resources = client.resources_for(workload.pipeline.steps(), dataset).await?;
+    let (schema, batches) = pushdown_server::evaluate(
+        &Query::Fragment(plan.fragment.clone()),
+        dataset,
+        input_schema,
+        stream,
+        Arc::new(resources),
+    )
+    .await?;
+    let (samples, waited) = drive(batches, plan, schema).await?;
+    let received = totals.lock().unwrap_or_else(|p| p.into_inner()).bytes_received;
+    Ok(Outcome {
+        samples,
+        received,
+        waited,
+    })
+}
+
+/// The planner's placement for `workload` over `link` (told 1 server core, 1 trainer core and
+/// the link's rate). Planning (profiling a sample on the server) happens once per job, not
+/// per epoch, so it is not part of the timed runs.
+async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) -> Result<usize> {
+    let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
+    let env = pushdown_cli::run::Link {
+        bandwidth_bytes_per_s: link.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0),
+        server_cores: Some(1.0),
+        client_cores: Some(1.0),
+    };
+    let costed = pushdown_cli::run::costed_plan(client, &workload.pipeline, &schema, env).await?;
+    Ok(costed.chosen.pushed)
+}
+
+async fn pushdown(url: &str, link: &Link, workload: &Workload, pushed: usize) -> Result<Outcome> {
+    let report = run(&RunOptions {
+        servers: vec![url.to_owned()],
+        bandwidth_bytes_per_s: link.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0),
+        server_cores: Some(1.0),
+        client_cores: Some(1.0),
+        push: Some(pushed),
+        source: Source::Pipeline(workload.pipeline.clone()),
+        out: None,
+        // A trainer plans and connects once and streams epoch after epoch.
+        epochs: EPOCHS_PER_RUN,
+        seed: 1,
+        stream: StreamOptions::default(),
+    })
+    .await?;
+    Ok(Outcome {
+        samples: report.rows,
+        received: report.totals.bytes_received,
+        waited: report.waited,
+    })
+}
+
+/// A server process on the far side of `link` (or none), and how to account for it.
+struct Far<'a> {
+    pid: Option<String>,
+    link: &'a Link,
+}
+
+/// Runs `contender` `reps` times; keeps the fastest (noise only slows runs down).
+async fn measure<F, Fut>(
+    options: &Options,
+    workload: &'static str,
+    contender: &'static str,
+    far: Far<'_>,
+    mut once: F,
+) -> Result<Cell>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Outcome>>,
+{
+    let mut best: Option<Cell> = None;
+    for _ in 0..options.reps_resolved {
+        if let Some(pid) = &far.pid {
+            reset_peak_rss(pid);
+        }
+        reset_peak_rss("self");
+        let server_cpu = || far.pid.as_deref().and_then(cpu_seconds);
+        let (wire0, server0, trainer0) = (far.link.bytes(), server_cpu(), cpu_seconds("self"));
+        let start = Instant::now();
+        let mut outcome = Outcome {
+            samples: 0,
+            received: 0,
+            waited: Duration::ZERO,
+        };
+        while start.elapsed().as_secs_f64() < crate::MIN_CELL_SECS {
+            let o = once()
+                .await
+                .with_context(|| format!("{workload}: {contender} over {}", far.link.describe()))?;
+            outcome.samples += o.samples;
+            outcome.received += o.received;
+            outcome.waited += o.waited;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let wire_bytes = match (far.link.bytes(), wire0) {
+            (Some(b), Some(a)) => b - a,
+            _ => outcome.received,
+        };
+        let cell = Cell {
+            workload,
+            link: far.link.describe(),
+            rate_bits: far.link.rate_bits,
+            contender,
+            samples: outcome.samples,
+            samples_per_s: outcome.samples as f64 / secs,
+            wire_bytes,
+            server_cpu_s: server_cpu().zip(server0).map(|(b, a)| b - a),
+            trainer_cpu_s: cpu_seconds("self").zip(trainer0).map_or(f64::NAN, |(b, a)| b - a),
+            server_peak_rss: far.pid.as_deref().and_then(peak_rss),
+            trainer_peak_rss: peak_rss("self"),
+            waited: outcome.waited.as_secs_f64() / secs,
+            ops_pushed: None,
+        };
+        if best.as_ref().is_none_or(|b| cell.samples_per_s > b.samples_per_s) {
+            best = Some(cell);
+        }
+    }
+    let cell = best.context("no repetitions")?;
+    eprintln!(
+        "  {:7} {:24} {:30} {:>10.0} samples/s  {:>10} on the wire",
+        cell.workload,
+        cell.link,
+        cell.contender,
+        cell.samples_per_s,
+        pushdown_cli::run::bytes(cell.wire_bytes)
+    );
+    Ok(cell)
+}
+
+async fn in_process_server(store: Arc<dyn object_store::ObjectStore>) -> Result<Server> {
+    let config = ServerConfig {
+        cpu_threads: 1,
+        ..ServerConfig::default()
+    };
+    Ok(Server::builder(store).config(config).open().await?)
+}
+
+/// Every contender on every workload over `link`.
+pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result<Vec<Cell>> {
+    let server = ServerProcess::start(&data.root, link.server_listen(), 1, link.namespace(), Some("0"))?;
+    let link = match link.kind {
+        Kind::Proxy => Link::proxy(link.rate_bits.unwrap_or(0), server.addr).await?,
+        _ => link,
+    };
+    let url = link.client_url(server.addr);
+    let client = crate::connect(&url).await?;
+
+    // The same files in S3 on the far side.
+    let s3_addr: std::net::SocketAddr = match link.kind {
+        Kind::Netns => "10.233.0.2:50552".parse()?,
+        _ => "127.0.0.1:50552".parse()?,
+    };
+    let moto = S3Server::start(s3_addr, link.namespace(), Some("0"))?;
+    let datasets: Vec<&str> = workloads().iter().map(|w| w.name).collect();
+    moto.upload(&data.root, &datasets)?;
+    // Through the pacing proxy, S3 is not shaped: the no-pushdown contender needs a real link.
+    let s3 = in_process_server(moto.store()?).await?;
+    let local = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?).await?;
+
+    let mut cells = Vec::new();
+    for workload in workloads() {
+        let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
+        // The trainer running everything itself: every op the planner may push, in-process.
+        let all = pushdown_planner::plan_limited(&workload.pipeline, &schema, usize::MAX)?;
+        let w = &workload;
+        let name = workload.name;
+        let far = || Far {
+            pid: Some(server.pid()),
+            link: &link,
+        };
+        let pushed = placement(&client, &link, w).await?;
+        let mut cell = measure(options, name, PUSHDOWN, far(), || {
+            pushdown(&url, &link, w, pushed)
+        })
+        .await?;
+        cell.ops_pushed = Some(pushed);
+        cells.push(cell);
+        if link.kind != Kind::Proxy {
+            let moto_far = Far {
+                pid: Some(moto.pid()),
+                link: &link,
+            };
+            cells.push(measure(options, name, NO_PUSHDOWN, moto_far, || in_process(&s3, &all)).await?);
+        }
+        cells.push(measure(options, name, FULL_ROW, far(), || full_row(&client, w, &all)).await?);
+        if link.kind == Kind::Loopback {
+            let none = Far {
+                pid: None,
+                link: &link,
+            };
+            cells.push(measure(options, name, LOCAL, none, || in_process(&local, &all)).await?);
+        }
+    }
+    Ok(cells)
+}
+
+/// Peak RSS of a server process serving `streams` concurrent streams of every column of the
+/// images that pass the filter.
+pub async fn rss_under_streams(data: &Datasets, streams: usize) -> Result<(u64, u64)> {
+    let server = ServerProcess::start(&data.root, "127.0.0.1:0", 1, None, Some("0"))?;
+    let url = format!("http://{}", server.addr);
+    let client = crate::connect(&url).await?;
+    reset_peak_rss(&server.pid());
+    let info = client
+        .plan(&ScanRequest::new(Query::Sql(
+            "SELECT * FROM images WHERE label < 100".into(),
+        )))
+        .await?;
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let (client, info) = (client.clone(), info.clone());
+        tasks.push(tokio::spawn(async move {
+            let options = StreamOptions {
+                concurrency: 1,
+                ..StreamOptions::default()
+            };
+            let mut stream = client.stream(&info, options)?;
+            let mut rows = 0u64;
+            while let Some(b) = stream.next().await {
+                rows += b?.num_rows() as u64;
+                // A slow trainer: streams stay open, so their buffers add up.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<_, anyhow::Error>(rows)
+        }));
+    }
+    let mut rows = 0;
+    for t in tasks {
+        rows += t.await??;
+    }
+    Ok((peak_rss(&server.pid()).unwrap_or(0), rows))
+}
+
+/// DuckDB's scan speed on `workload.scan` over local files, one thread, pinned like the
+/// server: `(rows in the dataset per second, rows out)`.
+pub fn duckdb_scan(data: &Path, workload: &Workload, reps: usize) -> Result<(f64, u64)> {
+    let venv = crate::s3::venv()?;
+    let script = std::env::current_dir()?.join("benches/python/duckdb_scan.py");
+    let out = std::process::Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(venv.join("python"))
+        .arg(script)
+        .arg("--data")
+        .arg(data)
+        .arg("--sql")
+        .arg(&workload.scan)
+        .arg("--reps")
+        .arg(reps.to_string())
+        .output()
+        .context("running benches/python/duckdb_scan.py")?;
+    if !out.status.success() {
+        anyhow::bail!("duckdb: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).context("duckdb output")?;
+    let secs = v["secs"].as_f64().context("secs")?;
+    let rows_in = v["rows_in"].as_f64().context("rows_in")?;
+    let rows_out = v["rows_out"].as_u64().context("rows_out")?;
+    Ok((rows_in / secs, rows_out))
+}
+
+/// The server's scan speed on the same query: a server process pinned to CPU 0 with one
+/// thread, the rows received by a client over loopback. `(rows in the dataset per second,
+/// rows out)`.
+pub async fn server_scan(
+    data: &Datasets,
+    workload: &Workload,
+    rows_in: u64,
+    reps: usize,
+) -> Result<(f64, u64)> {
+    let server = ServerProcess::start(&data.root, "127.0.0.1:0", 1, None, Some("0"))?;
+    let url = format!("http://{}", server.addr);
+    crate::connect(&url).await?;
+    let mut best: Option<(f64, u64)> = None;
+    for _ in 0..reps.max(1) {
+        let report = run(&RunOptions {
+            servers: vec![url.clone()],
+            bandwidth_bytes_per_s: f64::INFINITY,
+            server_cores: Some(1.0),
+            client_cores: Some(1.0),
+            push: None,
+            source: Source::Sql(workload.scan.clone()),
+            out: None,
+            epochs: 1,
+            seed: 1,
+            stream: StreamOptions::default(),
+        })
+        .await?;
+        let rate = rows_in as f64 / report.elapsed.as_secs_f64();
+        if best.is_none_or(|b| rate > b.0) {
+            best = Some((rate, report.rows));
+        }
+    }
+    best.context("no repetitions")
+}
+
+/// One verdict of the targets table.
+struct Target {
+    what: String,
+    measured: String,
+    needed: String,
+    met: bool,
+}
+
+/// Runs the whole comparison and returns the Markdown section.
+pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<String> {
+    let mut cells = Vec::new();
+    for rate in [None, Some(1_000_000_000u64), Some(10_000_000_000)] {
+        let link = match rate {
+            None => Link::loopback(),
+            Some(r) => crate::make_link(r, options).await?,
+        };
+        cells.extend(over_link(options, data, link).await?);
+    }
+    let mut targets = Vec::new();
+    for w in workloads() {
+        let find = |link_rate: Option<u64>, contender: &str| {
+            cells
+                .iter()
+                .find(|c| c.workload == w.name && c.rate_bits == link_rate && c.contender == contender)
+        };
+        if let (Some(pd), Some(np)) = (
+            find(Some(1_000_000_000), PUSHDOWN),
+            find(Some(1_000_000_000), NO_PUSHDOWN),
+        ) {
+            // Bytes per sample: cells run for different numbers of epochs.
+            let ratio = np.bytes_per_sample() / pd.bytes_per_sample().max(1e-9);
+            let needed = 0.8 * ratio * np.samples_per_s;
+            targets.push(Target {
+                what: format!("{}: pushdown at 1 Gbit/s ≥ 0.8 × (no-pushdown bytes ÷ pushdown bytes, per sample) × no-pushdown samples/s", w.name),
+                measured: format!("{:.0} samples/s", pd.samples_per_s),
+                needed: format!("{needed:.0} (= 0.8 × {ratio:.2} × {:.0})", np.samples_per_s),
+                met: pd.samples_per_s >= needed,
+            });
+        }
+        if let (Some(pd), Some(local)) = (find(None, PUSHDOWN), find(None, LOCAL)) {
+            let needed = 0.9 * local.samples_per_s;
+            targets.push(Target {
+                what: format!("{}: pushdown on loopback ≥ 0.9 × local", w.name),
+                measured: format!("{:.0} samples/s", pd.samples_per_s),
+                needed: format!("{needed:.0}"),
+                met: pd.samples_per_s >= needed,
+            });
+        }
+        let rows_in = dataset_rows(data, w.pipeline.dataset.as_str());
+        let server = server_scan(data, &w, rows_in, options.reps_resolved).await?;
+        let engine = engine_scan(data, &w, rows_in, options.reps_resolved).await?;
+        match duckdb_scan(&data.root, &w, options.reps_resolved) {
+            Ok(duck) => targets.push(Target {
+                what: format!(
+                    "{}: scan (`{}`), server rows/s ≥ DuckDB's, 1 thread each",
+                    w.name, w.scan
+                ),
+                measured: format!(
+                    "{:.0} rows/s over Flight ({} rows out); the engine in-process: {:.0} rows/s",
+                    server.0, server.1, engine
+                ),
+                needed: format!("{:.0} rows/s (DuckDB, {} rows out)", duck.0, duck.1),
+                met: server.0 >= duck.0 && server.1 == duck.1,
+            }),
+            Err(e) => eprintln!("DuckDB contender skipped ({e:#}): scripts/setup-python.sh --bench"),
+        }
+    }
+    let streams = 64;
+    let (rss, rows) = rss_under_streams(data, streams).await?;
+    targets.push(Target {
+        what: format!("server peak RSS with {streams} concurrent streams (`SELECT * FROM images WHERE label < 100`, {rows} rows in all)"),
+        measured: pushdown_cli::run::bytes(rss),
+        needed: "≤ 1 GiB".into(),
+        met: rss <= 1 << 30,
+    });
+
+    let results_dir = options.results.parent().unwrap_or(Path::new(".")).join("results");
+    std::fs::create_dir_all(&results_dir)?;
+    let json = results_dir.join("compare.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&cells)?)?;
+    let plotted = plot(&json, &results_dir);
+
+    let sizes: Vec<String> = data
+        .rows
+        .iter()
+        .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_cli::run::bytes(*b)))
+        .collect();
+    let mut out = format!(
+        "## Contenders: pushdown against what a user would run instead\n\n\
+         Command: `{command}`  \nMachine: {}; the server (or the S3 server) pinned to CPU 0 with one thread, the trainer to CPU 1.  \n\
+         Data: {}.  \nEach cell runs the workload to the end (again, until it has run ≥ 1.5 s); samples/s is the best of {} run(s); bytes are counted on the link \
+         (loopback: what the trainer received, or read from the store); \"waited\" is the fraction of the trainer's time spent \
+         waiting for data.\n\n",
+        crate::machine(),
+        sizes.join(", "),
+        options.reps_resolved,
+    );
+    for w in workloads() {
+        out.push_str(&format!("### {}\n\n", w.name));
+        out.push_str("| link | contender | samples | samples/s | bytes on the wire | bytes per sample | server CPU s | trainer CPU s | server peak RSS | trainer peak RSS | waited |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let opt_bytes = |b: Option<u64>| b.map_or("–".to_owned(), pushdown_cli::run::bytes);
+        for c in cells.iter().filter(|c| c.workload == w.name) {
+            out.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {:.2} | {} | {} | {:.0}% |\n",
+                c.link,
+                match c.ops_pushed {
+                    Some(k) => format!("{} ({k} op(s) on the server)", c.contender),
+                    None => c.contender.to_owned(),
+                },
+                c.samples,
+                c.samples_per_s,
+                pushdown_cli::run::bytes(c.wire_bytes),
+                c.bytes_per_sample(),
+                c.server_cpu_s.map_or("–".to_owned(), |s| format!("{s:.2}")),
+                c.trainer_cpu_s,
+                opt_bytes(c.server_peak_rss),
+                opt_bytes(c.trainer_peak_rss),
+                c.waited * 100.0
+            ));
+        }
+        out.push('\n');
+    }
+    out.push_str("### Targets\n\n| target | measured | needed | |\n|---|---:|---:|---|\n");
+    for t in &targets {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            t.what,
+            t.measured,
+            t.needed,
+            if t.met { "met" } else { "**missed**" }
+        ));
+    }
+    out.push('\n');
+    if plotted {
+        out.push_str("![samples per second](results/compare-samples.png)\n\n![bytes on the wire](results/compare-bytes.png)\n\n");
+    } else {
+        out.push_str("(Plots need matplotlib: `scripts/setup-python.sh --bench`.)\n\n");
+    }
+    Ok(out)
+}
+
+fn dataset_rows(data: &Datasets, name: &str) -> u64 {
+    data.rows
+        .iter()
+        .find(|(k, _, _)| k.name() == name)
+        .map_or(0, |(_, n, _)| *n as u64)
+}
+
+/// Renders the PNGs with matplotlib, when installed.
+fn plot(json: &Path, dir: &Path) -> bool {
+    let Ok(venv) = crate::s3::venv() else { return false };
+    std::process::Command::new(venv.join("python"))
+        .arg("benches/python/plot_compare.py")
+        .arg(json)
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The same scan by the server's engine in this process (no Flight, no IPC): separates the
+/// engine's speed from the transport's. Rows in the dataset per second.
+async fn engine_scan(data: &Datasets, workload: &Workload, rows_in: u64, reps: usize) -> Result<f64> {
+    let server = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?).await?;
+    let request = ScanRequest::new(Query::Sql(workload.scan.clone()));
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        let (_, mut batches) = server.execute(&request).await?;
+        while let Some(b) = batches.next().await {
+            b?;
+        }
+        best = best.max(rows_in as f64 / start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}

@@ -1,0 +1,128 @@
+//! The engine without the network: what a trainer runs when it reads the data itself.
+//!
+//! * [`Server::execute`] runs a request in this process, shard after shard, exactly as its
+//!   `DoGet`s would but with no Flight, IPC or socket in between. Over local files it is the
+//!   ceiling a remote server is measured against; over an object store reached through a
+//!   link (`s3://…`) it is the trainer that fetches Parquet itself (Petastorm, a plain
+//!   `pyarrow.dataset` loader).
+//! * [`evaluate`] runs a row-wise query over batches that arrive from elsewhere: the trainer
+//!   of a service that streams every row and column, filtering and transforming them itself.
+//!
+//! Both are also the reference a pushed-down query must equal in tests.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::catalog::streaming::StreamingTable;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::{SessionConfig, SessionContext};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
+use futures::stream::{BoxStream, Stream, StreamExt, TryStreamExt};
+use pushdown_protocol::{Query, ScanRequest, ShardTicket};
+
+use crate::Server;
+use crate::error::{Result, ServerError};
+use crate::query::Shape;
+
+/// Record batches of a query, in order.
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+impl Server {
+    /// Runs `request` in this process: its shards in order (or the whole query as one
+    /// stream), each planned and executed as its `DoGet` would be. Returns the result schema
+    /// and the batches.
+    pub async fn execute(&self, request: &ScanRequest) -> Result<(SchemaRef, BatchStream)> {
+        let state = Arc::clone(&self.state);
+        let planned = state.engine.plan(request).await?;
+        let ticket = |shard| ShardTicket {
+            request: planned.request.clone(),
+            shard,
+            skip_rows: 0,
+        };
+        let tickets: Vec<ShardTicket> = match planned.shape {
+            Shape::RowWise { .. } => planned.shards.iter().cloned().map(|s| ticket(Some(s))).collect(),
+            Shape::Whole => vec![ticket(None)],
+        };
+        let batches = futures::stream::iter(tickets)
+            .then(move |t| {
+                let state = Arc::clone(&state);
+                async move {
+                    let opened = state.engine.open(&t).await?;
+                    let stream = execute_stream(opened.plan, opened.ctx.task_ctx())?;
+                    Ok::<_, ServerError>(stream.map_err(ServerError::from))
+                }
+            })
+            .try_flatten()
+            .boxed();
+        Ok((planned.schema, batches))
+    }
+}
+
+/// Evaluates a row-wise `query` over `dataset`, whose rows arrive as `input` (with `schema`),
+/// in this process. Op calls resolve their resources (tokenizers) from `resources`.
+pub async fn evaluate<S, E>(
+    query: &Query,
+    dataset: &str,
+    schema: SchemaRef,
+    input: S,
+    resources: Arc<dyn pushdown_ops::Resources>,
+) -> Result<(SchemaRef, BatchStream)>
+where
+    S: Stream<Item = std::result::Result<RecordBatch, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let config = SessionConfig::new()
+        .with_target_partitions(1)
+        .with_information_schema(false);
+    let ctx = SessionContext::new_with_config(config);
+    let partition = OneShot {
+        schema: Arc::clone(&schema),
+        input: Mutex::new(Some(
+            input.map_err(|e| DataFusionError::External(e.into())).boxed(),
+        )),
+    };
+    let table = StreamingTable::try_new(schema, vec![Arc::new(partition)])?;
+    ctx.register_table(dataset, Arc::new(table))?;
+    for udf in crate::udf::udfs(resources) {
+        ctx.register_udf(udf);
+    }
+    let df = crate::query::dataframe(&ctx, query).await?;
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let stream = df.execute_stream().await?;
+    Ok((schema, stream.map_err(ServerError::from).boxed()))
+}
+
+/// A partition whose batches come from a stream that can be read once.
+struct OneShot {
+    schema: SchemaRef,
+    input: Mutex<Option<BoxStream<'static, datafusion::error::Result<RecordBatch>>>>,
+}
+
+impl std::fmt::Debug for OneShot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneShot").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for OneShot {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self.input.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let stream = taken.unwrap_or_else(|| {
+            futures::stream::once(async {
+                Err(DataFusionError::Execution(
+                    "the input stream was already consumed".into(),
+                ))
+            })
+            .boxed()
+        });
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+    }
+}
