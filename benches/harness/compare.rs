@@ -24,7 +24,7 @@ use arrow::record_batch::RecordBatch;
 use futures::{Stream, StreamExt};
 use pushdown_cli::run::{RunOptions, Source, run};
 use pushdown_client::{ClientSteps, PushdownClient, StreamOptions};
-use pushdown_planner::{Param, Pipeline, Plan};
+use pushdown_planner::{Pipeline, Plan};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_server::{Server, ServerConfig};
 
@@ -41,49 +41,24 @@ pub struct Workload {
     pub scan: String,
 }
 
+/// The placement benchmark's pipelines with the filters: 10% of the images, one
+/// day of clicks (pruned by statistics: rows are in day order).
 pub fn workloads() -> Vec<Workload> {
-    let images = Pipeline::new("images")
-        .filter("label < 100")
-        .map("decode_resize", "image", [64i64, 64], "pixels")
-        .select(["pixels", "label"])
-        .map("random_crop", "pixels", [56i64, 56], "pixels")
-        .map("random_flip", "pixels", [0.5f64], "pixels")
-        .batch(256);
-    let mut clicks = Pipeline::new("clicks").filter("day = 3");
-    for c in 1..=5 {
-        clicks = clicks.map("hash_bucket", &format!("c{c}"), [100_000i64], &format!("h{c}"));
-    }
-    let clicks = clicks
-        .select(["label", "i1", "i2", "i3", "i4", "h1", "h2", "h3", "h4", "h5"])
-        .batch(4096);
-    let text = Pipeline::new("text")
-        .filter("lang = 'en' AND quality > 0.5")
-        .map("tokenize", "body", [256i64], "tokens")
-        .map(
-            "random_mask",
-            "tokens",
-            [Param::from(0.15f64), Param::from(2i64)],
-            "tokens",
-        )
-        .select(["tokens"])
-        .batch(64);
-    vec![
-        Workload {
-            name: "images",
-            pipeline: images,
-            scan: "SELECT image, label FROM images WHERE label < 100".into(),
-        },
-        Workload {
-            name: "clicks",
-            pipeline: clicks,
-            scan: "SELECT label, i1, i2, i3, i4, c1, c2, c3, c4, c5 FROM clicks WHERE day = 3".into(),
-        },
-        Workload {
-            name: "text",
-            pipeline: text,
-            scan: "SELECT body FROM text WHERE lang = 'en' AND quality > 0.5".into(),
-        },
-    ]
+    crate::placement::pipelines_filtered("label < 100", "day = 3")
+        .into_iter()
+        .map(|(name, pipeline)| {
+            let scan = match name {
+                "images" => "SELECT image, label FROM images WHERE label < 100",
+                "clicks" => "SELECT label, i1, i2, i3, i4, c1, c2, c3, c4, c5 FROM clicks WHERE day = 3",
+                _ => "SELECT body FROM text WHERE lang = 'en' AND quality > 0.5",
+            };
+            Workload {
+                name,
+                pipeline,
+                scan: scan.into(),
+            }
+        })
+        .collect()
 }
 
 pub const PUSHDOWN: &str = "pushdown";
@@ -198,7 +173,7 @@ async fn full_row(client: &PushdownClient, workload: &Workload, plan: &Plan) -> 
 async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) -> Result<usize> {
     let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
     let env = pushdown_cli::run::Link {
-        bandwidth_bytes_per_s: link.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0),
+        bandwidth_bytes_per_s: link.rate_bytes(),
         server_cores: Some(1.0),
         client_cores: Some(1.0),
     };
@@ -208,17 +183,14 @@ async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) ->
 
 async fn pushdown(url: &str, link: &Link, workload: &Workload, pushed: usize) -> Result<Outcome> {
     let report = run(&RunOptions {
-        servers: vec![url.to_owned()],
-        bandwidth_bytes_per_s: link.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0),
+        bandwidth_bytes_per_s: link.rate_bytes(),
         server_cores: Some(1.0),
         client_cores: Some(1.0),
         push: Some(pushed),
-        source: Source::Pipeline(workload.pipeline.clone()),
-        out: None,
         // A trainer plans and connects once and streams epoch after epoch.
         epochs: EPOCHS_PER_RUN,
         seed: 1,
-        stream: StreamOptions::default(),
+        ..RunOptions::new(vec![url.to_owned()], Source::Pipeline(workload.pipeline.clone()))
     })
     .await?;
     Ok(Outcome {
@@ -451,16 +423,11 @@ pub async fn server_scan(
     let mut best: Option<(f64, u64)> = None;
     for _ in 0..reps.max(1) {
         let report = run(&RunOptions {
-            servers: vec![url.clone()],
             bandwidth_bytes_per_s: f64::INFINITY,
             server_cores: Some(1.0),
             client_cores: Some(1.0),
-            push: None,
-            source: Source::Sql(workload.scan.clone()),
-            out: None,
-            epochs: 1,
             seed: 1,
-            stream: StreamOptions::default(),
+            ..RunOptions::new(vec![url.clone()], Source::Sql(workload.scan.clone()))
         })
         .await?;
         let rate = rows_in as f64 / report.elapsed.as_secs_f64();

@@ -175,6 +175,11 @@ impl Link {
         })
     }
 
+    /// The link's rate in bytes per second (unlimited on loopback), as the planner is told.
+    pub fn rate_bytes(&self) -> f64 {
+        self.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0)
+    }
+
     /// The namespace a server of this link runs in, if any.
     pub fn namespace(&self) -> Option<&'static str> {
         (self.kind == Kind::Netns).then_some(NAMESPACE)

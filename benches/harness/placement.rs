@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pushdown_cli::run::{Link as PlanLink, RunOptions, Source, costed_plan, run};
-use pushdown_client::{PushdownClient, StreamOptions};
+use pushdown_client::PushdownClient;
 use pushdown_planner::{Param, Pipeline};
 
 use crate::link::Link;
@@ -17,14 +17,20 @@ use crate::{Datasets, Options};
 
 /// The three pipelines: each has deterministic, data-reducing ops the planner may push.
 pub fn pipelines() -> Vec<(&'static str, Pipeline)> {
+    pipelines_filtered("label < 500", "day >= 12")
+}
+
+/// The images, clicks and text pipelines, with the images and clicks filters given (the
+/// contender comparison uses the same pipelines with more selective filters).
+pub fn pipelines_filtered(images_filter: &str, clicks_filter: &str) -> Vec<(&'static str, Pipeline)> {
     let images = Pipeline::new("images")
-        .filter("label < 500")
+        .filter(images_filter)
         .map("decode_resize", "image", [64i64, 64], "pixels")
         .select(["pixels", "label"])
         .map("random_crop", "pixels", [56i64, 56], "pixels")
         .map("random_flip", "pixels", [0.5f64], "pixels")
         .batch(256);
-    let mut clicks = Pipeline::new("clicks").filter("day >= 12");
+    let mut clicks = Pipeline::new("clicks").filter(clicks_filter);
     for c in 1..=5 {
         clicks = clicks.map("hash_bucket", &format!("c{c}"), [100_000i64], &format!("h{c}"));
     }
@@ -90,7 +96,7 @@ async fn measure_pipeline(
     pipeline: &Pipeline,
 ) -> Result<Vec<Cell>> {
     let schema = client.dataset_schema(&pipeline.dataset).await?;
-    let rate_bytes = link.rate_bits.map_or(f64::INFINITY, |r| r as f64 / 8.0);
+    let rate_bytes = link.rate_bytes();
     let plan_link = PlanLink {
         bandwidth_bytes_per_s: rate_bytes,
         server_cores: Some(1.0),
@@ -112,16 +118,12 @@ async fn measure_pipeline(
             let (mut rows, mut received) = (0u64, 0u64);
             while start.elapsed().as_secs_f64() < crate::MIN_CELL_SECS {
                 let report = run(&RunOptions {
-                    servers: vec![url.to_owned()],
                     bandwidth_bytes_per_s: rate_bytes,
                     server_cores: Some(1.0),
                     client_cores: Some(1.0),
                     push: Some(k),
-                    source: Source::Pipeline(pipeline.clone()),
-                    out: None,
-                    epochs: 1,
                     seed: 1,
-                    stream: StreamOptions::default(),
+                    ..RunOptions::new(vec![url.to_owned()], Source::Pipeline(pipeline.clone()))
                 })
                 .await
                 .with_context(|| format!("{name} with {k} ops pushed"))?;

@@ -86,6 +86,18 @@ def pipeline():
     }
 
 
+def rust_loader(args, epochs, compression):
+    return pushdown.Loader(
+        args.server,
+        pipeline=pipeline(),
+        seed=0,
+        epochs=epochs,
+        workers=args.workers,
+        prefetch=8,
+        compression=compression,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
@@ -117,15 +129,7 @@ def main():
         ns_batches = numpy_streamed(args.server, args.epochs, rng, compression)
         rows.append(("numpy fed by the stream", compression, ns_batches, time.perf_counter() - t0, time.process_time() - c0))
 
-        loader = pushdown.Loader(
-            args.server,
-            pipeline=pipeline(),
-            seed=0,
-            epochs=args.epochs,
-            workers=args.workers,
-            prefetch=8,
-            compression=compression,
-        )
+        loader = rust_loader(args, args.epochs, compression)
         c0, t0 = time.process_time(), time.perf_counter()
         rs_batches = 0
         for batch in loader:
@@ -133,15 +137,7 @@ def main():
             rs_batches += 1
         rows.append(("pushdown.Loader (stream + Rust)", compression, rs_batches, time.perf_counter() - t0, time.process_time() - c0))
 
-        stepped = pushdown.Loader(
-            args.server,
-            pipeline=pipeline(),
-            seed=0,
-            epochs=1,
-            workers=args.workers,
-            prefetch=8,
-            compression=compression,
-        )
+        stepped = rust_loader(args, 1, compression)
         for batch in stepped:
             time.sleep(args.step_ms / 1000)
         waits.append((compression, stepped.stats))
@@ -172,8 +168,9 @@ def write_section(path, name, body, argv):
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     section = (
         f"{begin}\n## Trainer side: pushdown.Loader against numpy, per CPU second\n\n"
-        f"Command: `.venv/bin/python benches/python/bench_loader.py {argv}` (this process pinned to one core; "
-        f"the server to the other, one thread).\n\n{body}{end}"
+        f"Command: `taskset -c 1 .venv/bin/python benches/python/bench_loader.py {argv}`, against "
+        f"`pushdown gen images --rows 8192 --out DATA && taskset -c 0 pushdown serve --data DATA --listen ADDR --cpu-threads 1` "
+        f"(release builds; the loader on one core, the server on the other).\n\n{body}{end}"
     )
     current = path.read_text() if path.exists() else ""
     a, b = current.find(begin), current.find(end)

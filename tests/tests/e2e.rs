@@ -41,16 +41,9 @@ async fn pipeline_run_writes_the_rows_the_filter_selects() {
         .select(["id", "label"])
         .batch(16);
     let options = RunOptions {
-        servers: vec![fx.running.url()],
-        bandwidth_bytes_per_s: 1e9 / 8.0,
-        server_cores: None,
-        client_cores: None,
-        push: None,
-        source: Source::Pipeline(pipeline),
         out: Some(out.clone()),
-        epochs: 1,
         seed: 3,
-        stream: StreamOptions::default(),
+        ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline))
     };
     let report = run(&options).await.expect("run");
     let plan = report.plan.as_ref().expect("plan");

@@ -2,7 +2,7 @@
 
 use arrow::array::Array;
 use pushdown_cli::run::{RunOptions, Source, run};
-use pushdown_client::{ClientSteps, StreamOptions};
+use pushdown_client::ClientSteps;
 use pushdown_planner::{Environment, MapStep, Pipeline, Side, Step, plan, plan_with_profile};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_tests::{Fixture, num_rows, rows};
@@ -149,16 +149,9 @@ async fn pipelines_push_deterministic_ops_to_the_server() {
     // Over a slow link (10 Mbit/s) shipping JPEGs is the bottleneck: the measured placement
     // pushes the downscale too.
     let report = run(&RunOptions {
-        servers: vec![fx.running.url()],
         bandwidth_bytes_per_s: 10e6 / 8.0,
-        server_cores: None,
-        client_cores: None,
-        push: None,
-        source: Source::Pipeline(pipeline),
-        out: None,
-        epochs: 1,
         seed: 1,
-        stream: StreamOptions::default(),
+        ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline))
     })
     .await
     .expect("run");
@@ -264,16 +257,9 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     // Either way, the trainer gets the same rows.
     for (costed, side) in [(&small, 64), (&large, 512)] {
         let report = run(&RunOptions {
-            servers: vec![fx.running.url()],
             bandwidth_bytes_per_s: gbit,
-            server_cores: None,
-            client_cores: None,
-            push: None,
-            source: Source::Pipeline(pipeline(side)),
-            out: None,
-            epochs: 1,
             seed: 1,
-            stream: StreamOptions::default(),
+            ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline(side)))
         })
         .await
         .expect("run");

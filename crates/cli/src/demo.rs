@@ -8,7 +8,6 @@
 use std::io::Write;
 
 use anyhow::Result;
-use pushdown_client::StreamOptions;
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store};
 
@@ -64,16 +63,8 @@ pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<D
     let pipeline = pipeline();
     writeln!(out, "\npipeline:\n{}", indent(&pipeline.to_toml()))?;
     let report = run(&RunOptions {
-        servers: vec![running.url()],
-        bandwidth_bytes_per_s: 1e9 / 8.0,
-        server_cores: None,
-        client_cores: None,
-        push: None,
-        source: Source::Pipeline(pipeline),
-        out: None,
-        epochs: 1,
         seed: 7,
-        stream: StreamOptions::default(),
+        ..RunOptions::new(vec![running.url()], Source::Pipeline(pipeline))
     })
     .await?;
     writeln!(out, "{}", describe(&report))?;

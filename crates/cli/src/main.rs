@@ -332,12 +332,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
         _ => anyhow::bail!("give a pipeline file or --sql, not both"),
     };
     let report = run(&RunOptions {
-        servers: args.client.servers,
         bandwidth_bytes_per_s: args.client.bandwidth,
-        server_cores: None,
-        client_cores: None,
-        push: None,
-        source,
         out: args.out.clone(),
         epochs: args.epochs,
         seed: args.seed,
@@ -345,6 +340,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
             concurrency: args.client.concurrency,
             ..StreamOptions::default()
         },
+        ..RunOptions::new(args.client.servers, source)
     })
     .await?;
     print!("{}", describe(&report));

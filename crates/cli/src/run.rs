@@ -38,6 +38,25 @@ pub struct RunOptions {
     pub stream: StreamOptions,
 }
 
+impl RunOptions {
+    /// One epoch of `source` from `servers`, seed 0, over a 1 Gbit/s link as the planner
+    /// sees it, the planner's placement, nothing written.
+    pub fn new(servers: Vec<String>, source: Source) -> Self {
+        Self {
+            servers,
+            bandwidth_bytes_per_s: 1e9 / 8.0,
+            server_cores: None,
+            client_cores: None,
+            push: None,
+            source,
+            out: None,
+            epochs: 1,
+            seed: 0,
+            stream: StreamOptions::default(),
+        }
+    }
+}
+
 /// What a run delivered and what it cost.
 #[derive(Debug, Clone)]
 pub struct RunReport {

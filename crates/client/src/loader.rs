@@ -415,10 +415,9 @@ impl Drop for Loader {
 
 async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOptions) -> Result<Shared> {
     let client = PushdownClient::connect(&servers).await?;
-    let (request, steps, dataset, batch_step, shuffle_step) = match &source {
+    let (mut request, steps, dataset, batch_step, shuffle_step) = match &source {
         LoaderSource::Sql(sql) => {
-            let mut request = ScanRequest::new(Query::Sql(sql.clone()));
-            request.compression = options.compression;
+            let request = ScanRequest::new(Query::Sql(sql.clone()));
             (request, Vec::new(), None, None, None)
         }
         LoaderSource::Pipeline(pipeline) => {
@@ -433,11 +432,11 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
                     other => row_steps.push(other.clone()),
                 }
             }
-            let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-            request.compression = options.compression;
+            let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
         }
     };
+    request.compression = options.compression;
     let info = client.plan(&request).await?;
     if info.endpoint.is_empty() && info.total_records != 0 {
         return Err(ClientError::Invalid(

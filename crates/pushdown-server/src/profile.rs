@@ -76,6 +76,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
         None => lit(true),
     };
     let mut exprs: Vec<_> = source.iter().map(ident).collect();
+    // The predicate is evaluated with the scan, so its cost is timed as part of it.
     exprs.push(keep.clone().alias(KEEP));
     let sample = table.clone().select(exprs)?.limit(0, Some(rows.max(1)))?;
     sample.clone().collect().await?; // warm
@@ -92,11 +93,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
 
     // The rows the ops would see: the first `rows` that pass the predicate.
     let passing = table.clone().filter(keep.clone())?;
-    let selected = match dataset.num_rows() {
-        0 => 0,
-        _ => passing.clone().count().await?,
-    };
-    let selectivity = selected as f64 / dataset.num_rows().max(1) as f64;
+    let selectivity = passing.clone().count().await? as f64 / dataset.num_rows().max(1) as f64;
     let kept_batches = passing
         .select(source.iter().map(ident).collect::<Vec<_>>())?
         .limit(0, Some(rows.max(1)))?

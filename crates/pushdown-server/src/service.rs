@@ -216,6 +216,20 @@ impl PushdownService {
             .collect()
     }
 
+    /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
+    async fn on_cpu<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.state
+            .cpu
+            .spawn(work)
+            .join()
+            .await
+            .map_err(|e| ServerError::Internal(format!("{what} task: {e}")))?
+    }
+
     async fn action(&self, action: Action) -> Result<Vec<arrow_flight::Result>> {
         match action.r#type.as_str() {
             "health" => Ok(vec![arrow_flight::Result::new("ok")]),
@@ -245,28 +259,20 @@ impl PushdownService {
             "profile" => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
                 let state = Arc::clone(&self.state);
-                let rows = PROFILE_ROWS;
                 let cores = self.state.config.cpu_threads as u32;
-                let task = self.state.cpu.spawn(async move {
-                    crate::profile::profile(&state.engine, &request, rows, cores).await
-                });
-                let profile = task
-                    .join()
-                    .await
-                    .map_err(|e| ServerError::Internal(format!("profile task: {e}")))??;
+                let profile = self
+                    .on_cpu("profile", async move {
+                        crate::profile::profile(&state.engine, &request, PROFILE_ROWS, cores).await
+                    })
+                    .await?;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
             }
             "count" => {
                 let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
                 let state = Arc::clone(&self.state);
-                let task = self
-                    .state
-                    .cpu
-                    .spawn(async move { state.engine.count(&ticket).await });
-                let n = task
-                    .join()
-                    .await
-                    .map_err(|e| ServerError::Internal(format!("count task: {e}")))??;
+                let n = self
+                    .on_cpu("count", async move { state.engine.count(&ticket).await })
+                    .await?;
                 Ok(vec![arrow_flight::Result::new(n.to_string())])
             }
             "tokenizer" => {
