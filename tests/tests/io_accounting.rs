@@ -1,6 +1,6 @@
 //! Pushdown is proven by what was read, not only by what came back.
 
-use pushdown_protocol::{Query, ScanRequest};
+use pushdown_protocol::{PlanEstimate, Query, ScanRequest};
 use pushdown_tests::{Fixture, local_eval, num_rows, sorted_rows};
 
 fn bytes_read(fx: &Fixture) -> u64 {
@@ -45,15 +45,33 @@ async fn projecting_a_narrow_column_reads_a_small_fraction() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statistics_prune_row_groups() {
+async fn statistics_prune_row_groups_at_planning() {
     let fx = Fixture::images(512).await;
-    // Ids ascend: only the first of the 8 row groups can hold id < 50.
-    let mut request = ScanRequest::new(Query::Sql("SELECT id, image FROM images WHERE id < 50".into()));
+    // Ids ascend: only the first of the 8 row groups can hold id < 50, and only it gets an
+    // endpoint (planning reads the statistics); an unfiltered query gets one per shard of
+    // two row groups.
+    let sql = "SELECT id, image FROM images WHERE id < 50";
+    let mut request = ScanRequest::new(Query::Sql(sql.into()));
     request.stats = true;
+    let info = fx.client.plan(&request).await.expect("plan");
+    let estimate = PlanEstimate::decode(&info.app_metadata).expect("estimate");
+    assert_eq!(info.endpoint.len(), 1);
+    assert_eq!(estimate.row_groups_pruned, 7, "{estimate:?}");
+    assert_eq!(estimate.rows_upper_bound, 64, "{estimate:?}");
+    let unfiltered = ScanRequest::new(Query::Sql("SELECT id, image FROM images".into()));
+    let everything = fx.client.plan(&unfiltered).await.expect("plan");
+    assert_eq!(everything.endpoint.len(), 4);
+    assert_eq!(
+        PlanEstimate::decode(&everything.app_metadata)
+            .expect("estimate")
+            .row_groups_pruned,
+        0
+    );
+
     let (batches, totals) = fx.collect(&request).await.expect("query");
     assert_eq!(num_rows(&batches), 50);
-    assert_eq!(totals.server.row_groups, 8);
-    assert_eq!(totals.server.row_groups_pruned, 7, "{:?}", totals.server);
+    assert_eq!(totals.server.row_groups, 1, "{:?}", totals.server);
+    assert_eq!(totals.server.row_groups_pruned, 0, "{:?}", totals.server);
     let pruned = bytes_read(&fx);
 
     let all = fx.sql("SELECT id, image FROM images").await.expect("all");
@@ -64,13 +82,45 @@ async fn statistics_prune_row_groups() {
         "pruned scan read {pruned}, full scan {unpruned}"
     );
 
-    // The metrics say the same.
+    // The metrics say the same (two plans of the filtered query, one of the full one).
     let text = fx.server.metrics().encode();
-    assert!(text.contains("pushdown_row_groups_pruned_total 7"), "{text}");
+    assert!(
+        text.contains("pushdown_row_groups_pruned_at_planning_total 14"),
+        "{text}"
+    );
     assert_eq!(
         sorted_rows(&batches),
-        sorted_rows(&local_eval(fx.root.path(), "SELECT id, image FROM images WHERE id < 50").await)
+        sorted_rows(&local_eval(fx.root.path(), sql).await)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planning_splits_shards_around_pruned_row_groups() {
+    let fx = Fixture::images(512).await;
+    // Files of 256 ids in row groups of 64. Shards are runs of matching row groups: a pruned
+    // row group between two matching ones of the same file splits them into two shards.
+    let cases = [
+        ("id < 10 OR (id >= 150 AND id < 160)", 2, 6),
+        ("id < 10 OR id >= 500", 2, 6),
+        ("id >= 64 AND id < 192", 1, 6),
+        // Statistics cannot judge this: every row group is planned, two per shard.
+        ("label % 10 = 7", 4, 0),
+    ];
+    for (predicate, endpoints, pruned) in cases {
+        let sql = format!("SELECT id, label FROM images WHERE {predicate}");
+        let request = ScanRequest::new(Query::Sql(sql.clone()));
+        let info = fx.client.plan(&request).await.expect("plan");
+        let estimate = PlanEstimate::decode(&info.app_metadata).expect("estimate");
+        assert_eq!(info.endpoint.len(), endpoints, "{predicate}: {estimate:?}");
+        assert_eq!(estimate.row_groups_pruned, pruned, "{predicate}: {estimate:?}");
+        assert_eq!(estimate.rows_upper_bound, (8 - pruned) * 64, "{predicate}");
+        let (batches, _) = fx.collect(&request).await.expect("query");
+        assert_eq!(
+            sorted_rows(&batches),
+            sorted_rows(&local_eval(fx.root.path(), &sql).await),
+            "{predicate}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

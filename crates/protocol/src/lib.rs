@@ -202,12 +202,14 @@ impl std::ops::AddAssign for StreamStats {
 /// What the server expects a planned query to cost (the app_metadata of its FlightInfo).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlanEstimate {
-    /// Rows in the scanned row groups, before filtering and pruning.
+    /// Rows in the row groups the endpoints will scan, before filtering.
     pub rows_upper_bound: u64,
-    /// Compressed bytes of the projected column chunks, before pruning.
+    /// Compressed bytes of the projected column chunks those row groups hold.
     pub bytes_to_scan: u64,
     /// One endpoint per shard, or one stream for the whole query.
     pub row_wise: bool,
+    /// Row groups ruled out at planning by their statistics: no endpoint scans them.
+    pub row_groups_pruned: u64,
 }
 
 impl PlanEstimate {
@@ -216,6 +218,7 @@ impl PlanEstimate {
             rows_upper_bound: self.rows_upper_bound,
             bytes_to_scan: self.bytes_to_scan,
             row_wise: self.row_wise,
+            row_groups_pruned: self.row_groups_pruned,
         }
         .encode_to_vec()
         .into()
@@ -230,6 +233,7 @@ impl PlanEstimate {
             rows_upper_bound: m.rows_upper_bound,
             bytes_to_scan: m.bytes_to_scan,
             row_wise: m.row_wise,
+            row_groups_pruned: m.row_groups_pruned,
         })
     }
 }
@@ -684,5 +688,16 @@ mod tests {
             elapsed_ns: 7,
         };
         assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn plan_estimate_round_trips() {
+        let e = PlanEstimate {
+            rows_upper_bound: 1,
+            bytes_to_scan: 2,
+            row_wise: true,
+            row_groups_pruned: 3,
+        };
+        assert_eq!(PlanEstimate::decode(&e.encode()).unwrap(), e);
     }
 }

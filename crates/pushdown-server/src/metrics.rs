@@ -27,6 +27,7 @@ pub struct Metrics {
     pub rows_sent: Counter,
     pub row_groups_scanned: Counter,
     pub row_groups_pruned: Counter,
+    pub row_groups_pruned_at_planning: Counter,
     pub store_bytes_read: Counter<u64, AtomicU64>,
     pub store_requests: Counter<u64, AtomicU64>,
     pub requests: Family<RequestLabels, Counter>,
@@ -51,6 +52,7 @@ impl Metrics {
             rows_sent: Counter::default(),
             row_groups_scanned: Counter::default(),
             row_groups_pruned: Counter::default(),
+            row_groups_pruned_at_planning: Counter::default(),
             store_bytes_read: Counter::default(),
             store_requests: Counter::default(),
             requests: Family::default(),
@@ -80,8 +82,13 @@ impl Metrics {
         );
         registry.register(
             "row_groups_pruned",
-            "Row groups skipped by statistics or bloom filters",
+            "Row groups of the requested shards skipped by statistics or bloom filters",
             m.row_groups_pruned.clone(),
+        );
+        registry.register(
+            "row_groups_pruned_at_planning",
+            "Row groups ruled out by their statistics when planning: no endpoint scans them",
+            m.row_groups_pruned_at_planning.clone(),
         );
         registry.register(
             "store_bytes_read",

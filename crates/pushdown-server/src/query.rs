@@ -22,15 +22,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::common::DFSchema;
 use datafusion::common::config::TableParquetOptions;
 use datafusion::common::tree_node::TreeNode;
+use datafusion::datasource::physical_plan::parquet::{
+    ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
+};
 use datafusion::execution::FunctionRegistry;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::metrics::MetricValue;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricValue};
 use datafusion::prelude::DataFrame;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -39,7 +45,7 @@ use pushdown_protocol::{
 };
 
 use crate::ServerConfig;
-use crate::catalog::{Catalog, Dataset, lookup};
+use crate::catalog::{Catalog, DataFile, Dataset, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
 
@@ -64,10 +70,12 @@ pub struct Planned {
     pub shards: Vec<Shard>,
     /// The request as the tickets carry it (filter pushdown decided).
     pub request: ScanRequest,
-    /// Rows before filtering, over the scanned row groups.
+    /// Rows before filtering, over the row groups the shards scan.
     pub rows_upper_bound: u64,
     /// Compressed bytes of the projected column chunks the scan will read at most.
     pub bytes_to_scan: u64,
+    /// Row groups no shard scans: their statistics rule the filter out.
+    pub row_groups_pruned: u64,
     pub has_filter: bool,
     pub optimized: LogicalPlan,
 }
@@ -203,31 +211,49 @@ impl Engine {
             };
         }
 
+        // Row groups whose statistics rule the filter out get no shard: a selective query
+        // over sorted data costs one request per matching range, not one per file.
+        let pruning = match (&shape, &scan) {
+            (Shape::RowWise { dataset }, Some(s)) => pruning_predicate(&ctx, dataset, s)?,
+            _ => None,
+        };
         let mut shards = Vec::new();
         let mut rows_upper_bound = 0;
         let mut bytes_to_scan = 0;
+        let mut row_groups_pruned = 0;
         for dataset in &scanned {
             let leaves = leaf_columns(dataset, projection.as_deref());
             for file in &dataset.files {
-                let mut start = 0;
-                let (mut rows, mut bytes) = (0u64, 0u64);
-                for rg in 0..file.num_row_groups() {
-                    rows += file.row_group_rows(rg);
-                    bytes += file.row_group_bytes(rg, leaves.as_deref());
-                    let last = rg + 1 == file.num_row_groups();
-                    if last || rows >= self.config.shard_max_rows || bytes >= self.config.shard_target_bytes {
+                let matching = matching_row_groups(dataset, file, pruning.as_deref());
+                // The run of matching row groups being gathered: start, end, rows, bytes.
+                let mut run: Option<(usize, usize, u64, u64)> = None;
+                let mut close = |run: &mut Option<(usize, usize, u64, u64)>| {
+                    if let Some((start, end, rows, bytes)) = run.take() {
                         rows_upper_bound += rows;
                         bytes_to_scan += bytes;
                         shards.push(Shard {
                             dataset: dataset.name.clone(),
                             file: file.path.clone(),
-                            row_groups: start as u32..rg as u32 + 1,
+                            row_groups: start as u32..end as u32,
                             rows,
                         });
-                        start = rg + 1;
-                        (rows, bytes) = (0, 0);
+                    }
+                };
+                for (rg, matches) in matching.iter().enumerate() {
+                    if !matches {
+                        row_groups_pruned += 1;
+                        close(&mut run);
+                        continue;
+                    }
+                    let (_, end, rows, bytes) = run.get_or_insert((rg, rg, 0, 0));
+                    *end = rg + 1;
+                    *rows += file.row_group_rows(rg);
+                    *bytes += file.row_group_bytes(rg, leaves.as_deref());
+                    if *rows >= self.config.shard_max_rows || *bytes >= self.config.shard_target_bytes {
+                        close(&mut run);
                     }
                 }
+                close(&mut run);
             }
         }
         if matches!(shape, Shape::Whole) {
@@ -240,6 +266,7 @@ impl Engine {
             request,
             rows_upper_bound,
             bytes_to_scan,
+            row_groups_pruned,
             has_filter,
             optimized,
         })
@@ -494,7 +521,9 @@ fn row_wise_table(plan: &LogicalPlan) -> Option<String> {
 
 /// What the optimizer pushed into the (first) table scan.
 struct ScanInfo {
+    table: datafusion::common::TableReference,
     projection: Option<Vec<usize>>,
+    filters: Vec<Expr>,
     filter_columns: Vec<usize>,
 }
 
@@ -512,7 +541,9 @@ fn scan_of(plan: &LogicalPlan) -> Option<ScanInfo> {
             filter_columns.sort_unstable();
             filter_columns.dedup();
             found = Some(ScanInfo {
+                table: s.table_name.clone(),
                 projection: s.projection.clone(),
+                filters: s.filters.clone(),
                 filter_columns,
             });
             return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
@@ -520,6 +551,47 @@ fn scan_of(plan: &LogicalPlan) -> Option<ScanInfo> {
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     });
     found
+}
+
+/// The scan's filters as a predicate over row-group statistics (`None`: nothing to prune by).
+fn pruning_predicate(
+    ctx: &SessionContext,
+    dataset: &Dataset,
+    scan: &ScanInfo,
+) -> Result<Option<Arc<PruningPredicate>>> {
+    let Some(filter) = conjunction(scan.filters.iter().cloned()) else {
+        return Ok(None);
+    };
+    let df_schema = DFSchema::try_from_qualified_schema(scan.table.clone(), &dataset.schema)?;
+    let physical = ctx.create_physical_expr(filter, &df_schema)?;
+    // A filter the statistics cannot judge (e.g. over an op's output) prunes nothing.
+    Ok(PruningPredicateBuilder::new()
+        .with_file_schema(Arc::clone(&dataset.schema))
+        .build(physical))
+}
+
+/// Which of `file`'s row groups may hold rows passing `predicate`, judged by their min/max
+/// and null-count statistics exactly as the scan itself judges them.
+fn matching_row_groups(
+    dataset: &Dataset,
+    file: &DataFile,
+    predicate: Option<&PruningPredicate>,
+) -> Vec<bool> {
+    let n = file.num_row_groups();
+    let Some(predicate) = predicate else {
+        return vec![true; n];
+    };
+    let mut filter = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(n));
+    let metrics = ExecutionPlanMetricsSet::new();
+    filter.prune_by_statistics(
+        &dataset.schema,
+        file.metadata.file_metadata().schema_descr(),
+        file.metadata.row_groups(),
+        predicate,
+        &ParquetFileMetrics::new(0, &file.path, &metrics),
+    );
+    let access = filter.build();
+    (0..n).map(|rg| access.should_scan(rg)).collect()
 }
 
 /// Parquet leaf columns under the projected top-level fields (`None`: all).

@@ -77,6 +77,10 @@ impl PushdownService {
     async fn flight_info(&self, descriptor: FlightDescriptor) -> Result<FlightInfo> {
         let request = Self::request_of(&descriptor)?;
         let planned = self.state.engine.plan(&request).await?;
+        self.state
+            .metrics
+            .row_groups_pruned_at_planning
+            .inc_by(planned.row_groups_pruned);
         let mk_ticket = |shard| ShardTicket {
             request: planned.request.clone(),
             shard,
@@ -99,6 +103,7 @@ impl PushdownService {
             endpoints = endpoints.len(),
             rows_upper_bound = planned.rows_upper_bound,
             bytes_to_scan = planned.bytes_to_scan,
+            row_groups_pruned = planned.row_groups_pruned,
             "planned"
         );
         let info = FlightInfo::new()
@@ -114,6 +119,7 @@ impl PushdownService {
                     rows_upper_bound: planned.rows_upper_bound,
                     bytes_to_scan: planned.bytes_to_scan,
                     row_wise: matches!(planned.shape, Shape::RowWise { .. }),
+                    row_groups_pruned: planned.row_groups_pruned,
                 }
                 .encode(),
             );

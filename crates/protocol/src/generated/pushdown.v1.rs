@@ -130,15 +130,18 @@ pub struct StreamStats {
 /// The app_metadata of a GetFlightInfo reply: what the server expects the query to cost.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct PlanEstimate {
-    /// Rows in the scanned row groups, before filtering and pruning.
+    /// Rows in the row groups the endpoints will scan, before filtering.
     #[prost(uint64, tag = "1")]
     pub rows_upper_bound: u64,
-    /// Compressed bytes of the projected column chunks, before pruning.
+    /// Compressed bytes of the projected column chunks those row groups hold.
     #[prost(uint64, tag = "2")]
     pub bytes_to_scan: u64,
     /// One endpoint per shard (true) or one stream for the whole query (false).
     #[prost(bool, tag = "3")]
     pub row_wise: bool,
+    /// Row groups ruled out at planning by their statistics: no endpoint scans them.
+    #[prost(uint64, tag = "4")]
+    pub row_groups_pruned: u64,
 }
 /// The answer to the `profile` action (body: a ScanRequest with a fragment): the fragment run
 /// on a sample, measured step by step. The planner's cost model reads these numbers.
