@@ -41,10 +41,15 @@ pub struct Workload {
     pub scan: String,
 }
 
-/// The placement benchmark's pipelines with the issue's filters: 10% of the images, one
-/// day of clicks (pruned by statistics: rows are in day order).
+/// The TPC-H Q6 predicate.
+const Q6: &str = "l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01' \
+                  AND l_discount BETWEEN 0.05 AND 0.07 AND l_quantity < 24";
+
+/// The placement benchmark's pipelines with the issue's filters (10% of the images, one day
+/// of clicks, pruned by statistics: rows are in day order), and TPC-H `lineitem` with Q6's
+/// projection and filter, its money columns cast to `float32` features.
 pub fn workloads() -> Vec<Workload> {
-    crate::placement::pipelines_filtered("label < 100", "day = 3")
+    let mut workloads: Vec<Workload> = crate::placement::pipelines_filtered("label < 100", "day = 3")
         .into_iter()
         .map(|(name, pipeline)| {
             let scan = match name {
@@ -58,7 +63,24 @@ pub fn workloads() -> Vec<Workload> {
                 scan: scan.into(),
             }
         })
-        .collect()
+        .collect();
+    let mut lineitem = Pipeline::new("lineitem").filter(Q6);
+    for (column, feature) in [
+        ("l_quantity", "quantity"),
+        ("l_extendedprice", "price"),
+        ("l_discount", "discount"),
+        ("l_tax", "tax"),
+    ] {
+        lineitem = lineitem.map("cast_to", column, ["float32"], feature);
+    }
+    workloads.push(Workload {
+        name: "lineitem",
+        pipeline: lineitem
+            .select(["quantity", "price", "discount", "tax"])
+            .batch(4096),
+        scan: format!("SELECT l_quantity, l_extendedprice, l_discount, l_tax FROM lineitem WHERE {Q6}"),
+    });
+    workloads
 }
 
 pub const PUSHDOWN: &str = "pushdown";
@@ -572,7 +594,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     }
     out.push('\n');
     if plotted {
-        out.push_str("![samples per second](results/compare-samples.png)\n\n![bytes on the wire](results/compare-bytes.png)\n\n");
+        out.push_str("![samples per second](results/compare-samples.png)\n\n![bytes on the wire per sample](results/compare-bytes.png)\n\n");
     } else {
         out.push_str("(Plots need matplotlib: `scripts/setup-python.sh --bench`.)\n\n");
     }

@@ -1,5 +1,6 @@
 """Plots of the contender comparison (benches/harness compare): one PNG of samples/s and
-one of bytes on the wire, a panel per workload, bars per contender grouped by link.
+one of bytes on the wire per sample (cells run different numbers of epochs), a panel per
+workload, bars per contender grouped by link.
 
     .venv/bin/python benches/python/plot_compare.py benches/results/compare.json benches/results
 """
@@ -28,7 +29,7 @@ def plot(cells, metric, label, out, log=False):
                 for c in mine:
                     if c["link"] == link and c["contender"] == contender:
                         xs.append(j + i * width)
-                        ys.append(c[metric])
+                        ys.append(metric(c))
             ax.bar(xs, ys, width, label=contender)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(links))])
         ax.set_xticklabels([l.split(" (")[0] for l in links])
@@ -46,8 +47,14 @@ def main():
     cells = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    plot(cells, "samples_per_s", "samples/s", out / "compare-samples.png")
-    plot(cells, "wire_bytes", "bytes on the wire (log)", out / "compare-bytes.png", log=True)
+    plot(cells, lambda c: c["samples_per_s"], "samples/s", out / "compare-samples.png")
+    plot(
+        cells,
+        lambda c: c["wire_bytes"] / max(c["samples"], 1),
+        "bytes on the wire per sample (log)",
+        out / "compare-bytes.png",
+        log=True,
+    )
 
 
 if __name__ == "__main__":

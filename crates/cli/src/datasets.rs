@@ -5,9 +5,11 @@
 //! | `images` | `id` i64, `image` binary (JPEG, 192–320 px sides), `label` i32 0..999, `caption` utf8, `width` i32, `height` i32, `split` utf8 | 128 rows | 1024 rows |
 //! | `clicks` | `label` i32, `i1..i13` i32 (nullable), `c1..c26` utf8 (8 hex chars, skewed), `day` i32 | 16 Ki rows | 128 Ki rows |
 //! | `text` | `id` i64, `lang` utf8, `quality` f32 0..1, `body` utf8 (100–3000 Zipfian pseudo-words; `tokenizer.json` beside the files) | 4 Ki rows | 32 Ki rows |
+//! | `lineitem` | TPC-H `lineitem` (16 columns: keys, decimal(15,2) quantities and prices, dates, flags, comments) from `tpchgen`, at the scale factor that gives about `rows` rows | 128 Ki rows | 1 Mi rows |
 //!
 //! Every row is a function of (seed, row id) alone, so files are generated in parallel and
-//! the output is identical whatever the thread count. Files are zstd-compressed, with page
+//! the output is identical whatever the thread count (`lineitem`: of the scale factor and
+//! the file's part number, as `dbgen` defines it; the seed does not apply). Files are zstd-compressed, with page
 //! statistics (page index) and bloom filters on the low-cardinality string columns, as a
 //! data-platform team would write them.
 
@@ -32,6 +34,7 @@ pub enum Kind {
     Images,
     Clicks,
     Text,
+    Lineitem,
 }
 
 impl Kind {
@@ -40,6 +43,7 @@ impl Kind {
             Kind::Images => "images",
             Kind::Clicks => "clicks",
             Kind::Text => "text",
+            Kind::Lineitem => "lineitem",
         }
     }
 
@@ -49,6 +53,7 @@ impl Kind {
             Kind::Images => (128, 1024),
             Kind::Clicks => (16 * 1024, 128 * 1024),
             Kind::Text => (4 * 1024, 32 * 1024),
+            Kind::Lineitem => (128 * 1024, 1024 * 1024),
         }
     }
 
@@ -76,6 +81,28 @@ impl Kind {
                 Field::new("quality", DataType::Float32, false),
                 Field::new("body", DataType::Utf8, false),
             ],
+            // tpchgen-arrow's schema with plain Utf8 strings (as most writers store them).
+            Kind::Lineitem => {
+                let money = || DataType::Decimal128(15, 2);
+                vec![
+                    Field::new("l_orderkey", DataType::Int64, false),
+                    Field::new("l_partkey", DataType::Int64, false),
+                    Field::new("l_suppkey", DataType::Int64, false),
+                    Field::new("l_linenumber", DataType::Int32, false),
+                    Field::new("l_quantity", money(), false),
+                    Field::new("l_extendedprice", money(), false),
+                    Field::new("l_discount", money(), false),
+                    Field::new("l_tax", money(), false),
+                    Field::new("l_returnflag", DataType::Utf8, false),
+                    Field::new("l_linestatus", DataType::Utf8, false),
+                    Field::new("l_shipdate", DataType::Date32, false),
+                    Field::new("l_commitdate", DataType::Date32, false),
+                    Field::new("l_receiptdate", DataType::Date32, false),
+                    Field::new("l_shipinstruct", DataType::Utf8, false),
+                    Field::new("l_shipmode", DataType::Utf8, false),
+                    Field::new("l_comment", DataType::Utf8, false),
+                ]
+            }
         };
         Arc::new(Schema::new(fields))
     }
@@ -149,26 +176,34 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
     let files: Vec<PathBuf> = (0..n_files)
         .map(|f| dir.join(format!("part-{f:05}.parquet")))
         .collect();
-    std::thread::scope(|scope| -> Result<()> {
+    let rows = std::thread::scope(|scope| -> Result<usize> {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let files = &files;
                 let bar = &bar;
-                scope.spawn(move || -> Result<()> {
+                scope.spawn(move || -> Result<usize> {
+                    let mut written = 0;
                     for f in (t..n_files).step_by(threads) {
-                        let start = f * file_rows;
-                        let end = ((f + 1) * file_rows).min(options.rows);
-                        write_file(options, &files[f], start..end, rg_rows, bar)?;
+                        written += if options.kind == Kind::Lineitem {
+                            write_lineitem(options, &files[f], f, n_files, rg_rows, bar)?
+                        } else {
+                            let start = f * file_rows;
+                            let end = ((f + 1) * file_rows).min(options.rows);
+                            write_file(options, &files[f], start..end, rg_rows, bar)?;
+                            end - start
+                        };
                     }
-                    Ok(())
+                    Ok(written)
                 })
             })
             .collect();
+        let mut rows = 0;
         for h in handles {
-            h.join()
+            rows += h
+                .join()
                 .map_err(|_| anyhow::anyhow!("generator thread panicked"))??;
         }
-        Ok(())
+        Ok(rows)
     })?;
     bar.finish_and_clear();
     if options.kind == Kind::Text {
@@ -181,9 +216,68 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
     Ok(Generated {
         dir: dir.to_path_buf(),
         files,
-        rows: options.rows,
+        rows,
         bytes,
     })
+}
+
+fn writer_properties(kind: Kind, rg_rows: usize) -> Result<WriterProperties> {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(rg_rows))
+        .set_created_by("pushdown gen".into());
+    let bloom: Vec<String> = match kind {
+        Kind::Images => vec!["split".into()],
+        Kind::Clicks => (1..=26).map(|i| format!("c{i}")).collect(),
+        Kind::Text => vec!["lang".into()],
+        Kind::Lineitem => vec!["l_shipmode".into()],
+    };
+    for column in bloom {
+        props = props
+            .set_column_bloom_filter_enabled(column.as_str().into(), true)
+            .set_column_bloom_filter_fpp(column.as_str().into(), 0.01);
+    }
+    Ok(props.build())
+}
+
+/// Rows of `lineitem` at scale factor 1.
+const LINEITEM_ROWS_SF1: f64 = 6_001_215.0;
+
+/// Part `part` (of `parts`) of TPC-H `lineitem` at the scale factor giving about
+/// `options.rows` rows. Returns the rows written.
+fn write_lineitem(
+    options: &GenOptions,
+    path: &Path,
+    part: usize,
+    parts: usize,
+    rg_rows: usize,
+    bar: &indicatif::ProgressBar,
+) -> Result<usize> {
+    let scale_factor = options.rows as f64 / LINEITEM_ROWS_SF1;
+    let generator = tpchgen::generators::LineItemGenerator::new(
+        scale_factor,
+        i32::try_from(part + 1)?,
+        i32::try_from(parts)?,
+    );
+    let schema = Kind::Lineitem.schema();
+    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let props = writer_properties(Kind::Lineitem, rg_rows)?;
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))?;
+    let mut rows = 0;
+    for batch in tpchgen_arrow::LineItemArrow::new(generator).with_batch_size(8192) {
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(schema.fields())
+            .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        writer.write(&RecordBatch::try_new(Arc::clone(&schema), columns)?)?;
+        rows += batch.num_rows();
+        bar.inc(batch.num_rows() as u64);
+    }
+    writer.close()?;
+    Ok(rows)
 }
 
 fn write_file(
@@ -194,23 +288,9 @@ fn write_file(
     bar: &indicatif::ProgressBar,
 ) -> Result<()> {
     let schema = options.kind.schema();
-    let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .set_max_row_group_row_count(Some(rg_rows))
-        .set_created_by("pushdown gen".into());
-    let bloom: Vec<String> = match options.kind {
-        Kind::Images => vec!["split".into()],
-        Kind::Clicks => (1..=26).map(|i| format!("c{i}")).collect(),
-        Kind::Text => vec!["lang".into()],
-    };
-    for column in bloom {
-        props = props
-            .set_column_bloom_filter_enabled(column.as_str().into(), true)
-            .set_column_bloom_filter_fpp(column.as_str().into(), 0.01);
-    }
+    let props = writer_properties(options.kind, rg_rows)?;
     let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props.build()))?;
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))?;
     let mut start = rows.start;
     while start < rows.end {
         let end = (start + rg_rows).min(rows.end);
@@ -236,6 +316,7 @@ pub fn batch(
         Kind::Images => images(seed, ids)?,
         Kind::Clicks => clicks(seed, ids, total_rows),
         Kind::Text => text(seed, ids),
+        Kind::Lineitem => anyhow::bail!("lineitem is generated by TPC-H parts, not by row ids"),
     };
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }

@@ -223,12 +223,14 @@ impl Server {
         listener: TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<()> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // No Nagle: a stream's last frames and trailers (and every small response) would wait
+        // for the peer's delayed ACK, ~40 ms per request. The builder's `tcp_nodelay` covers
+        // only listeners tonic binds itself, so it is set on the accepted sockets here.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
             // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
-            .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(self.service())
             .serve_with_incoming_shutdown(incoming, shutdown)
