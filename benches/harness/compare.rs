@@ -25,7 +25,7 @@ use futures::{Stream, StreamExt};
 use pushdown_cli::run::{RunOptions, Source, run};
 use pushdown_client::{ClientSteps, PushdownClient, StreamOptions};
 use pushdown_planner::{Pipeline, Plan};
-use pushdown_protocol::{Query, ScanRequest};
+use pushdown_protocol::{Compression, Query, ScanRequest};
 use pushdown_server::{Server, ServerConfig};
 
 use crate::link::{Kind, Link};
@@ -109,11 +109,20 @@ pub struct Cell {
     pub waited: f64,
     /// For pushdown: how many of the pipeline's ops the planner placed on the server.
     pub ops_pushed: Option<usize>,
+    /// For pushdown: the stream codec the planner chose.
+    pub compression: Option<String>,
 }
 
 impl Cell {
     pub fn bytes_per_sample(&self) -> f64 {
         self.wire_bytes as f64 / self.samples.max(1) as f64
+    }
+
+    /// The fraction of a shaped link's rate the cell used.
+    pub fn link_use(&self) -> Option<f64> {
+        let secs = self.samples as f64 / self.samples_per_s.max(1e-9);
+        self.rate_bits
+            .map(|rate| self.wire_bytes as f64 * 8.0 / secs.max(1e-9) / rate as f64)
     }
 }
 
@@ -163,11 +172,11 @@ async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
 }
 
 /// Every row and column from the server; the filter, the ops and the trainer's steps here.
-async fn full_row(client: &PushdownClient, workload: &Workload, plan: &Plan) -> Result<Outcome> {
+async fn full_row(client: &PushdownClient, link: &Link, workload: &Workload, plan: &Plan) -> Result<Outcome> {
     let dataset = &workload.pipeline.dataset;
-    let info = client
-        .plan(&ScanRequest::new(Query::Sql(format!("SELECT * FROM {dataset}"))))
-        .await?;
+    let mut request = ScanRequest::new(Query::Sql(format!("SELECT * FROM {dataset}")));
+    request.compression = Compression::for_link(link.rate_bytes());
+    let info = client.plan(&request).await?;
     let stream = client.stream(&info, StreamOptions::default())?;
     let totals = stream.totals_handle();
     let input_schema = stream.schema();
@@ -192,7 +201,11 @@ async fn full_row(client: &PushdownClient, workload: &Workload, plan: &Plan) -> 
 /// The planner's placement for `workload` over `link` (told 1 server core, 1 trainer core and
 /// the link's rate). Planning (profiling a sample on the server) happens once per job, not
 /// per epoch, so it is not part of the timed runs.
-async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) -> Result<usize> {
+async fn placement(
+    client: &PushdownClient,
+    link: &Link,
+    workload: &Workload,
+) -> Result<(usize, Compression)> {
     let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
     let env = pushdown_cli::run::Link {
         bandwidth_bytes_per_s: link.rate_bytes(),
@@ -200,15 +213,21 @@ async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) ->
         client_cores: Some(1.0),
     };
     let costed = pushdown_cli::run::costed_plan(client, &workload.pipeline, &schema, env).await?;
-    Ok(costed.chosen.pushed)
+    Ok((costed.chosen.pushed, costed.compression))
 }
 
-async fn pushdown(url: &str, link: &Link, workload: &Workload, pushed: usize) -> Result<Outcome> {
+async fn pushdown(
+    url: &str,
+    link: &Link,
+    workload: &Workload,
+    (pushed, compression): (usize, Compression),
+) -> Result<Outcome> {
     let report = run(&RunOptions {
         bandwidth_bytes_per_s: link.rate_bytes(),
         server_cores: Some(1.0),
         client_cores: Some(1.0),
         push: Some(pushed),
+        compression: Some(compression),
         // A trainer plans and connects once and streams epoch after epoch.
         epochs: EPOCHS_PER_RUN,
         seed: 1,
@@ -281,6 +300,7 @@ where
             trainer_peak_rss: peak_rss("self"),
             waited: outcome.waited.as_secs_f64() / secs,
             ops_pushed: None,
+            compression: None,
         };
         if best.as_ref().is_none_or(|b| cell.samples_per_s > b.samples_per_s) {
             best = Some(cell);
@@ -339,12 +359,13 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
             pid: Some(server.pid()),
             link: &link,
         };
-        let pushed = placement(&client, &link, w).await?;
+        let placed = placement(&client, &link, w).await?;
         let mut cell = measure(options, name, PUSHDOWN, far(), || {
-            pushdown(&url, &link, w, pushed)
+            pushdown(&url, &link, w, placed)
         })
         .await?;
-        cell.ops_pushed = Some(pushed);
+        cell.ops_pushed = Some(placed.0);
+        cell.compression = Some(placed.1.to_string());
         cells.push(cell);
         if link.kind != Kind::Proxy {
             let moto_far = Far {
@@ -353,7 +374,12 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
             };
             cells.push(measure(options, name, NO_PUSHDOWN, moto_far, || in_process(&s3, &all)).await?);
         }
-        cells.push(measure(options, name, FULL_ROW, far(), || full_row(&client, w, &all)).await?);
+        cells.push(
+            measure(options, name, FULL_ROW, far(), || {
+                full_row(&client, &link, w, &all)
+            })
+            .await?,
+        );
         if link.kind == Kind::Loopback {
             let none = Far {
                 pid: None,
@@ -492,9 +518,15 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             // Bytes per sample: cells run for different numbers of epochs.
             let ratio = np.bytes_per_sample() / pd.bytes_per_sample().max(1e-9);
             let needed = 0.8 * ratio * np.samples_per_s;
+            let link_use = |c: &Cell| c.link_use().map_or("–".into(), |u| format!("{:.0}%", u * 100.0));
             targets.push(Target {
                 what: format!("{}: pushdown at 1 Gbit/s ≥ 0.8 × (no-pushdown bytes ÷ pushdown bytes, per sample) × no-pushdown samples/s", w.name),
-                measured: format!("{:.0} samples/s", pd.samples_per_s),
+                measured: format!(
+                    "{:.0} samples/s (link use: pushdown {}, no pushdown {})",
+                    pd.samples_per_s,
+                    link_use(pd),
+                    link_use(np)
+                ),
                 needed: format!("{needed:.0} (= 0.8 × {ratio:.2} × {:.0})", np.samples_per_s),
                 met: pd.samples_per_s >= needed,
             });
@@ -559,20 +591,22 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     );
     for w in workloads() {
         out.push_str(&format!("### {}\n\n", w.name));
-        out.push_str("| link | contender | samples | samples/s | bytes on the wire | bytes per sample | server CPU s | trainer CPU s | server peak RSS | trainer peak RSS | waited |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| link | contender | samples | samples/s | bytes on the wire | bytes per sample | link use | server CPU s | trainer CPU s | server peak RSS | trainer peak RSS | waited |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         let opt_bytes = |b: Option<u64>| b.map_or("–".to_owned(), pushdown_cli::run::bytes);
         for c in cells.iter().filter(|c| c.workload == w.name) {
             out.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {:.2} | {} | {} | {:.0}% |\n",
+                "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {} | {:.2} | {} | {} | {:.0}% |\n",
                 c.link,
-                match c.ops_pushed {
-                    Some(k) => format!("{} ({k} op(s) on the server)", c.contender),
-                    None => c.contender.to_owned(),
+                match (c.ops_pushed, &c.compression) {
+                    (Some(k), Some(codec)) => format!("{} ({k} op(s) on the server, {codec})", c.contender),
+                    _ => c.contender.to_owned(),
                 },
                 c.samples,
                 c.samples_per_s,
                 pushdown_cli::run::bytes(c.wire_bytes),
                 c.bytes_per_sample(),
+                c.link_use()
+                    .map_or("–".to_owned(), |u| format!("{:.0}%", u * 100.0)),
                 c.server_cpu_s.map_or("–".to_owned(), |s| format!("{s:.2}")),
                 c.trainer_cpu_s,
                 opt_bytes(c.server_peak_rss),

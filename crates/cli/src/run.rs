@@ -10,7 +10,7 @@ use parquet::arrow::ArrowWriter;
 use pushdown_client::{ClientSteps, PushdownClient, StreamOptions, StreamTotals, plan_estimate};
 pub use pushdown_client::{Link, costed_plan};
 use pushdown_planner::{Pipeline, Plan, Step};
-use pushdown_protocol::{PlanEstimate, Query, ScanRequest, StreamStats};
+use pushdown_protocol::{Compression, PlanEstimate, Query, ScanRequest, StreamStats};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,6 +31,9 @@ pub struct RunOptions {
     /// Push exactly the first `k` eligible ops instead of the planner's choice (benchmarks
     /// that measure every placement).
     pub push: Option<usize>,
+    /// The stream's codec; default: the planner's choice for a pipeline (compress only when
+    /// the link bounds the stream), [`Compression::for_link`] for SQL.
+    pub compression: Option<Compression>,
     pub source: Source,
     pub out: Option<PathBuf>,
     pub epochs: usize,
@@ -48,6 +51,7 @@ impl RunOptions {
             server_cores: None,
             client_cores: None,
             push: None,
+            compression: None,
             source,
             out: None,
             epochs: 1,
@@ -63,6 +67,8 @@ pub struct RunReport {
     pub plan: Option<Plan>,
     pub estimate: Option<PlanEstimate>,
     pub endpoints: usize,
+    /// The stream's codec.
+    pub compression: Compression,
     pub rows: u64,
     pub batches: u64,
     pub elapsed: Duration,
@@ -92,19 +98,24 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
                 .dataset_schema(&pipeline.dataset)
                 .await
                 .with_context(|| format!("dataset `{}`", pipeline.dataset))?;
-            let plan = match options.push {
-                Some(k) => pushdown_planner::plan_limited(pipeline, &schema, k)?,
+            let (plan, compression) = match options.push {
+                Some(k) => (
+                    pushdown_planner::plan_limited(pipeline, &schema, k)?,
+                    Compression::for_link(options.bandwidth_bytes_per_s),
+                ),
                 None => {
                     let link = Link {
                         bandwidth_bytes_per_s: options.bandwidth_bytes_per_s,
                         server_cores: options.server_cores,
                         client_cores: options.client_cores,
                     };
-                    costed_plan(&client, pipeline, &schema, link).await?.plan
+                    let costed = costed_plan(&client, pipeline, &schema, link).await?;
+                    (costed.plan, costed.compression)
                 }
             };
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
             request.stats = true;
+            request.compression = options.compression.unwrap_or(compression);
             (
                 request,
                 plan.client_steps.clone(),
@@ -115,6 +126,9 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         Source::Sql(sql) => {
             let mut request = ScanRequest::new(Query::Sql(sql.clone()));
             request.stats = true;
+            request.compression = options
+                .compression
+                .unwrap_or_else(|| Compression::for_link(options.bandwidth_bytes_per_s));
             (request, Vec::<Step>::new(), None, None)
         }
     };
@@ -176,6 +190,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         plan,
         estimate,
         endpoints: info.endpoint.len(),
+        compression: request.compression,
         rows,
         batches,
         elapsed: start.elapsed(),
@@ -204,13 +219,16 @@ pub fn describe(report: &RunReport) -> String {
         report.elapsed,
         report.rows_per_second()
     ));
+    // Row groups ruled out at planning were never part of a shard.
+    let planned_out = report.estimate.map_or(0, |e| e.row_groups_pruned);
     out.push_str(&format!(
-        "received {} over the network; server scanned {} from storage ({} rows, {} of {} row groups pruned)\n",
+        "received {} over the network ({} stream compression); server scanned {} from storage ({} rows, {} of {} row groups pruned)\n",
         bytes(report.totals.bytes_received),
+        report.compression,
         bytes(s.bytes_scanned),
         s.rows_scanned,
-        s.row_groups_pruned,
-        s.row_groups
+        s.row_groups_pruned + planned_out,
+        s.row_groups + planned_out
     ));
     if report.totals.retries > 0 {
         out.push_str(&format!("resumed {} failed streams\n", report.totals.retries));

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use arrow::datatypes::Schema;
-use pushdown_protocol::{Arg, Profile};
+use pushdown_protocol::{Arg, Compression, Profile};
 use serde::Serialize;
 
 use crate::{Pipeline, Plan, PlanError, Side, plan_limited};
@@ -63,6 +63,30 @@ pub struct CostedPlan {
     pub ops: Vec<OpCost>,
     pub chosen: Estimate,
     pub candidates: Vec<Estimate>,
+    /// The stream's codec for the chosen placement (see [`Estimate::compression`]).
+    pub compression: Compression,
+}
+
+/// The link bounds a stream when it would carry the uncompressed rows at less than this
+/// multiple of the slower end's rate.
+const LINK_BOUND_HEADROOM: f64 = 2.0;
+
+impl Estimate {
+    /// Whether the link, not the server or the trainer, bounds this placement.
+    pub fn link_bound(&self) -> bool {
+        self.network_rows_per_s < LINK_BOUND_HEADROOM * self.server_rows_per_s.min(self.client_rows_per_s)
+    }
+
+    /// Compression spends the server's and the trainer's CPU to save link time: worth it
+    /// only when the link bounds the stream ([`Compression::for_link`] then picks the codec).
+    /// Otherwise the CPU is better spent on the rows themselves.
+    pub fn compression(&self, env: &Environment) -> Compression {
+        if self.link_bound() {
+            Compression::for_link(env.bandwidth_bytes_per_s)
+        } else {
+            Compression::None
+        }
+    }
 }
 
 /// Estimates within this fraction of each other are a tie, and a tie goes to the placement
@@ -137,11 +161,13 @@ pub fn plan_with_profile(
             ns_per_row: o.ns_per_row,
         })
         .collect();
+    let compression = chosen.compression(env);
     Ok(CostedPlan {
         plan,
         ops,
         chosen,
         candidates,
+        compression,
     })
 }
 
@@ -236,21 +262,33 @@ impl CostedPlan {
                 rate(c.estimated_rows_per_s),
             );
         }
+        let _ = writeln!(
+            out,
+            "\nstream compression: {} ({})",
+            self.compression,
+            if self.chosen.link_bound() {
+                "the link bounds the stream"
+            } else {
+                "the link has room: CPU goes to the rows"
+            }
+        );
         out
     }
 
-    /// `{"ops": [...], "estimated_rows_per_s": …, "candidates": [...]}`. A stage with no work
+    /// `{"ops": [...], "estimated_rows_per_s": …, "compression": "zstd", "candidates": [...]}`. A stage with no work
     /// has an unbounded rate, written as `null`.
     pub fn to_json(&self) -> String {
         #[derive(Serialize)]
         struct Json<'a> {
             ops: &'a [OpCost],
             estimated_rows_per_s: f64,
+            compression: String,
             candidates: &'a [Estimate],
         }
         serde_json::to_string_pretty(&Json {
             ops: &self.ops,
             estimated_rows_per_s: finite(self.chosen.estimated_rows_per_s),
+            compression: self.compression.to_string(),
             candidates: &self.candidates,
         })
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))

@@ -221,6 +221,36 @@ mod cost {
         assert!(json["estimated_rows_per_s"].as_f64().unwrap() > 0.0);
     }
 
+    /// Compression spends CPU to save link time: zstd when a slow link bounds the stream,
+    /// LZ4 when a fast one does, nothing when the link has room.
+    #[test]
+    fn compression_follows_the_bottleneck() {
+        use pushdown_protocol::Compression;
+        let cases = [
+            (GBIT, 16.0, Compression::Zstd),
+            (10.0 * GBIT, 160.0, Compression::Lz4),
+            (100.0 * GBIT, 16.0, Compression::None),
+        ];
+        for (bandwidth_bytes_per_s, server_cores, expected) in cases {
+            let env = Environment {
+                bandwidth_bytes_per_s,
+                server_cores,
+                client_cores: 8.0,
+            };
+            let costed =
+                plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
+            assert_eq!(costed.chosen.pushed, 1, "{}", costed.explain());
+            assert_eq!(costed.compression, expected, "{}", costed.explain());
+            assert!(
+                costed
+                    .explain()
+                    .contains(&format!("stream compression: {expected}"))
+            );
+            let json: serde_json::Value = serde_json::from_str(&costed.to_json()).unwrap();
+            assert_eq!(json["compression"], expected.to_string());
+        }
+    }
+
     #[test]
     fn expanding_ops_stay_with_the_trainer() {
         let env = Environment {

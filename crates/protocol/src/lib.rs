@@ -132,6 +132,34 @@ pub enum Compression {
     Lz4,
 }
 
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Zstd => "zstd",
+            Self::Lz4 => "lz4",
+        })
+    }
+}
+
+impl Compression {
+    /// Links slower than this are slower than zstd on one core (~300 MB/s): it can only help.
+    /// Faster links get LZ4, which compresses several times faster for a little less.
+    pub const ZSTD_MAX_LINK_BYTES_PER_S: f64 = 2.5e9 / 8.0;
+
+    /// The codec for a stream over a link of `bandwidth_bytes_per_s` when nothing is known of
+    /// the stream's rate: zstd on slow links, LZ4 on fast ones, none in-host (unbounded).
+    pub fn for_link(bandwidth_bytes_per_s: f64) -> Self {
+        if !bandwidth_bytes_per_s.is_finite() {
+            Self::None
+        } else if bandwidth_bytes_per_s <= Self::ZSTD_MAX_LINK_BYTES_PER_S {
+            Self::Zstd
+        } else {
+            Self::Lz4
+        }
+    }
+}
+
 impl std::str::FromStr for Compression {
     type Err = String;
 
@@ -688,6 +716,16 @@ mod tests {
             elapsed_ns: 7,
         };
         assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn the_codec_follows_the_link() {
+        assert_eq!(Compression::for_link(f64::INFINITY), Compression::None);
+        assert_eq!(Compression::for_link(1e9 / 8.0), Compression::Zstd);
+        assert_eq!(Compression::for_link(10e9 / 8.0), Compression::Lz4);
+        for c in [Compression::None, Compression::Zstd, Compression::Lz4] {
+            assert_eq!(c.to_string().parse::<Compression>(), Ok(c));
+        }
     }
 
     #[test]
