@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
 use pushdown_cli::datasets::{GenOptions, Kind, generate};
 use pushdown_client::PushdownClient;
 
+/// The same allocator as the `pushdown` binary: the in-process contenders run the same engine.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(about = "pushdown benchmarks over bandwidth-limited links")]
 struct Args {
@@ -39,7 +43,7 @@ enum Command {
         options: Options,
     },
     /// Pushdown against no pushdown (Parquet from S3), a full-row service, local files and
-    /// DuckDB, on images, clicks, text and TPC-H lineitem, over loopback, 1 and 10 Gbit/s links.
+    /// DuckDB, on images, clicks, text and TPC-H lineitem, over loopback, 1 and 10 Gbit/s links (and 100 Mbit/s, supplementary).
     Compare {
         #[command(flatten)]
         options: Options,

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod run;
 
 // Dependencies of the `pushdown` binary alone.
+use mimalloc as _;
 use tokio as _;
 use tracing as _;
 use tracing_subscriber as _;
