@@ -501,7 +501,12 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let mut cells = Vec::new();
     // 100 Mbit/s is supplementary: there the no-pushdown trainer is bound by the link, the
     // byte-ratio target's premise.
-    for rate in [None, Some(1_000_000_000u64), Some(10_000_000_000), Some(SLOW_LINK_BITS)] {
+    for rate in [
+        None,
+        Some(1_000_000_000u64),
+        Some(10_000_000_000),
+        Some(SLOW_LINK_BITS),
+    ] {
         let link = match rate {
             None => Link::loopback(),
             Some(r) => crate::make_link(r, options).await?,
@@ -515,7 +520,10 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 .iter()
                 .find(|c| c.workload == w.name && c.rate_bits == link_rate && c.contender == contender)
         };
-        for (rate, label) in [(1_000_000_000, "1 Gbit/s"), (SLOW_LINK_BITS, "100 Mbit/s (supplementary)")] {
+        for (rate, label) in [
+            (1_000_000_000, "1 Gbit/s"),
+            (SLOW_LINK_BITS, "100 Mbit/s (supplementary)"),
+        ] {
             let (Some(pd), Some(np)) = (find(Some(rate), PUSHDOWN), find(Some(rate), NO_PUSHDOWN)) else {
                 continue;
             };

@@ -40,7 +40,7 @@ def test_same_seed_same_sequence_whatever_the_concurrency(server):
     a = ids(make(server, concurrency=1, workers=1, prefetch=1))
     b = ids(make(server, concurrency=4, workers=3, prefetch=8))
     assert a == b
-    for compression in ["none", "lz4"]:
+    for compression in ["zstd", "none", "lz4"]:
         assert ids(make(server, compression=compression)) == a, compression
     assert a != ids(make(server, seed=4))
     flat = [i for batch in a[: len(a) // 2] for i in batch]

@@ -67,9 +67,10 @@ pub struct LoaderOptions {
     /// Threads that run client-side ops and build tensors.
     pub workers: usize,
     pub stream: StreamOptions,
-    /// How the server compresses the stream: zstd for slow links, LZ4 or none where the
-    /// trainer's CPU is scarcer than bandwidth (loopback, same rack).
-    pub compression: Compression,
+    /// How the server compresses the stream. Default (`None`): for a pipeline, the planner's
+    /// choice (compress only when the link bounds the stream, as `link` describes it); for
+    /// SQL, [`Compression::for_link`]. Set it to force zstd, LZ4 or none.
+    pub compression: Option<Compression>,
     /// For placing a pipeline's ops.
     pub link: Link,
 }
@@ -87,7 +88,7 @@ impl Default for LoaderOptions {
             prefetch: 4,
             workers: 2,
             stream: StreamOptions::default(),
-            compression: Compression::default(),
+            compression: None,
             link: Link::bandwidth(1e9 / 8.0),
         }
     }
@@ -417,12 +418,14 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
     let client = PushdownClient::connect(&servers).await?;
     let (mut request, steps, dataset, batch_step, shuffle_step) = match &source {
         LoaderSource::Sql(sql) => {
-            let request = ScanRequest::new(Query::Sql(sql.clone()));
+            let mut request = ScanRequest::new(Query::Sql(sql.clone()));
+            request.compression = Compression::for_link(options.link.bandwidth_bytes_per_s);
             (request, Vec::new(), None, None, None)
         }
         LoaderSource::Pipeline(pipeline) => {
             let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let plan = costed_plan(&client, pipeline, &schema, options.link).await?.plan;
+            let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
+            let plan = costed.plan;
             let (mut batch, mut shuffle) = (None, None);
             let mut row_steps = Vec::new();
             for step in &plan.client_steps {
@@ -432,11 +435,14 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
                     other => row_steps.push(other.clone()),
                 }
             }
-            let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+            let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+            request.compression = costed.compression;
             (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
         }
     };
-    request.compression = options.compression;
+    if let Some(forced) = options.compression {
+        request.compression = forced;
+    }
     let info = client.plan(&request).await?;
     if info.endpoint.is_empty() && info.total_records != 0 {
         return Err(ClientError::Invalid(

@@ -38,7 +38,7 @@ impl PyLoader {
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
-        bandwidth_bytes_per_s=None, compression="zstd"
+        bandwidth_bytes_per_s=None, compression="auto"
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -59,7 +59,14 @@ impl PyLoader {
         bandwidth_bytes_per_s: Option<f64>,
         compression: &str,
     ) -> PyResult<Self> {
-        let compression = compression.parse().map_err(PyValueError::new_err)?;
+        // `auto`: the planner's choice (compress only when the link bounds the stream).
+        let compression = match compression {
+            "auto" => None,
+            name => Some(
+                name.parse()
+                    .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto")))?,
+            ),
+        };
         let source = match (sql, pipeline) {
             (Some(sql), None) => LoaderSource::Sql(sql),
             (None, Some(text)) => LoaderSource::Pipeline(

@@ -55,7 +55,7 @@ class Loader:
         workers: int = 2,
         concurrency: int = 4,
         bandwidth_bytes_per_s: Optional[float] = None,
-        compression: str = "zstd",
+        compression: str = "auto",
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
