@@ -103,6 +103,8 @@ async fn planning_splits_shards_around_pruned_row_groups() {
         ("id < 10 OR (id >= 150 AND id < 160)", 2, 6),
         ("id < 10 OR id >= 500", 2, 6),
         ("id >= 64 AND id < 192", 1, 6),
+        // Nothing can match: no endpoints, an empty answer.
+        ("id < 0", 0, 8),
         // Statistics cannot judge this: every row group is planned, two per shard.
         ("label % 10 = 7", 4, 0),
     ];

@@ -118,6 +118,16 @@ fn the_sequence_depends_on_the_seed_alone() {
     assert_ne!(runs[0], other_seed);
 }
 
+/// A filter the statistics rule out everywhere plans no shards: empty epochs, not an error.
+#[test]
+fn a_filter_nothing_passes_gives_empty_epochs() {
+    let s = setup(300);
+    let source = LoaderSource::Sql("SELECT id, label FROM images WHERE id < 0".into());
+    let mut l = Loader::new(&[s.fx.running.url()], source, options(3)).expect("loader");
+    assert_eq!(l.epoch_len(), (0, 0));
+    assert_eq!(drain(&mut l, usize::MAX), Vec::<Vec<i64>>::new());
+}
+
 #[test]
 fn a_restored_loader_continues_exactly() {
     let s = setup(300);
