@@ -135,7 +135,7 @@ struct ClientArgs {
     /// Shard streams in flight at once.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
-    /// The link to the servers (1Gbit, 100Mbit, 125MB, …), for placing ops by measured cost.
+    /// The link to the servers (1Gbit, 100Mbit, 125MB, unlimited, …), for placing ops and choosing the stream codec.
     #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
     bandwidth: f64,
 }
@@ -170,7 +170,7 @@ struct ExplainArgs {
     /// Or read the schema from a local data root (static placement: every legal op pushed).
     #[arg(long)]
     data: Option<String>,
-    /// The link between server and trainer (1Gbit, 10Gbit, 100Mbit, 125MB, …).
+    /// The link between server and trainer (1Gbit, 10Gbit, 100Mbit, 125MB, unlimited, …).
     #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
     bandwidth: f64,
     /// Cores of the trainer host for client-side ops (default: this machine's).

@@ -307,9 +307,13 @@ fn rate(x: f64) -> String {
     }
 }
 
-/// Parses `1Gbit`, `10gbit`, `100Mbit`, `125MB` (bytes), or a plain number of bytes/s.
+/// Parses `1Gbit`, `10gbit`, `100Mbit`, `125MB` (bytes), a plain number of bytes/s, or
+/// `unlimited` (same host: no link to save).
 pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
     let t = text.trim().to_ascii_lowercase();
+    if t == "unlimited" {
+        return Ok(f64::INFINITY);
+    }
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = num

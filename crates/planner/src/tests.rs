@@ -289,6 +289,7 @@ mod cost {
         assert_eq!(parse_bandwidth("100mbit").unwrap(), 12.5e6);
         assert_eq!(parse_bandwidth("125MB").unwrap(), 125e6);
         assert_eq!(parse_bandwidth("1000").unwrap(), 1000.0);
+        assert_eq!(parse_bandwidth("unlimited").unwrap(), f64::INFINITY);
         assert!(parse_bandwidth("fast").is_err());
         assert!(parse_bandwidth("1 parsec").is_err());
     }
