@@ -14,13 +14,13 @@ use pushdown_cli::datasets::{GenOptions, Kind, generate};
 use pushdown_cli::run::{Link, RunOptions, Source, bytes, costed_plan, describe, run};
 use pushdown_client::{PushdownClient, StreamOptions};
 use pushdown_planner::Pipeline;
+use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
+use tracing_subscriber::EnvFilter;
 
 /// mimalloc keeps freed pages for the next batch; glibc's allocator unmaps large buffers
 /// and faults them back in (a fifth of a scan's CPU in `perf`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -32,7 +32,8 @@ pub struct RunOptions {
     /// that measure every placement).
     pub push: Option<usize>,
     /// The stream's codec; default: the planner's choice for a pipeline (compress only when
-    /// the link bounds the stream), [`Compression::for_link`] for SQL.
+    /// the link bounds the stream), [`Compression::for_link`] for SQL and for a forced
+    /// placement (`push`), which is not costed.
     pub compression: Option<Compression>,
     pub source: Source,
     pub out: Option<PathBuf>,
@@ -75,6 +76,7 @@ pub struct RunReport {
     /// Time the consumer spent waiting for the next batch from the network (the rest of
     /// `elapsed` it spent in client steps and writing).
     pub waited: Duration,
+    pub epochs: usize,
     /// Summed over epochs.
     pub totals: StreamTotals,
 }
@@ -195,6 +197,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         batches,
         elapsed: start.elapsed(),
         waited,
+        epochs: options.epochs.max(1),
         totals,
     })
 }
@@ -219,8 +222,9 @@ pub fn describe(report: &RunReport) -> String {
         report.elapsed,
         report.rows_per_second()
     ));
-    // Row groups ruled out at planning were never part of a shard.
-    let planned_out = report.estimate.map_or(0, |e| e.row_groups_pruned);
+    // Row groups ruled out at planning were never part of a shard (once per epoch, as the
+    // server's counts are summed over epochs).
+    let planned_out = report.estimate.map_or(0, |e| e.row_groups_pruned) * report.epochs as u64;
     out.push_str(&format!(
         "received {} over the network ({} stream compression); server scanned {} from storage ({} rows, {} of {} row groups pruned)\n",
         bytes(report.totals.bytes_received),

@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::steps::{RowSteps, mix};
 use crate::stream::{Order, Segment, ShardStream};
-use crate::{ClientError, Link, PushdownClient, Result, StreamOptions, costed_plan};
+use crate::{ClientError, Link, PushdownClient, Result, StreamOptions, costed_plan, plan_estimate};
 
 /// What the loader reads.
 #[derive(Debug, Clone)]
@@ -446,6 +446,13 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
     // No endpoints is an answer: the server's statistics ruled every row group out, or the
     // dataset is empty. Epochs are then empty.
     let info = client.plan(&request).await?;
+    if !plan_estimate(&info).is_some_and(|e| e.row_wise) {
+        return Err(ClientError::Invalid(
+            "the loader needs a row-wise query (projection and filter over one dataset): \
+             it shuffles and resumes by shard"
+                .into(),
+        ));
+    }
     let counts: Vec<u64> = futures::stream::iter(info.endpoint.iter().map(|e| {
         let client = client.clone();
         let ticket = e.ticket.clone();
@@ -493,6 +500,10 @@ fn fingerprint(request: &ScanRequest, counts: &[u64], o: &LoaderOptions, batch: 
             h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
     };
+    // The codec does not change the samples, and the planner's choice of it depends on
+    // timings: a state must restore whatever codec the restoring process picks.
+    let mut request = request.clone();
+    request.compression = Compression::default();
     eat(&request.encode());
     for c in counts {
         eat(&c.to_le_bytes());

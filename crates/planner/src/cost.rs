@@ -67,8 +67,9 @@ pub struct CostedPlan {
     pub compression: Compression,
 }
 
-/// The link bounds a stream when it would carry the uncompressed rows at less than this
-/// multiple of the slower end's rate.
+/// The link is taken to bound a stream when it would carry the uncompressed rows at less
+/// than this multiple of the slower end's rate (the estimates are rough; compression's own
+/// CPU is not modelled, so near the line it is the link's rate that decides).
 const LINK_BOUND_HEADROOM: f64 = 2.0;
 
 impl Estimate {
@@ -266,10 +267,10 @@ impl CostedPlan {
             out,
             "\nstream compression: {} ({})",
             self.compression,
-            if self.chosen.link_bound() {
-                "the link bounds the stream"
-            } else {
-                "the link has room: CPU goes to the rows"
+            match (self.chosen.link_bound(), self.compression) {
+                (true, _) => "the link bounds the stream",
+                (false, Compression::None) => "the link has room: CPU goes to the rows",
+                (false, _) => "nothing measured: chosen by the link's rate",
             }
         );
         out

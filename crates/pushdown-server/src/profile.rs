@@ -106,10 +106,14 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
             dataset.name
         )));
     }
+    // The slope, floored at a tenth of the large sample's average: both samples may sit in
+    // one page, whose decompression the slope then misses, and noise must not make the scan
+    // look free.
+    let average = large_ns / sampled as f64;
     let scan_ns_per_row = if sampled > small_n && large_ns > small_ns {
-        (large_ns - small_ns) / (sampled - small_n) as f64
+        ((large_ns - small_ns) / (sampled - small_n) as f64).max(average / 10.0)
     } else {
-        large_ns / sampled as f64
+        average
     };
 
     // The rows the ops would see: the first `rows` that pass the predicate.

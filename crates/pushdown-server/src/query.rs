@@ -562,8 +562,15 @@ fn pruning_predicate(
     let Some(filter) = conjunction(scan.filters.iter().cloned()) else {
         return Ok(None);
     };
+    // Pruning only saves work: a filter that cannot be turned into one prunes nothing.
     let df_schema = DFSchema::try_from_qualified_schema(scan.table.clone(), &dataset.schema)?;
-    let physical = ctx.create_physical_expr(filter, &df_schema)?;
+    let physical = match ctx.create_physical_expr(filter, &df_schema) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(error = %e, "no plan-time pruning for this filter");
+            return Ok(None);
+        }
+    };
     // A filter the statistics cannot judge (e.g. over an op's output) prunes nothing.
     Ok(PruningPredicateBuilder::new()
         .with_file_schema(Arc::clone(&dataset.schema))

@@ -94,7 +94,9 @@ impl PushdownService {
                 .collect(),
             Shape::Whole => vec![self.endpoint(mk_ticket(None))],
         };
-        let total_records = if planned.has_filter || matches!(planned.shape, Shape::Whole) {
+        let total_records = if matches!(planned.shape, Shape::RowWise { .. }) && planned.shards.is_empty() {
+            0 // every row group ruled out (or an empty dataset): known to be empty
+        } else if planned.has_filter || matches!(planned.shape, Shape::Whole) {
             -1
         } else {
             planned.rows_upper_bound as i64
