@@ -174,9 +174,7 @@ fn a_restored_loader_continues_exactly() {
 fn the_loader_refuses_queries_that_are_not_row_wise() {
     let s = setup(100);
     let source = LoaderSource::Sql("SELECT id, label FROM images ORDER BY id DESC".into());
-    let err = Loader::new(&[s.fx.running.url()], source, options(1))
-        .err()
-        .expect("refused");
+    let err = Loader::new(&[s.fx.running.url()], source, options(1)).expect_err("refused");
     assert!(err.to_string().contains("row-wise"), "{err}");
 }
 
