@@ -121,6 +121,12 @@ impl Cell {
     }
 
     /// The fraction of a shaped link's rate the cell used.
+    /// [`Cell::link_use`] as a percentage, `–` on loopback.
+    fn link_use_text(&self) -> String {
+        self.link_use()
+            .map_or("–".to_owned(), |u| format!("{:.0}%", u * 100.0))
+    }
+
     pub fn link_use(&self) -> Option<f64> {
         let secs = self.samples as f64 / self.samples_per_s.max(1e-9);
         self.rate_bits
@@ -215,7 +221,7 @@ async fn placement(
         client_cores: Some(1.0),
     };
     let costed = pushdown_cli::run::costed_plan(client, &workload.pipeline, &schema, env).await?;
-    Ok((costed.chosen.pushed, costed.compression))
+    Ok((costed.chosen.pushed, costed.chosen.compression))
 }
 
 async fn pushdown(
@@ -530,14 +536,13 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             // Bytes per sample: cells run for different numbers of epochs.
             let ratio = np.bytes_per_sample() / pd.bytes_per_sample().max(1e-9);
             let needed = 0.8 * ratio * np.samples_per_s;
-            let link_use = |c: &Cell| c.link_use().map_or("–".into(), |u| format!("{:.0}%", u * 100.0));
             targets.push(Target {
                 what: format!("{}: pushdown at {label} ≥ 0.8 × (no-pushdown bytes ÷ pushdown bytes, per sample) × no-pushdown samples/s", w.name),
                 measured: format!(
                     "{:.0} samples/s (link use: pushdown {}, no pushdown {})",
                     pd.samples_per_s,
-                    link_use(pd),
-                    link_use(np)
+                    pd.link_use_text(),
+                    np.link_use_text()
                 ),
                 needed: format!("{needed:.0} (= 0.8 × {ratio:.2} × {:.0})", np.samples_per_s),
                 met: pd.samples_per_s >= needed,
@@ -617,8 +622,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 c.samples_per_s,
                 pushdown_cli::run::bytes(c.wire_bytes),
                 c.bytes_per_sample(),
-                c.link_use()
-                    .map_or("–".to_owned(), |u| format!("{:.0}%", u * 100.0)),
+                c.link_use_text(),
                 c.server_cpu_s.map_or("–".to_owned(), |s| format!("{s:.2}")),
                 c.trainer_cpu_s,
                 opt_bytes(c.server_peak_rss),

@@ -105,20 +105,9 @@ async fn measure_pipeline(
     let costed = costed_plan(client, pipeline, &schema, plan_link)
         .await
         .with_context(|| format!("planning {name}"))?;
-    let env = pushdown_planner::Environment {
-        bandwidth_bytes_per_s: rate_bytes,
-        server_cores: 1.0,
-        client_cores: 1.0,
-    };
     let mut cells = Vec::new();
     for candidate in &costed.candidates {
         let k = candidate.pushed;
-        // Each placement with the codec the planner would give it.
-        let compression = if k == costed.chosen.pushed {
-            costed.compression
-        } else {
-            candidate.compression(&env)
-        };
         let plan = pushdown_planner::plan_limited(pipeline, &schema, k)?;
         let ops: Vec<String> = plan.fragment.ops.iter().map(|o| o.op.clone()).collect();
         let mut best: Option<(f64, u64, u64, f64, f64)> = None;
@@ -133,7 +122,8 @@ async fn measure_pipeline(
                     server_cores: Some(1.0),
                     client_cores: Some(1.0),
                     push: Some(k),
-                    compression: Some(compression),
+                    // Each placement with the codec the planner gives it.
+                    compression: Some(candidate.compression),
                     seed: 1,
                     ..RunOptions::new(vec![url.to_owned()], Source::Pipeline(pipeline.clone()))
                 })

@@ -112,7 +112,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
                         client_cores: options.client_cores,
                     };
                     let costed = costed_plan(&client, pipeline, &schema, link).await?;
-                    (costed.plan, costed.compression)
+                    (costed.plan, costed.chosen.compression)
                 }
             };
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));

@@ -436,7 +436,7 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
                 }
             }
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-            request.compression = costed.compression;
+            request.compression = costed.chosen.compression;
             (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
         }
     };

@@ -1,7 +1,7 @@
 //! Planning a pipeline against a server's measurements of it.
 
 use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile};
-use pushdown_protocol::{Compression, Profile, Query, ScanRequest};
+use pushdown_protocol::{Profile, Query, ScanRequest};
 
 use crate::{PushdownClient, Result};
 
@@ -47,10 +47,5 @@ pub async fn costed_plan(
             .client_cores
             .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
     };
-    let mut costed = plan_with_profile(pipeline, schema, &profile, &env)?;
-    if static_plan.fragment.ops.is_empty() {
-        // Nothing was measured: the codec can only follow the link.
-        costed.compression = Compression::for_link(link.bandwidth_bytes_per_s);
-    }
-    Ok(costed)
+    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
 }

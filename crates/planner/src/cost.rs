@@ -54,6 +54,13 @@ pub struct Estimate {
     /// Bytes per delivered row that cross the network.
     pub wire_bytes_per_row: f64,
     pub estimated_rows_per_s: f64,
+    /// The stream's codec for this placement: compressed only when the link bounds it.
+    #[serde(serialize_with = "serialize_display")]
+    pub compression: Compression,
+}
+
+fn serialize_display<S: serde::Serializer>(c: &Compression, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(c)
 }
 
 /// The chosen plan, its op costs and every candidate considered.
@@ -63,8 +70,6 @@ pub struct CostedPlan {
     pub ops: Vec<OpCost>,
     pub chosen: Estimate,
     pub candidates: Vec<Estimate>,
-    /// The stream's codec for the chosen placement (see [`Estimate::compression`]).
-    pub compression: Compression,
 }
 
 /// The link is taken to bound a stream when it would carry the uncompressed rows at less
@@ -77,16 +82,17 @@ impl Estimate {
     pub fn link_bound(&self) -> bool {
         self.network_rows_per_s < LINK_BOUND_HEADROOM * self.server_rows_per_s.min(self.client_rows_per_s)
     }
+}
 
-    /// Compression spends the server's and the trainer's CPU to save link time: worth it
-    /// only when the link bounds the stream ([`Compression::for_link`] then picks the codec).
-    /// Otherwise the CPU is better spent on the rows themselves.
-    pub fn compression(&self, env: &Environment) -> Compression {
-        if self.link_bound() {
-            Compression::for_link(env.bandwidth_bytes_per_s)
-        } else {
-            Compression::None
-        }
+/// Compression spends the server's and the trainer's CPU to save link time: worth it only
+/// when the link bounds the stream ([`Compression::for_link`] then picks the codec), or when
+/// nothing was measured (an empty profile: the link's rate is all there is to go by).
+/// Otherwise the CPU is better spent on the rows themselves.
+fn codec(link_bound: bool, profile: &Profile, env: &Environment) -> Compression {
+    if link_bound || profile.rows_sampled == 0 {
+        Compression::for_link(env.bandwidth_bytes_per_s)
+    } else {
+        Compression::None
     }
 }
 
@@ -162,13 +168,11 @@ pub fn plan_with_profile(
             ns_per_row: o.ns_per_row,
         })
         .collect();
-    let compression = chosen.compression(env);
     Ok(CostedPlan {
         plan,
         ops,
         chosen,
         candidates,
-        compression,
     })
 }
 
@@ -210,14 +214,17 @@ fn estimate(plan: &Plan, pushed: usize, profile: &Profile, env: &Environment) ->
         env.bandwidth_bytes_per_s / (sel * wire)
     };
     let client = rate(env.client_cores, sel * client_ns);
-    Estimate {
+    let mut estimate = Estimate {
         pushed,
         server_rows_per_s: sel * server,
         network_rows_per_s: sel * network,
         client_rows_per_s: sel * client,
         wire_bytes_per_row: wire,
         estimated_rows_per_s: sel * server.min(network).min(client),
-    }
+        compression: Compression::None,
+    };
+    estimate.compression = codec(estimate.link_bound(), profile, env);
+    estimate
 }
 
 impl CostedPlan {
@@ -266,8 +273,8 @@ impl CostedPlan {
         let _ = writeln!(
             out,
             "\nstream compression: {} ({})",
-            self.compression,
-            match (self.chosen.link_bound(), self.compression) {
+            self.chosen.compression,
+            match (self.chosen.link_bound(), self.chosen.compression) {
                 (true, _) => "the link bounds the stream",
                 (false, Compression::None) => "the link has room: CPU goes to the rows",
                 (false, _) => "nothing measured: chosen by the link's rate",
@@ -289,7 +296,7 @@ impl CostedPlan {
         serde_json::to_string_pretty(&Json {
             ops: &self.ops,
             estimated_rows_per_s: finite(self.chosen.estimated_rows_per_s),
-            compression: self.compression.to_string(),
+            compression: self.chosen.compression.to_string(),
             candidates: &self.candidates,
         })
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))

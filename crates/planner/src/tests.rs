@@ -240,7 +240,7 @@ mod cost {
             let costed =
                 plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
             assert_eq!(costed.chosen.pushed, 1, "{}", costed.explain());
-            assert_eq!(costed.compression, expected, "{}", costed.explain());
+            assert_eq!(costed.chosen.compression, expected, "{}", costed.explain());
             assert!(
                 costed
                     .explain()
