@@ -1,6 +1,8 @@
 //! The shared harness of the end-to-end tests: seeded datasets in scratch folders, a real
 //! server on `127.0.0.1:0`, the real client, and a local evaluation to compare against.
 
+pub mod malformed;
+
 use std::path::Path;
 use std::sync::Arc;
 

@@ -43,6 +43,9 @@ pub enum ServerError {
         reason: String,
     },
 
+    #[error("stored data is unreadable: {0}")]
+    CorruptData(String),
+
     #[error("server busy: {0}")]
     Overloaded(String),
 
@@ -88,6 +91,49 @@ impl From<DataFusionError> for ServerError {
     }
 }
 
+impl ServerError {
+    /// An error of a running scan. A failure to decode stored data (a corrupt page, a bad
+    /// encoding) is deterministic: the same bytes fail again on any retry, so it is the file's
+    /// `DataLoss`, naming the file when the scan is one shard's, never a transient `Internal`.
+    pub fn from_scan(e: DataFusionError, shard: Option<&pushdown_protocol::Shard>) -> Self {
+        match (decoding_failure(&e), shard) {
+            (Some(reason), Some(shard)) => ServerError::CorruptFile {
+                dataset: shard.dataset.clone(),
+                file: shard.file.clone(),
+                reason,
+            },
+            (Some(reason), None) => ServerError::CorruptData(reason),
+            (None, _) => ServerError::from(e),
+        }
+    }
+}
+
+/// The Parquet decoder's error inside `e`, if that is what failed.
+fn decoding_failure(e: &DataFusionError) -> Option<String> {
+    fn in_arrow(e: &arrow::error::ArrowError) -> Option<String> {
+        match e {
+            arrow::error::ArrowError::ParquetError(msg) => Some(msg.clone()),
+            arrow::error::ArrowError::ExternalError(inner) => inner
+                .downcast_ref::<parquet::errors::ParquetError>()
+                .map(|p| p.to_string()),
+            _ => None,
+        }
+    }
+    match e.find_root() {
+        DataFusionError::ParquetError(p) => Some(p.to_string()),
+        DataFusionError::ArrowError(a, _) => in_arrow(a),
+        DataFusionError::External(inner) => inner
+            .downcast_ref::<parquet::errors::ParquetError>()
+            .map(|p| p.to_string())
+            .or_else(|| {
+                inner
+                    .downcast_ref::<arrow::error::ArrowError>()
+                    .and_then(in_arrow)
+            }),
+        _ => None,
+    }
+}
+
 impl From<ServerError> for Status {
     fn from(e: ServerError) -> Self {
         // Both the code and whether the server logs it as its own failure.
@@ -104,6 +150,7 @@ impl From<ServerError> for Status {
             ServerError::Overloaded(_) => (Code::ResourceExhausted, false),
             ServerError::Deadline(_) => (Code::DeadlineExceeded, false),
             ServerError::CorruptFile { .. } => (Code::DataLoss, true),
+            ServerError::CorruptData(_) => (Code::DataLoss, true),
             ServerError::Query(_) => (Code::Internal, true),
             ServerError::Storage(_) => (Code::Unavailable, true),
             ServerError::Internal(_) => (Code::Internal, true),
@@ -143,6 +190,7 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
         Err(ServerError::Deadline(_)) => "deadline",
         Err(
             ServerError::CorruptFile { .. }
+            | ServerError::CorruptData(_)
             | ServerError::Query(_)
             | ServerError::Storage(_)
             | ServerError::Internal(_),

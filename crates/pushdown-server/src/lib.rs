@@ -165,6 +165,7 @@ impl ServerBuilder {
                 Arc::clone(&store) as Arc<dyn ObjectStore>,
                 config.catalog_refresh,
                 runtime.cache_manager.get_file_metadata_cache(),
+                Arc::clone(&metrics),
             )
             .await?,
         );

@@ -33,6 +33,9 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub active_streams: Gauge,
     pub stream_seconds: Histogram,
+    pub unreadable_files: Gauge,
+    pub unreadable_files_found: Counter,
+    pub panics_contained: Counter,
 }
 
 impl Default for Metrics {
@@ -58,7 +61,26 @@ impl Metrics {
             requests: Family::default(),
             active_streams: Gauge::default(),
             stream_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
+            unreadable_files: Gauge::default(),
+            unreadable_files_found: Counter::default(),
+            panics_contained: Counter::default(),
         };
+        registry.register(
+            "unreadable_files",
+            "Files the catalog holds as unusable now (unreadable footer, damaged layout, other \
+             schema): requests touching them get DataLoss",
+            m.unreadable_files.clone(),
+        );
+        registry.register(
+            "unreadable_files_found",
+            "File versions found unreadable when listing the catalog (each version counted once)",
+            m.unreadable_files_found.clone(),
+        );
+        registry.register(
+            "panics_contained",
+            "Panics inside a request (a decoder or kernel) turned into that request's error",
+            m.panics_contained.clone(),
+        );
         registry.register(
             "bytes_scanned",
             "Bytes the Parquet reader fetched from storage for DoGet streams",

@@ -287,7 +287,10 @@ impl Engine {
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket) -> Result<u64> {
         let (_ctx, df, _) = self.dataframe_for(ticket).await?;
-        let n = df.count().await? as u64;
+        let n = df
+            .count()
+            .await
+            .map_err(|e| ServerError::from_scan(e, ticket.shard.as_ref()))? as u64;
         Ok(n.saturating_sub(ticket.skip_rows))
     }
 

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::State;
+use crate::catalog::panic_message;
 use crate::error::{Result, ServerError, outcome};
 use crate::query::{Shape, scan_stats};
 
@@ -71,6 +72,21 @@ impl PushdownService {
             _ => Err(ServerError::BadRequest(
                 "descriptor type must be CMD or PATH".into(),
             )),
+        }
+    }
+
+    /// Runs a request's handler with any panic in it (a decoder's, a kernel's) contained: the
+    /// request fails with `Internal`, the server goes on.
+    async fn contained<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
+        match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => {
+                self.state.metrics.panics_contained.inc();
+                Err(ServerError::Internal(format!(
+                    "request panicked: {}",
+                    panic_message(panic.as_ref())
+                )))
+            }
         }
     }
 
@@ -138,6 +154,7 @@ impl PushdownService {
 
     async fn open_stream(&self, ticket: Ticket) -> Result<FlightStream<FlightData>> {
         let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
+        let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
         let opened = self.state.engine.open(&ticket).await?;
         let span = tracing::info_span!(
@@ -150,9 +167,13 @@ impl PushdownService {
         let state = Arc::clone(&self.state);
         let producer = produce(state, ticket, opened, permit, tx.clone());
         let metrics = Arc::clone(&self.state.metrics);
+        let shard_name = shard
+            .as_ref()
+            .map(|s| format!(" over `{}/{}`", s.dataset, s.file))
+            .unwrap_or_default();
         let guard = self.state.cpu.spawn(
             async move {
-                let mut outcome = StreamOutcome::start(metrics);
+                let mut outcome = StreamOutcome::start(Arc::clone(&metrics));
                 // A panic in a kernel or decoder must end this stream with an error, never
                 // silently: a stream that just stopped would look complete to the client.
                 let result = std::panic::AssertUnwindSafe(producer).catch_unwind().await;
@@ -163,12 +184,11 @@ impl PushdownService {
                     }
                     Ok(Err(status)) => status,
                     Err(panic) => {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        Status::from(ServerError::Internal(format!("stream panicked: {what}")))
+                        metrics.panics_contained.inc();
+                        let what = panic_message(panic.as_ref());
+                        Status::from(ServerError::Internal(format!(
+                            "stream{shard_name} panicked: {what}"
+                        )))
                     }
                 };
                 outcome.outcome = match status.code() {
@@ -356,6 +376,7 @@ async fn produce(
     let schema = plan.schema();
     let batches = execute_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
 
+    let shard = ticket.shard.clone();
     let rows_sent = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&rows_sent);
     let mut skip = ticket.skip_rows;
@@ -374,7 +395,7 @@ async fn produce(
             }
             Ok(batch) => Some(Ok(batch)),
             Err(e) => Some(Err(FlightError::Tonic(Box::new(Status::from(
-                ServerError::from(e),
+                ServerError::from_scan(e, shard.as_ref()),
             ))))),
         };
         if let Some(Ok(b)) = &out {
@@ -484,7 +505,7 @@ impl FlightService for PushdownService {
         &self,
         _request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let infos = self.finish("list_flights", self.list().await)?;
+        let infos = self.finish("list_flights", self.contained(self.list()).await)?;
         Ok(Response::new(
             futures::stream::iter(infos.into_iter().map(Ok)).boxed(),
         ))
@@ -495,7 +516,7 @@ impl FlightService for PushdownService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let result = self.flight_info(request.into_inner()).await;
+        let result = self.contained(self.flight_info(request.into_inner())).await;
         Ok(Response::new(self.finish("get_flight_info", result)?))
     }
 
@@ -505,7 +526,7 @@ impl FlightService for PushdownService {
     ) -> Result<Response<PollInfo>, Status> {
         // Planning is quick: the answer is always complete.
         let descriptor = request.into_inner();
-        let result = self.flight_info(descriptor.clone()).await;
+        let result = self.contained(self.flight_info(descriptor.clone())).await;
         let info = self.finish("poll_flight_info", result)?;
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
@@ -514,13 +535,13 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
-        let result = self.schema(request.into_inner()).await;
+        let result = self.contained(self.schema(request.into_inner())).await;
         Ok(Response::new(self.finish("get_schema", result)?))
     }
 
     #[tracing::instrument(skip_all)]
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        match self.open_stream(request.into_inner()).await {
+        match self.contained(self.open_stream(request.into_inner())).await {
             Ok(stream) => Ok(Response::new(stream)),
             // Streams that open record their outcome when they end.
             Err(e) => Err(self.fail("do_get", e)),
@@ -546,7 +567,10 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
-        let results = self.finish("do_action", self.action(request.into_inner()).await)?;
+        let results = self.finish(
+            "do_action",
+            self.contained(self.action(request.into_inner())).await,
+        )?;
         Ok(Response::new(
             futures::stream::iter(results.into_iter().map(Ok)).boxed(),
         ))
