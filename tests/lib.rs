@@ -16,7 +16,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_client::{PushdownClient, StreamOptions, StreamTotals};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_server::{RunningServer, Server, ServerConfig, open_store};

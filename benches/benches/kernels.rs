@@ -108,7 +108,7 @@ fn hash_bucket(c: &mut Criterion) {
 
 fn tokenize(c: &mut Criterion) {
     use arrow::array::AsArray;
-    use pushdown_cli::datasets::{Kind, batch};
+    use pushdown_datasets::{Kind, batch};
     let docs = batch(Kind::Text, &Kind::Text.schema(), 42, 0..256, 256).expect("text");
     let bodies = docs
         .column_by_name("body")

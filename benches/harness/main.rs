@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_client::PushdownClient;
 
 /// The same allocator as the `pushdown` binary: the in-process contenders run the same engine.
@@ -129,8 +129,9 @@ fn datasets(options: &Options) -> Result<Datasets> {
             None => {
                 eprintln!("generating {} ({n} rows) in {}", kind.name(), dir.display());
                 let mut gen_options = GenOptions::new(kind, n);
-                gen_options.progress = true;
+                let bar = pushdown_cli::demo::with_progress_bar(&mut gen_options);
                 let generated = generate(&gen_options, &dir)?;
+                bar.finish_and_clear();
                 std::fs::write(&stamp, generated.rows.to_string())?;
                 generated.rows
             }

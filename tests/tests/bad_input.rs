@@ -235,10 +235,10 @@ async fn a_client_that_disconnects_stops_the_servers_work() {
         ..small_shards()
     };
     let fx = Fixture::new(config, |root| {
-        let mut options = pushdown_cli::datasets::GenOptions::new(pushdown_cli::datasets::Kind::Images, 512);
+        let mut options = pushdown_datasets::GenOptions::new(pushdown_datasets::Kind::Images, 512);
         options.rows_per_file = Some(512);
         options.row_group_rows = Some(64);
-        pushdown_cli::datasets::generate(&options, &root.join("images")).expect("images");
+        pushdown_datasets::generate(&options, &root.join("images")).expect("images");
     })
     .await;
     let info = fx

@@ -157,7 +157,7 @@ async fn filter_pushdown_reads_and_sends_less() {
 /// negated and inequality predicates (clicks: `i1..i13` have nulls, rows are in day order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planning_prunes_nullable_and_negated_predicates_correctly() {
-    use pushdown_cli::datasets::{GenOptions, Kind, generate};
+    use pushdown_datasets::{GenOptions, Kind, generate};
     let fx = Fixture::new(pushdown_tests::small_shards(), |root| {
         let mut options = GenOptions::new(Kind::Clicks, 24 * 256);
         options.row_group_rows = Some(256);

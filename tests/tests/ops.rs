@@ -356,7 +356,7 @@ async fn tokenize_truncates_with_the_datasets_own_tokenizer() {
 
 #[test]
 fn generated_tokenizers_are_reproducible() {
-    use pushdown_cli::datasets::{GenOptions, Kind, generate};
+    use pushdown_datasets::{GenOptions, Kind, generate};
     let dirs = [
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),

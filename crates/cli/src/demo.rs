@@ -11,7 +11,7 @@ use anyhow::Result;
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store};
 
-use crate::datasets::{GenOptions, Kind, generate};
+use pushdown_datasets::{GenOptions, Kind, generate};
 use crate::run::{RunOptions, RunReport, Source, bytes, describe, run};
 
 /// What the demo measured.
@@ -38,12 +38,29 @@ pub fn pipeline() -> Pipeline {
         .batch(64)
 }
 
+/// A terminal progress bar wired into `options`: generation advances it.
+pub fn with_progress_bar(options: &mut GenOptions) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(options.rows as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, {eta} left)")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("generating {}", options.kind.name()));
+    let advance = bar.clone();
+    options.progress = Some(std::sync::Arc::new(move |rows| advance.inc(rows)));
+    bar
+}
+
 /// Runs the demo over `rows` generated images, printing to `out`.
 pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<DemoReport> {
     let root = tempfile::tempdir()?;
     let mut options = GenOptions::new(Kind::Images, rows);
-    options.progress = progress;
+    let bar = progress.then(|| with_progress_bar(&mut options));
     let generated = generate(&options, &root.path().join("images"))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     writeln!(
         out,
         "generated `images`: {} rows in {} files ({}) under {}",

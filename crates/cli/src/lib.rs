@@ -1,9 +1,9 @@
 //! The `pushdown` command line: `serve`, `gen`, `run`, `explain`, `demo`.
 //!
-//! The library half holds what the binary and the end-to-end tests share: the seeded
-//! dataset generators ([`datasets`]) and the demo ([`demo`]).
+//! The library half holds what the binary and the end-to-end tests share: the demo
+//! ([`demo`]) and the `run` driver ([`run`]). The dataset generators are their own crate,
+//! `pushdown-datasets`.
 
-pub mod datasets;
 pub mod demo;
 pub mod run;
 

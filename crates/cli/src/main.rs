@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pushdown_cli::datasets::{GenOptions, Kind, generate};
+use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_cli::run::{Link, RunOptions, Source, bytes, costed_plan, describe, run};
 use pushdown_client::{PushdownClient, StreamOptions};
 use pushdown_planner::Pipeline;
@@ -318,8 +318,9 @@ fn gen_dataset(args: GenArgs) -> Result<()> {
     options.seed = args.seed;
     options.row_group_rows = args.row_group_rows;
     options.rows_per_file = args.rows_per_file;
-    options.progress = true;
+    let bar = pushdown_cli::demo::with_progress_bar(&mut options);
     let generated = generate(&options, &args.out.join(&name))?;
+    bar.finish_and_clear();
     println!(
         "wrote {} rows of `{name}` in {} files ({}) to {}",
         generated.rows,

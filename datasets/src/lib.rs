@@ -1,4 +1,6 @@
-//! Seeded, deterministic generators of realistic training datasets, written as Parquet.
+//! Seeded, deterministic generators of realistic training datasets, written as Parquet:
+//! what `pushdown gen` writes, and what the tests and benchmarks serve (each dataset is
+//! described in `datasets/README.md`).
 //!
 //! | dataset | columns | row group | file |
 //! |---|---|---|---|
@@ -29,7 +31,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// The kinds of dataset `pushdown gen` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Kind {
     Images,
     Clicks,
@@ -108,8 +111,11 @@ impl Kind {
     }
 }
 
+/// Told the rows written as generation goes (a progress bar, a log line).
+pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
+
 /// What to generate.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GenOptions {
     pub kind: Kind,
     pub rows: usize,
@@ -117,7 +123,20 @@ pub struct GenOptions {
     /// Overrides of the kind's layout, for tests.
     pub row_group_rows: Option<usize>,
     pub rows_per_file: Option<usize>,
-    pub progress: bool,
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for GenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenOptions")
+            .field("kind", &self.kind)
+            .field("rows", &self.rows)
+            .field("seed", &self.seed)
+            .field("row_group_rows", &self.row_group_rows)
+            .field("rows_per_file", &self.rows_per_file)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl GenOptions {
@@ -128,7 +147,7 @@ impl GenOptions {
             seed: 42,
             row_group_rows: None,
             rows_per_file: None,
-            progress: false,
+            progress: None,
         }
     }
 }
@@ -156,20 +175,8 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
         }
     }
     let n_files = options.rows.div_ceil(file_rows).max(1);
-    let bar = if options.progress {
-        let bar = indicatif::ProgressBar::new(options.rows as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, {eta} left)",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        bar.set_message(format!("generating {}", options.kind.name()));
-        bar
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let progress: Progress = options.progress.clone().unwrap_or_else(|| Arc::new(|_| {}));
+    let bar = progress.as_ref();
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .min(n_files);
@@ -180,7 +187,6 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let files = &files;
-                let bar = &bar;
                 scope.spawn(move || -> Result<usize> {
                     let mut written = 0;
                     for f in (t..n_files).step_by(threads) {
@@ -205,7 +211,6 @@ pub fn generate(options: &GenOptions, dir: &Path) -> Result<Generated> {
         }
         Ok(rows)
     })?;
-    bar.finish_and_clear();
     if options.kind == Kind::Text {
         write_tokenizer(options.seed, options.rows, dir)?;
     }
@@ -252,7 +257,7 @@ fn write_lineitem(
     part: usize,
     parts: usize,
     rg_rows: usize,
-    bar: &indicatif::ProgressBar,
+    bar: &(dyn Fn(u64) + Send + Sync),
 ) -> Result<usize> {
     let scale_factor = options.rows as f64 / LINEITEM_ROWS_SF1;
     let generator = tpchgen::generators::LineItemGenerator::new(
@@ -274,7 +279,7 @@ fn write_lineitem(
             .collect::<std::result::Result<Vec<_>, _>>()?;
         writer.write(&RecordBatch::try_new(Arc::clone(&schema), columns)?)?;
         rows += batch.num_rows();
-        bar.inc(batch.num_rows() as u64);
+        bar(batch.num_rows() as u64);
     }
     writer.close()?;
     Ok(rows)
@@ -285,7 +290,7 @@ fn write_file(
     path: &Path,
     rows: std::ops::Range<usize>,
     rg_rows: usize,
-    bar: &indicatif::ProgressBar,
+    bar: &(dyn Fn(u64) + Send + Sync),
 ) -> Result<()> {
     let schema = options.kind.schema();
     let props = writer_properties(options.kind, rg_rows)?;
@@ -297,7 +302,7 @@ fn write_file(
         let batch = batch(options.kind, &schema, options.seed, start..end, options.rows)?;
         writer.write(&batch)?;
         writer.flush()?;
-        bar.inc((end - start) as u64);
+        bar((end - start) as u64);
         start = end;
     }
     writer.close()?;
