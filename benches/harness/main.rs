@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_client::PushdownClient;
+use pushdown_datasets::{GenOptions, Kind, generate};
 
 /// The same allocator as the `pushdown` binary: the in-process contenders run the same engine.
 #[global_allocator]

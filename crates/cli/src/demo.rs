@@ -11,8 +11,8 @@ use anyhow::Result;
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store};
 
-use pushdown_datasets::{GenOptions, Kind, generate};
 use crate::run::{RunOptions, RunReport, Source, bytes, describe, run};
+use pushdown_datasets::{GenOptions, Kind, generate};
 
 /// What the demo measured.
 #[derive(Debug)]

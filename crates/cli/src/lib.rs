@@ -8,6 +8,7 @@ pub mod demo;
 pub mod run;
 
 // Dependencies of the `pushdown` binary alone.
+use clap as _;
 use mimalloc as _;
 use tokio as _;
 use tracing as _;

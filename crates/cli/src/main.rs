@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_cli::run::{Link, RunOptions, Source, bytes, costed_plan, describe, run};
 use pushdown_client::{PushdownClient, StreamOptions};
+use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
 use tracing_subscriber::EnvFilter;
