@@ -113,16 +113,6 @@ pub struct Context<'a> {
     pub resources: &'a dyn Resources,
 }
 
-impl Context<'static> {
-    /// A context with `seed` and no resources.
-    pub fn seeded(seed: u64) -> Self {
-        Self {
-            seed,
-            resources: &NoResources,
-        }
-    }
-}
-
 impl fmt::Debug for Context<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")

@@ -39,6 +39,9 @@ use crate::metrics::Metrics;
 const MAGIC: &[u8; 4] = b"PAR1";
 /// The magic of a file whose footer is encrypted.
 const ENCRYPTED_MAGIC: &[u8; 4] = b"PARE";
+/// Bytes read from the end of a file to get its footer and page index in one request,
+/// small enough not to drag in pages of wide columns (the catalog's reads and every scan's).
+pub const METADATA_SIZE_HINT: usize = 64 * 1024;
 /// Metadata length and magic at the end of a file.
 const FOOTER_LEN: u64 = 8;
 /// Deepest schema nesting accepted: deeper trees are refused before anything walks them
@@ -350,7 +353,7 @@ impl Catalog {
             check_envelope(self.store.as_ref(), meta).await?;
         }
         let metadata = DFParquetMetadata::new(self.store.as_ref(), meta)
-            .with_metadata_size_hint(Some(crate::query::METADATA_SIZE_HINT))
+            .with_metadata_size_hint(Some(METADATA_SIZE_HINT))
             .with_file_metadata_cache(Some(Arc::clone(&self.footers)))
             .fetch_metadata()
             .await

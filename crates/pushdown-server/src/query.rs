@@ -45,13 +45,9 @@ use pushdown_protocol::{
 };
 
 use crate::ServerConfig;
-use crate::catalog::{Catalog, DataFile, Dataset, lookup};
+use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
-
-/// Bytes read from the end of a file to get its footer and page index in one request,
-/// small enough not to drag in pages of wide columns.
-pub const METADATA_SIZE_HINT: usize = 64 * 1024;
 
 /// How a query is answered.
 #[derive(Debug, Clone)]
