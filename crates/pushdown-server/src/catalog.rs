@@ -19,7 +19,7 @@
 //! and becomes the file's reason. Each unreadable file version is read, logged and counted
 //! once; it is read again only when its size, modification time or ETag change.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -204,7 +204,7 @@ impl Catalog {
             .await
             .map_err(ServerError::Storage)?;
         let mut datasets = BTreeMap::new();
-        let mut listed = Vec::new();
+        let mut listed = HashSet::new();
         for folder in listing.common_prefixes {
             let Some(name) = folder.filename().map(str::to_owned) else {
                 continue;
@@ -230,7 +230,7 @@ impl Catalog {
         &self,
         name: &str,
         folder: &Path,
-        listed: &mut Vec<Path>,
+        listed: &mut HashSet<Path>,
     ) -> Result<Option<Dataset>> {
         let tokenizer_path = folder.clone().join(pushdown_ops::TOKENIZER_FILE);
         let mut has_tokenizer = false;
@@ -327,37 +327,57 @@ impl Catalog {
         }
         let read = AssertUnwindSafe(self.read_footer(meta)).catch_unwind().await;
         let result = read.unwrap_or_else(|panic| {
-            Err(format!(
+            Err(FooterError::Damaged(format!(
                 "the Parquet decoder panicked reading the footer: {}",
                 panic_message(panic.as_ref())
-            ))
+            )))
         });
-        if let Err(reason) = &result {
-            // Whatever the decoder cached of it is not to be used by a scan.
-            self.footers.remove(&meta.location);
-            tracing::warn!(file = %meta.location, size = meta.size, %reason, "unreadable Parquet file");
-            self.metrics.unreadable_files_found.inc();
-            lock(&self.unreadable).insert(meta.location.clone(), (meta.clone(), reason.clone()));
-        } else {
-            lock(&self.unreadable).remove(&meta.location);
+        match result {
+            Ok(footer) => {
+                lock(&self.unreadable).remove(&meta.location);
+                Ok(footer)
+            }
+            // The store failed, not the file: tried again at the next refresh.
+            Err(FooterError::Storage(reason)) => {
+                tracing::warn!(file = %meta.location, %reason, "could not read a footer");
+                Err(reason)
+            }
+            Err(FooterError::Damaged(reason)) => {
+                // Whatever the decoder cached of it is not to be used by a scan.
+                self.footers.remove(&meta.location);
+                tracing::warn!(file = %meta.location, size = meta.size, %reason, "unreadable Parquet file");
+                self.metrics.unreadable_files_found.inc();
+                lock(&self.unreadable).insert(meta.location.clone(), (meta.clone(), reason.clone()));
+                Err(reason)
+            }
         }
-        result
     }
 
-    async fn read_footer(&self, meta: &ObjectMeta) -> Result<(SchemaRef, Arc<ParquetMetaData>), String> {
+    async fn read_footer(&self, meta: &ObjectMeta) -> Result<(SchemaRef, Arc<ParquetMetaData>), FooterError> {
         let cached = self
             .footers
             .get(&meta.location)
             .is_some_and(|entry| entry.is_valid_for(meta));
         if !cached {
-            check_envelope(self.store.as_ref(), meta).await?;
+            let ends = envelope_ranges(meta.size)?;
+            let got = self
+                .store
+                .get_ranges(&meta.location, &ends)
+                .await
+                .map_err(|e| FooterError::Storage(format!("reading the file's ends: {e}")))?;
+            check_envelope(meta.size, &got)?;
         }
         let metadata = DFParquetMetadata::new(self.store.as_ref(), meta)
             .with_metadata_size_hint(Some(METADATA_SIZE_HINT))
             .with_file_metadata_cache(Some(Arc::clone(&self.footers)))
             .fetch_metadata()
             .await
-            .map_err(|e| e.find_root().to_string())?;
+            .map_err(|e| match e.find_root() {
+                datafusion::error::DataFusionError::ObjectStore(store) => {
+                    FooterError::Storage(store.to_string())
+                }
+                root => FooterError::Damaged(root.to_string()),
+            })?;
         check_layout(&metadata, meta.size)?;
         let schema = parquet::arrow::parquet_to_arrow_schema(
             metadata.file_metadata().schema_descr(),
@@ -366,6 +386,21 @@ impl Catalog {
         .map_err(|e| e.to_string())?;
         // Field-level metadata (e.g. the Parquet field ids) is not part of a dataset's identity.
         Ok((Arc::new(strip_metadata(&schema)), metadata))
+    }
+}
+
+/// Why a footer could not be used.
+#[derive(Debug)]
+enum FooterError {
+    /// The file itself: remembered until the file changes.
+    Damaged(String),
+    /// The store failed (a transient error may succeed on retry): not remembered.
+    Storage(String),
+}
+
+impl From<String> for FooterError {
+    fn from(reason: String) -> Self {
+        FooterError::Damaged(reason)
     }
 }
 
@@ -382,21 +417,22 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".to_owned())
 }
 
-/// The file's frame, read before any decoder sees it: long enough for both magics and a
-/// footer, `PAR1` at both ends, and a metadata length that fits between them.
-async fn check_envelope(store: &dyn ObjectStore, meta: &ObjectMeta) -> Result<(), String> {
-    let size = meta.size;
-    let min = 2 * MAGIC.len() as u64 + FOOTER_LEN - MAGIC.len() as u64;
+/// The ranges the envelope check reads: the leading magic and the footer, when the file is
+/// long enough to hold them (leading magic, metadata length, trailing magic).
+fn envelope_ranges(size: u64) -> Result<[std::ops::Range<u64>; 2], String> {
+    let min = MAGIC.len() as u64 + FOOTER_LEN;
     if size < min {
         return Err(format!(
             "{size} bytes is too short for a Parquet file (at least {min}: magic, footer length, magic)"
         ));
     }
-    let got = store
-        .get_ranges(&meta.location, &[0..4, size - FOOTER_LEN..size])
-        .await
-        .map_err(|e| format!("reading the file's ends: {e}"))?;
-    let [head, tail] = got.as_slice() else {
+    Ok([0..MAGIC.len() as u64, size - FOOTER_LEN..size])
+}
+
+/// The file's frame, checked before any decoder sees it: `PAR1` at both ends and a metadata
+/// length that fits between them. `ends` are the bytes of [`envelope_ranges`].
+fn check_envelope(size: u64, ends: &[bytes::Bytes]) -> Result<(), String> {
+    let [head, tail] = ends else {
         return Err("reading the file's ends: the store returned the wrong number of ranges".into());
     };
     if head.as_ref() != MAGIC {
