@@ -22,8 +22,8 @@ use anyhow::{Context, Result};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::{Stream, StreamExt};
-use pushdown_cli::run::{RunOptions, Source, run};
-use pushdown_client::{ClientSteps, PushdownClient, StreamOptions};
+use pushdown_client::run::{RunOptions, run};
+use pushdown_client::{LoaderOptions, LoaderSource, Push, PushdownClient, RowSteps, StreamOptions};
 use pushdown_planner::{Pipeline, Plan};
 use pushdown_protocol::{Compression, Query, ScanRequest};
 use pushdown_server::{Server, ServerConfig};
@@ -142,26 +142,39 @@ struct Outcome {
     waited: Duration,
 }
 
-/// Applies the trainer's steps to `batches` and counts the samples.
-async fn drive<S, E>(mut batches: S, plan: &Plan, schema: SchemaRef) -> Result<(u64, Duration)>
+/// Applies the trainer's row-wise steps (its ops and selects) to `batches` and counts the
+/// samples. The shuffle window and batching, which cost every contender the same, are left
+/// out of the contenders: that favours them, never us.
+async fn drive<S, E>(
+    mut batches: S,
+    plan: &Plan,
+    schema: SchemaRef,
+    resources: Arc<dyn pushdown_ops::Resources>,
+) -> Result<(u64, Duration)>
 where
     S: Stream<Item = std::result::Result<RecordBatch, E>> + Unpin,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let mut steps = ClientSteps::new(&plan.client_steps, schema, 1)?;
+    let row_steps: Vec<_> = plan
+        .client_steps
+        .iter()
+        .filter(|s| {
+            matches!(
+                s,
+                pushdown_planner::Step::Select { .. } | pushdown_planner::Step::Map(_)
+            )
+        })
+        .cloned()
+        .collect();
+    let steps = RowSteps::new(&row_steps, schema, 1, resources)?;
     let (mut samples, mut waited) = (0u64, Duration::ZERO);
-    loop {
+    for key in 0u64.. {
         let asked = Instant::now();
         let next = batches.next().await;
         waited += asked.elapsed();
         let Some(batch) = next else { break };
-        samples += steps
-            .push(batch?)?
-            .iter()
-            .map(|b| b.num_rows() as u64)
-            .sum::<u64>();
+        samples += steps.apply(batch?, key)?.num_rows() as u64;
     }
-    samples += steps.finish()?.iter().map(|b| b.num_rows() as u64).sum::<u64>();
     Ok((samples, waited))
 }
 
@@ -170,8 +183,8 @@ where
 async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
     let read0 = server.metrics().store_bytes_read.get();
     let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-    let (schema, batches) = server.execute(&request).await?;
-    let (samples, waited) = drive(batches, plan, schema).await?;
+    let (schema, batches) = pushdown_baselines::execute(server, &request).await?;
+    let (samples, waited) = drive(batches, plan, schema, Arc::new(pushdown_ops::NoResources)).await?;
     Ok(Outcome {
         samples,
         received: server.metrics().store_bytes_read.get() - read0,
@@ -188,16 +201,17 @@ async fn full_row(client: &PushdownClient, link: &Link, workload: &Workload, pla
     let stream = client.stream(&info, StreamOptions::default())?;
     let totals = stream.totals_handle();
     let input_schema = stream.schema();
-    let resources = client.resources_for(workload.pipeline.steps(), dataset).await?;
-    let (schema, batches) = pushdown_server::evaluate(
+    let resources: Arc<dyn pushdown_ops::Resources> =
+        Arc::new(client.resources_for(workload.pipeline.steps(), dataset).await?);
+    let (schema, batches) = pushdown_baselines::evaluate(
         &Query::Fragment(plan.fragment.clone()),
         dataset,
         input_schema,
         stream,
-        Arc::new(resources),
+        Arc::clone(&resources),
     )
     .await?;
-    let (samples, waited) = drive(batches, plan, schema).await?;
+    let (samples, waited) = drive(batches, plan, schema, resources).await?;
     let received = totals.lock().unwrap_or_else(|p| p.into_inner()).bytes_received;
     Ok(Outcome {
         samples,
@@ -215,12 +229,12 @@ async fn placement(
     workload: &Workload,
 ) -> Result<(usize, Compression)> {
     let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
-    let env = pushdown_cli::run::Link {
+    let env = pushdown_client::Link {
         bandwidth_bytes_per_s: link.rate_bytes(),
         server_cores: Some(1.0),
         client_cores: Some(1.0),
     };
-    let costed = pushdown_cli::run::costed_plan(client, &workload.pipeline, &schema, env).await?;
+    let costed = pushdown_client::costed_plan(client, &workload.pipeline, &schema, env).await?;
     Ok((costed.chosen.pushed, costed.chosen.compression))
 }
 
@@ -231,15 +245,19 @@ async fn pushdown(
     (pushed, compression): (usize, Compression),
 ) -> Result<Outcome> {
     let report = run(&RunOptions {
-        bandwidth_bytes_per_s: link.rate_bytes(),
-        server_cores: Some(1.0),
-        client_cores: Some(1.0),
-        push: Some(pushed),
-        compression: Some(compression),
-        // A trainer plans and connects once and streams epoch after epoch.
-        epochs: EPOCHS_PER_RUN,
-        seed: 1,
-        ..RunOptions::new(vec![url.to_owned()], Source::Pipeline(workload.pipeline.clone()))
+        loader: LoaderOptions {
+            link: one_core_each(link.rate_bytes()),
+            push: Push::First(pushed),
+            compression: Some(compression),
+            // A trainer plans and connects once and streams epoch after epoch.
+            epochs: EPOCHS_PER_RUN,
+            seed: 1,
+            ..LoaderOptions::default()
+        },
+        ..RunOptions::new(
+            vec![url.to_owned()],
+            LoaderSource::Pipeline(workload.pipeline.clone()),
+        )
     })
     .await?;
     Ok(Outcome {
@@ -321,7 +339,7 @@ where
         cell.link,
         cell.contender,
         cell.samples_per_s,
-        pushdown_cli::run::bytes(cell.wire_bytes)
+        pushdown_client::run::bytes(cell.wire_bytes)
     );
     Ok(cell)
 }
@@ -479,11 +497,12 @@ pub async fn server_scan(
     let mut best: Option<(f64, u64)> = None;
     for _ in 0..reps.max(1) {
         let report = run(&RunOptions {
-            bandwidth_bytes_per_s: f64::INFINITY,
-            server_cores: Some(1.0),
-            client_cores: Some(1.0),
-            seed: 1,
-            ..RunOptions::new(vec![url.clone()], Source::Sql(workload.scan.clone()))
+            loader: LoaderOptions {
+                link: one_core_each(f64::INFINITY),
+                seed: 1,
+                ..LoaderOptions::default()
+            },
+            ..RunOptions::new(vec![url.clone()], LoaderSource::Sql(workload.scan.clone()))
         })
         .await?;
         let rate = rows_in as f64 / report.elapsed.as_secs_f64();
@@ -580,7 +599,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let (rss, rows) = rss_under_streams(data, streams).await?;
     targets.push(Target {
         what: format!("server peak RSS with {streams} concurrent streams (`SELECT * FROM images WHERE label < 100`, {rows} rows in all)"),
-        measured: pushdown_cli::run::bytes(rss),
+        measured: pushdown_client::run::bytes(rss),
         needed: "≤ 1 GiB".into(),
         met: rss <= 1 << 30,
     });
@@ -594,7 +613,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let sizes: Vec<String> = data
         .rows
         .iter()
-        .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_cli::run::bytes(*b)))
+        .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_client::run::bytes(*b)))
         .collect();
     let mut out = format!(
         "## Contenders: pushdown against what a user would run instead\n\n\
@@ -609,7 +628,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     for w in workloads() {
         out.push_str(&format!("### {}\n\n", w.name));
         out.push_str("| link | contender | samples | samples/s | bytes on the wire | bytes per sample | link use | server CPU s | trainer CPU s | server peak RSS | trainer peak RSS | waited |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        let opt_bytes = |b: Option<u64>| b.map_or("–".to_owned(), pushdown_cli::run::bytes);
+        let opt_bytes = |b: Option<u64>| b.map_or("–".to_owned(), pushdown_client::run::bytes);
         for c in cells.iter().filter(|c| c.workload == w.name) {
             out.push_str(&format!(
                 "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {} | {:.2} | {} | {} | {:.0}% |\n",
@@ -620,7 +639,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 },
                 c.samples,
                 c.samples_per_s,
-                pushdown_cli::run::bytes(c.wire_bytes),
+                pushdown_client::run::bytes(c.wire_bytes),
                 c.bytes_per_sample(),
                 c.link_use_text(),
                 c.server_cpu_s.map_or("–".to_owned(), |s| format!("{s:.2}")),
@@ -677,11 +696,20 @@ async fn engine_scan(data: &Datasets, workload: &Workload, rows_in: u64, reps: u
     let mut best = 0.0f64;
     for _ in 0..reps.max(1) {
         let start = Instant::now();
-        let (_, mut batches) = server.execute(&request).await?;
+        let (_, mut batches) = pushdown_baselines::execute(&server, &request).await?;
         while let Some(b) = batches.next().await {
             b?;
         }
         best = best.max(rows_in as f64 / start.elapsed().as_secs_f64());
     }
     Ok(best)
+}
+
+/// The planner's view of a link of `bytes_per_s` between one server core and one trainer core.
+pub(crate) fn one_core_each(bytes_per_s: f64) -> pushdown_client::Link {
+    pushdown_client::Link {
+        bandwidth_bytes_per_s: bytes_per_s,
+        server_cores: Some(1.0),
+        client_cores: Some(1.0),
+    }
 }

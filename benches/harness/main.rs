@@ -129,7 +129,7 @@ fn datasets(options: &Options) -> Result<Datasets> {
             None => {
                 eprintln!("generating {} ({n} rows) in {}", kind.name(), dir.display());
                 let mut gen_options = GenOptions::new(kind, n);
-                let bar = pushdown_cli::demo::with_progress_bar(&mut gen_options);
+                let bar = pushdown_datasets::progress_bar(&mut gen_options);
                 let generated = generate(&gen_options, &dir)?;
                 bar.finish_and_clear();
                 std::fs::write(&stamp, generated.rows.to_string())?;
@@ -163,7 +163,10 @@ pub async fn connect(url: &str) -> Result<PushdownClient> {
     let mut last = None;
     for _ in 0..100 {
         match PushdownClient::connect(&[url]).await {
-            Ok(c) => match c.action("health", bytes::Bytes::new()).await {
+            Ok(c) => match c
+                .action(pushdown_protocol::ActionKind::Health, bytes::Bytes::new())
+                .await
+            {
                 Ok(_) => return Ok(c),
                 Err(e) => last = Some(anyhow::Error::from(e)),
             },
@@ -248,7 +251,7 @@ fn main() -> Result<()> {
         let sizes: Vec<String> = data
             .rows
             .iter()
-            .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_cli::run::bytes(*b)))
+            .map(|(k, n, b)| format!("{} {n} rows ({})", k.name(), pushdown_client::run::bytes(*b)))
             .collect();
         let body = format!(
             "## Placement: the planner's choice against every legal placement\n\n\

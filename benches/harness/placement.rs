@@ -7,9 +7,11 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use pushdown_cli::run::{Link as PlanLink, RunOptions, Source, costed_plan, run};
 use pushdown_client::PushdownClient;
-use pushdown_planner::{Param, Pipeline};
+use pushdown_client::run::{RunOptions, run};
+use pushdown_client::{Link as PlanLink, LoaderOptions, LoaderSource, Push, costed_plan};
+use pushdown_ops::Value;
+use pushdown_planner::Pipeline;
 
 use crate::link::Link;
 use crate::process::{ServerProcess, cpu_seconds, peak_rss, reset_peak_rss};
@@ -43,7 +45,7 @@ pub fn pipelines_filtered(images_filter: &str, clicks_filter: &str) -> Vec<(&'st
         .map(
             "random_mask",
             "tokens",
-            [Param::from(0.15f64), Param::from(2i64)],
+            [Value::Float(0.15), Value::Int(2)],
             "tokens",
         )
         .select(["tokens"])
@@ -118,14 +120,15 @@ async fn measure_pipeline(
             let (mut rows, mut received) = (0u64, 0u64);
             while start.elapsed().as_secs_f64() < crate::MIN_CELL_SECS {
                 let report = run(&RunOptions {
-                    bandwidth_bytes_per_s: rate_bytes,
-                    server_cores: Some(1.0),
-                    client_cores: Some(1.0),
-                    push: Some(k),
-                    // Each placement with the codec the planner gives it.
-                    compression: Some(candidate.compression),
-                    seed: 1,
-                    ..RunOptions::new(vec![url.to_owned()], Source::Pipeline(pipeline.clone()))
+                    loader: LoaderOptions {
+                        link: crate::compare::one_core_each(rate_bytes),
+                        push: Push::First(k),
+                        // Each placement with the codec the planner gives it.
+                        compression: Some(candidate.compression),
+                        seed: 1,
+                        ..LoaderOptions::default()
+                    },
+                    ..RunOptions::new(vec![url.to_owned()], LoaderSource::Pipeline(pipeline.clone()))
                 })
                 .await
                 .with_context(|| format!("{name} with {k} ops pushed"))?;
@@ -154,7 +157,7 @@ async fn measure_pipeline(
         eprintln!(
             "  {name:7} {:22} pushed {k}: {rows_per_s:9.0} rows/s, {} on the wire",
             link.describe(),
-            pushdown_cli::run::bytes(wire_bytes)
+            pushdown_client::run::bytes(wire_bytes)
         );
         cells.push(Cell {
             pipeline: name,
@@ -204,10 +207,10 @@ pub fn report(cells: &[Cell]) -> (String, bool) {
                 ops,
                 c.rows,
                 c.rows_per_s,
-                pushdown_cli::run::bytes(c.wire_bytes),
+                pushdown_client::run::bytes(c.wire_bytes),
                 c.server_cpu_s,
                 c.client_cpu_s,
-                pushdown_cli::run::bytes(c.server_peak_rss),
+                pushdown_client::run::bytes(c.server_peak_rss),
                 c.estimate_rows_per_s,
                 if c.chosen { "**chosen**" } else { "" }
             ));

@@ -111,6 +111,21 @@ impl Kind {
     }
 }
 
+/// A terminal progress bar wired into `options`: generation advances it.
+#[cfg(feature = "progress")]
+pub fn progress_bar(options: &mut GenOptions) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(options.rows as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, {eta} left)")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("generating {}", options.kind.name()));
+    let advance = bar.clone();
+    options.progress = Some(Arc::new(move |rows| advance.inc(rows)));
+    bar
+}
+
 /// Told the rows written as generation goes (a progress bar, a log line).
 pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
 

@@ -164,7 +164,9 @@ async fn in_process_and_full_row_baselines_equal_pushdown() {
         let pushed = rows(&fx.collect(&request).await.expect("pushdown").0);
         assert!(!pushed.is_empty());
 
-        let (_, batches) = fx.server.execute(&request).await.expect("in-process");
+        let (_, batches) = pushdown_baselines::execute(&fx.server, &request)
+            .await
+            .expect("in-process");
         let in_process: Vec<_> = batches.try_collect().await.expect("in-process batches");
         assert_eq!(rows(&in_process), pushed, "{dataset}: in-process engine");
 
@@ -189,7 +191,7 @@ async fn in_process_and_full_row_baselines_equal_pushdown() {
             std::sync::Arc::new(pushdown_ops::NoResources)
         };
         let (_, batches) =
-            pushdown_server::evaluate(&request.query, dataset, stream.schema(), stream, resources)
+            pushdown_baselines::evaluate(&request.query, dataset, stream.schema(), stream, resources)
                 .await
                 .expect("evaluate");
         let full_row: Vec<_> = batches.try_collect().await.expect("full-row batches");

@@ -1,35 +1,18 @@
-//! End to end: a real server on 127.0.0.1:0, the real client, the CLI's run and demo.
+//! End to end: a real server on 127.0.0.1:0, the real client, `run` (the demo is tested in
+//! the CLI crate).
 
 use std::sync::Arc;
 
 use arrow_flight::{Criteria, FlightDescriptor};
 use futures::{StreamExt, TryStreamExt};
-use pushdown_cli::run::{RunOptions, Source, run};
+use pushdown_client::run::{RunOptions, run};
+use pushdown_client::{LoaderOptions, LoaderSource};
 use pushdown_client::{StreamOptions, plan_estimate};
 use pushdown_planner::Pipeline;
+use pushdown_protocol::ActionKind;
 use pushdown_protocol::{Query, ScanRequest, ShardTicket};
 use pushdown_server::serve_metrics;
 use pushdown_tests::{Fixture, local_eval, num_rows, rows, sorted_rows};
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_runs_and_saves_bytes() {
-    let mut out = Vec::new();
-    let report = pushdown_cli::demo::demo(256, false, &mut out)
-        .await
-        .expect("demo");
-    let text = String::from_utf8(out).expect("utf8");
-    assert!(text.contains("fewer bytes"), "{text}");
-    assert!(
-        report.run.rows > 0 && report.run.rows < 256,
-        "label < 100 keeps ~10%: {}",
-        report.run.rows
-    );
-    assert!(
-        report.reduction() > 3.0,
-        "saved only {:.1}x\n{text}",
-        report.reduction()
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_run_writes_the_rows_the_filter_selects() {
@@ -42,8 +25,11 @@ async fn pipeline_run_writes_the_rows_the_filter_selects() {
         .batch(16);
     let options = RunOptions {
         out: Some(out.clone()),
-        seed: 3,
-        ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline))
+        loader: LoaderOptions {
+            seed: 3,
+            ..LoaderOptions::default()
+        },
+        ..RunOptions::new(vec![fx.running.url()], LoaderSource::Pipeline(pipeline))
     };
     let report = run(&options).await.expect("run");
     let plan = report.plan.as_ref().expect("plan");
@@ -77,7 +63,8 @@ async fn pipeline_run_writes_the_rows_the_filter_selects() {
     .collect::<Result<_, _>>()
     .expect("read");
     assert_eq!(rows(&second), rows(&written));
-    let other = RunOptions { seed: 4, ..options };
+    let mut other = options.clone();
+    other.loader.seed = 4;
     run(&other).await.expect("run other seed");
     let third: Vec<_> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
         std::fs::File::open(&out).expect("out"),
@@ -184,18 +171,27 @@ async fn catalog_schema_explain_and_metrics() {
 
     let explained = fx
         .client
-        .action("explain", "SELECT label FROM images WHERE id < 10".into())
+        .action(
+            ActionKind::Explain,
+            "SELECT label FROM images WHERE id < 10".into(),
+        )
         .await
         .expect("explain");
     let text = String::from_utf8(explained[0].to_vec()).expect("utf8");
     assert!(text.contains("row-wise") && text.contains("TableScan"), "{text}");
     let health = fx
         .client
-        .action("health", bytes::Bytes::new())
+        .action(ActionKind::Health, bytes::Bytes::new())
         .await
         .expect("health");
     assert_eq!(&health[0][..], b"ok");
-    assert!(fx.client.action("nope", bytes::Bytes::new()).await.is_err());
+    let unknown = pushdown_tests::raw_client(fx.running.url())
+        .await
+        .do_action(arrow_flight::Action::new("nope", bytes::Bytes::new()))
+        .await
+        .expect_err("unknown action");
+    assert_eq!(unknown.code(), tonic::Code::InvalidArgument, "{unknown}");
+    assert!(unknown.message().contains("health, explain"), "{unknown}");
 
     // Metrics over HTTP, as Prometheus scrapes them.
     fx.sql("SELECT label FROM images").await.expect("query");

@@ -292,3 +292,103 @@ fn pixels_come_out_as_tensors_with_the_intended_augmentation() {
     let sigma = (0.25f64 / 200.0).sqrt();
     assert!((rate - 0.5).abs() < 4.0 * sigma, "flip rate {rate}");
 }
+
+/// `pushdown run` and the `Loader` are one driver: the same pipeline and seed give the same
+/// sample sequence, row for row and pixel for pixel (shard order, shuffle windows, batches,
+/// and the randomness of client-side ops), with the rows counted up front or not.
+#[test]
+fn run_out_yields_the_loaders_sequence() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let pipeline = Pipeline::new("images")
+        .filter("label < 700")
+        .map("decode_resize", "image", [8i64, 6], "pixels")
+        .select(["id", "pixels"])
+        .map("random_flip", "pixels", [0.5f64], "pixels")
+        .shuffle(50)
+        .batch(16);
+    let o = LoaderOptions {
+        seed: 11,
+        epochs: 2,
+        ..LoaderOptions::default()
+    };
+
+    let mut from_loader: Vec<(i64, Vec<u8>)> = Vec::new();
+    let l = Loader::new(&servers, LoaderSource::Pipeline(pipeline.clone()), o.clone()).expect("loader");
+    for b in l {
+        let b = b.expect("batch");
+        let Column::Tensor { values, .. } = b.column("pixels").expect("pixels") else {
+            panic!("pixels are a tensor")
+        };
+        let px = values.as_primitive::<UInt8Type>().values().to_vec();
+        for (r, id) in ids(&b).into_iter().enumerate() {
+            from_loader.push((id, px[r * 144..(r + 1) * 144].to_vec()));
+        }
+    }
+
+    let out = s.fx.root.path().join("run.parquet");
+    let report = s
+        .runtime
+        .block_on(pushdown_client::run::run(&pushdown_client::run::RunOptions {
+            out: Some(out.clone()),
+            loader: o,
+            ..pushdown_client::run::RunOptions::new(servers.clone(), LoaderSource::Pipeline(pipeline))
+        }))
+        .expect("run");
+    let file = std::fs::File::open(&out).expect("out");
+    let mut from_run: Vec<(i64, Vec<u8>)> = Vec::new();
+    for b in parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .build()
+        .expect("reader")
+    {
+        let b = b.expect("batch");
+        let id = b.column(0).as_primitive::<Int64Type>();
+        let px = b.column(1).as_fixed_size_list();
+        for r in 0..b.num_rows() {
+            let row = px.value(r);
+            from_run.push((id.value(r), row.as_primitive::<UInt8Type>().values().to_vec()));
+        }
+    }
+    assert_eq!(report.rows as usize, from_run.len());
+    assert!(
+        from_loader.len() > 300,
+        "two epochs of ~70%: {}",
+        from_loader.len()
+    );
+    assert_eq!(from_run, from_loader, "run --out and the Loader disagree");
+    // Really shuffled, and the epochs differ.
+    let half = from_loader.len() / 2;
+    assert_ne!(from_loader[..half], from_loader[half..]);
+}
+
+/// A column's type is fixed by its field: a nullable column is Arrow in every batch, with
+/// or without nulls; a non-nullable primitive one is a tensor in every batch.
+#[test]
+fn loader_column_types_follow_the_schema_not_the_batch() {
+    use arrow::array::{ArrayRef, Int32Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use pushdown_client::TensorBatch;
+    use std::sync::Arc;
+
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("label", DataType::Int32, false),
+        Field::new("maybe", DataType::Int32, true),
+    ]));
+    let batch = |maybe: Vec<Option<i32>>| {
+        let label: ArrayRef = Arc::new(Int32Array::from(vec![1, 2]));
+        let maybe: ArrayRef = Arc::new(Int32Array::from(maybe));
+        TensorBatch::from_record_batch(
+            &RecordBatch::try_new(Arc::clone(&schema), vec![label, maybe]).expect("batch"),
+            0,
+            0,
+        )
+    };
+    for b in [batch(vec![Some(1), Some(2)]), batch(vec![Some(1), None])] {
+        assert!(matches!(b.column("label"), Some(Column::Tensor { .. })));
+        assert!(matches!(b.column("maybe"), Some(Column::Arrow(_))), "{b:?}");
+    }
+    assert!(Column::is_tensor(schema.field(0)));
+    assert!(!Column::is_tensor(schema.field(1)));
+}

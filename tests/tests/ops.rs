@@ -1,26 +1,21 @@
 //! Ops run identically on either side: as SQL UDFs in the server and as kernels in the client.
 
 use arrow::array::Array;
-use pushdown_cli::run::{RunOptions, Source, run};
-use pushdown_client::ClientSteps;
+use pushdown_client::LoaderSource;
+use pushdown_client::run::{RunOptions, run};
+use pushdown_ops::{Calls, Value};
 use pushdown_planner::{Environment, MapStep, Pipeline, Side, Step, plan, plan_with_profile};
 use pushdown_protocol::{Query, ScanRequest};
 use pushdown_tests::{Fixture, num_rows, rows};
 
 /// Runs `op(column, params)` in the server via SQL and in the client on the column (itself
 /// a SQL expression, evaluated by the server); the outputs must be identical, row for row.
-async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[pushdown_planner::Param]) {
+async fn same_on_both_sides(fx: &Fixture, column: &str, call: &str, params: &[Value]) {
     same_on_both_sides_of(fx, "images", column, call, params).await;
 }
 
-async fn same_on_both_sides_of(
-    fx: &Fixture,
-    dataset: &str,
-    column: &str,
-    call: &str,
-    params: &[pushdown_planner::Param],
-) {
-    let sql_params: Vec<String> = params.iter().map(|p| p.to_value().to_string()).collect();
+async fn same_on_both_sides_of(fx: &Fixture, dataset: &str, column: &str, call: &str, params: &[Value]) {
+    let sql_params: Vec<String> = params.iter().map(Value::to_string).collect();
     let sql = format!(
         "SELECT id, {call}({column}{}) AS out FROM {dataset}",
         sql_params.iter().map(|p| format!(", {p}")).collect::<String>()
@@ -43,14 +38,17 @@ async fn same_on_both_sides_of(
         .resources_for(std::slice::from_ref(&step), dataset)
         .await
         .expect("resources");
-    let mut steps = ClientSteps::new(&[step], raw[0].schema(), 0)
-        .expect("client steps")
-        .with_resources(std::sync::Arc::new(resources));
-    let mut local = Vec::new();
-    for b in raw {
-        local.extend(steps.push(b).expect("apply"));
-    }
-    local.extend(steps.finish().expect("finish"));
+    // The client's executor: the op calls bound to the batches' schema, applied batch by batch.
+    let Step::Map(map) = &step else { unreachable!() };
+    let calls = Calls::bind(&[map.call()], raw[0].schema()).expect("client calls");
+    let ctx = pushdown_ops::Context {
+        seed: 0,
+        resources: &resources,
+    };
+    let local: Vec<_> = raw
+        .into_iter()
+        .map(|b| calls.apply(b, &ctx).expect("apply"))
+        .collect();
     assert_eq!(num_rows(&served), num_rows(&local));
     assert_eq!(
         served[0].schema().field(1).data_type(),
@@ -149,9 +147,12 @@ async fn pipelines_push_deterministic_ops_to_the_server() {
     // Over a slow link (10 Mbit/s) shipping JPEGs is the bottleneck: the measured placement
     // pushes the downscale too.
     let report = run(&RunOptions {
-        bandwidth_bytes_per_s: 10e6 / 8.0,
-        seed: 1,
-        ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline))
+        loader: pushdown_client::LoaderOptions {
+            link: pushdown_client::Link::bandwidth(10e6 / 8.0),
+            seed: 1,
+            ..Default::default()
+        },
+        ..RunOptions::new(vec![fx.running.url()], LoaderSource::Pipeline(pipeline))
     })
     .await
     .expect("run");
@@ -192,7 +193,7 @@ async fn bad_op_calls_are_invalid_arguments() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_planner_places_ops_by_the_servers_measurements() {
-    use pushdown_cli::run::{Link, costed_plan};
+    use pushdown_client::{Link, costed_plan};
     let fx = Fixture::images(128).await;
     let schema = fx.client.dataset_schema("images").await.expect("schema");
     let gbit = 1e9 / 8.0;
@@ -257,9 +258,12 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     // Either way, the trainer gets the same rows.
     for (costed, side) in [(&small, 64), (&large, 512)] {
         let report = run(&RunOptions {
-            bandwidth_bytes_per_s: gbit,
-            seed: 1,
-            ..RunOptions::new(vec![fx.running.url()], Source::Pipeline(pipeline(side)))
+            loader: pushdown_client::LoaderOptions {
+                link: Link::bandwidth(gbit),
+                seed: 1,
+                ..Default::default()
+            },
+            ..RunOptions::new(vec![fx.running.url()], LoaderSource::Pipeline(pipeline(side)))
         })
         .await
         .expect("run");

@@ -11,8 +11,9 @@ use anyhow::Result;
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store};
 
-use crate::run::{RunOptions, RunReport, Source, bytes, describe, run};
-use pushdown_datasets::{GenOptions, Kind, generate};
+use pushdown_client::LoaderSource;
+use pushdown_client::run::{RunOptions, RunReport, bytes, run};
+use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
 
 /// What the demo measured.
 #[derive(Debug)]
@@ -38,25 +39,11 @@ pub fn pipeline() -> Pipeline {
         .batch(64)
 }
 
-/// A terminal progress bar wired into `options`: generation advances it.
-pub fn with_progress_bar(options: &mut GenOptions) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(options.rows as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, {eta} left)")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(format!("generating {}", options.kind.name()));
-    let advance = bar.clone();
-    options.progress = Some(std::sync::Arc::new(move |rows| advance.inc(rows)));
-    bar
-}
-
 /// Runs the demo over `rows` generated images, printing to `out`.
 pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<DemoReport> {
     let root = tempfile::tempdir()?;
     let mut options = GenOptions::new(Kind::Images, rows);
-    let bar = progress.then(|| with_progress_bar(&mut options));
+    let bar = progress.then(|| progress_bar(&mut options));
     let generated = generate(&options, &root.path().join("images"))?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -79,12 +66,10 @@ pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<D
 
     let pipeline = pipeline();
     writeln!(out, "\npipeline:\n{}", indent(&pipeline.to_toml()))?;
-    let report = run(&RunOptions {
-        seed: 7,
-        ..RunOptions::new(vec![running.url()], Source::Pipeline(pipeline))
-    })
-    .await?;
-    writeln!(out, "{}", describe(&report))?;
+    let mut options = RunOptions::new(vec![running.url()], LoaderSource::Pipeline(pipeline));
+    options.loader.seed = 7;
+    let report = run(&options).await?;
+    writeln!(out, "{report}")?;
 
     let demo = DemoReport {
         dataset_bytes: generated.bytes,
@@ -111,4 +96,25 @@ pub async fn demo(rows: usize, progress: bool, out: &mut impl Write) -> Result<D
 
 fn indent(text: &str) -> String {
     text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn demo_runs_and_saves_bytes() {
+        let mut out = Vec::new();
+        let report = super::demo(256, false, &mut out).await.expect("demo");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains("fewer bytes"), "{text}");
+        assert!(
+            report.run.rows > 0 && report.run.rows < 256,
+            "label < 100 keeps ~10%: {}",
+            report.run.rows
+        );
+        assert!(
+            report.reduction() > 3.0,
+            "saved only {:.1}x\n{text}",
+            report.reduction()
+        );
+    }
 }

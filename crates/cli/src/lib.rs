@@ -1,11 +1,11 @@
 //! The `pushdown` command line: `serve`, `gen`, `run`, `explain`, `demo`.
 //!
-//! The library half holds what the binary and the end-to-end tests share: the demo
-//! ([`demo`]) and the `run` driver ([`run`]). The dataset generators are their own crate,
-//! `pushdown-datasets`.
+//! The library half holds the demo ([`demo`]), tested here. Everything the commands drive
+//! lives in the crates below: `run` is `pushdown_client::run` (built on the loader's
+//! preparation and order), the generators are `pushdown-datasets`. No test or benchmark
+//! crate depends on this one.
 
 pub mod demo;
-pub mod run;
 
 // Dependencies of the `pushdown` binary alone.
 use clap as _;

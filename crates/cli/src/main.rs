@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pushdown_cli::run::{Link, RunOptions, Source, bytes, costed_plan, describe, run};
-use pushdown_client::{PushdownClient, StreamOptions};
-use pushdown_datasets::{GenOptions, Kind, generate};
+use pushdown_client::run::{RunOptions, bytes, run};
+use pushdown_client::{Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
+use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
 use pushdown_planner::Pipeline;
 use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
 use tracing_subscriber::EnvFilter;
@@ -318,7 +318,7 @@ fn gen_dataset(args: GenArgs) -> Result<()> {
     options.seed = args.seed;
     options.row_group_rows = args.row_group_rows;
     options.rows_per_file = args.rows_per_file;
-    let bar = pushdown_cli::demo::with_progress_bar(&mut options);
+    let bar = progress_bar(&mut options);
     let generated = generate(&options, &args.out.join(&name))?;
     bar.finish_and_clear();
     println!(
@@ -333,23 +333,22 @@ fn gen_dataset(args: GenArgs) -> Result<()> {
 
 async fn run_pipeline(args: RunArgs) -> Result<()> {
     let source = match (args.pipeline, args.sql) {
-        (Some(path), None) => Source::Pipeline(Pipeline::from_file(&path)?),
-        (None, Some(sql)) => Source::Sql(sql),
+        (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(&path)?),
+        (None, Some(sql)) => LoaderSource::Sql(sql),
         _ => anyhow::bail!("give a pipeline file or --sql, not both"),
     };
-    let report = run(&RunOptions {
-        bandwidth_bytes_per_s: args.client.bandwidth,
-        out: args.out.clone(),
-        epochs: args.epochs,
-        seed: args.seed,
-        stream: StreamOptions {
-            concurrency: args.client.concurrency,
-            ..StreamOptions::default()
-        },
-        ..RunOptions::new(args.client.servers, source)
-    })
-    .await?;
-    print!("{}", describe(&report));
+    let mut options = RunOptions::new(args.client.servers, source);
+    options.out = args.out.clone();
+    let loader = &mut options.loader;
+    loader.link = Link::bandwidth(args.client.bandwidth);
+    loader.epochs = args.epochs;
+    loader.seed = args.seed;
+    loader.stream = StreamOptions {
+        concurrency: args.client.concurrency,
+        ..StreamOptions::default()
+    };
+    let report = run(&options).await?;
+    print!("{report}");
     if let Some(out) = args.out {
         println!("wrote {} rows to {}", report.rows, out.display());
     }

@@ -7,7 +7,9 @@
 //!     │  deterministic round-robin over the k in-flight shards; a failed stream is retried
 //!     │  from its last delivered row (ticket skip_rows): no row lost, none duplicated
 //!     ▼
-//!  ClientSteps: shuffle buffer (seeded) → select → batch
+//!  Prepared (loader.rs): shards permuted per epoch, windows permuted, batches, client ops
+//!     ├─ Loader: tensors for a trainer, by rank, resumable
+//!     └─ run: record batches for `pushdown run` (the same sequence)
 //! ```
 //!
 //! The interleave order depends only on each shard's batches, never on network timing, so
@@ -15,6 +17,7 @@
 
 mod loader;
 mod plan;
+pub mod run;
 mod steps;
 mod stream;
 
@@ -25,12 +28,15 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo};
 use futures::TryStreamExt;
 use pushdown_ops::Tokenizers;
-use pushdown_protocol::{PlanEstimate, ScanRequest};
+use pushdown_protocol::{ActionKind, CountReply, PlanEstimate, ScanRequest};
 use tonic::transport::{Channel, Endpoint};
 
-pub use loader::{Column, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, TensorBatch};
+pub use loader::{
+    Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared, Push,
+    TensorBatch,
+};
 pub use plan::{Link, costed_plan};
-pub use steps::{ClientSteps, RowSteps, ShuffleBuffer};
+pub use steps::RowSteps;
 pub use stream::{Order, Segment, ShardStream, StreamOptions, StreamTotals};
 
 #[derive(Debug, thiserror::Error)]
@@ -164,11 +170,11 @@ impl PushdownClient {
     }
 
     /// Runs a server action, returning the bodies of its results.
-    pub async fn action(&self, kind: &str, body: bytes::Bytes) -> Result<Vec<bytes::Bytes>> {
+    pub async fn action(&self, kind: ActionKind, body: bytes::Bytes) -> Result<Vec<bytes::Bytes>> {
         let (url, client) = self.server(0);
         let results: Vec<arrow_flight::Result> = client
             .clone()
-            .do_action(Action::new(kind, body))
+            .do_action(Action::new(kind.name(), body))
             .await
             .map_err(|s| ClientError::server(url, s))?
             .into_inner()
@@ -180,17 +186,29 @@ impl PushdownClient {
 
     /// Runs the server's `profile` action on the fragment of `request`.
     pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
-        let bodies = self.action("profile", request.encode()).await?;
+        let bodies = self.action(ActionKind::Profile, request.encode()).await?;
         let body = bodies
             .first()
             .ok_or_else(|| ClientError::Invalid("the profile action returned nothing".into()))?;
         pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
     }
 
+    /// The rows the DoGet of `ticket` would stream, counted by the server (the `count`
+    /// action: only the filter's columns are read).
+    pub async fn count(&self, ticket: bytes::Bytes) -> Result<u64> {
+        let bodies = self.action(ActionKind::Count, ticket).await?;
+        let body = bodies
+            .first()
+            .ok_or_else(|| ClientError::Invalid("the count action returned nothing".into()))?;
+        Ok(CountReply::decode(body)
+            .map_err(|e| ClientError::Invalid(e.to_string()))?
+            .rows)
+    }
+
     /// The tokenizer shipped with `dataset` (its `tokenizer.json`), from the server.
     pub async fn tokenizer(&self, dataset: &str) -> Result<std::sync::Arc<pushdown_ops::TokenizerModel>> {
         let bodies = self
-            .action("tokenizer", bytes::Bytes::from(dataset.to_owned()))
+            .action(ActionKind::Tokenizer, bytes::Bytes::from(dataset.to_owned()))
             .await?;
         let body = bodies
             .first()
@@ -200,24 +218,25 @@ impl PushdownClient {
             .map_err(ClientError::Invalid)
     }
 
-    /// The resources the client-side `steps` of a pipeline over `dataset` need: the
-    /// tokenizers their `tokenize` calls name (or `dataset`'s, for calls that name none).
+    /// The resources the client-side `steps` of a pipeline over `dataset` need, as their ops
+    /// declare them ([`pushdown_ops::Op::needs`]): the tokenizers their calls name, or
+    /// `dataset`'s for calls that name none.
     pub async fn resources_for(&self, steps: &[pushdown_planner::Step], dataset: &str) -> Result<Tokenizers> {
         let mut tokenizers = Tokenizers::new(Some(dataset.to_owned()));
         for step in steps {
             let pushdown_planner::Step::Map(m) = step else {
                 continue;
             };
-            if m.call != "tokenize" {
-                continue;
-            }
-            let name = match m.values().get(1) {
-                Some(pushdown_ops::Value::Text(name)) => name.clone(),
-                _ => dataset.to_owned(),
-            };
-            if !tokenizers.contains(&name) {
-                let tokenizer = self.tokenizer(&name).await?;
-                tokenizers.insert(name, tokenizer);
+            for need in m.call().needs()? {
+                match need {
+                    pushdown_ops::Need::Tokenizer(name) => {
+                        let name = name.unwrap_or_else(|| dataset.to_owned());
+                        if !tokenizers.contains(&name) {
+                            let tokenizer = self.tokenizer(&name).await?;
+                            tokenizers.insert(name, tokenizer);
+                        }
+                    }
+                }
             }
         }
         Ok(tokenizers)

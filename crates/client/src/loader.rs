@@ -16,6 +16,15 @@
 //! number of streams in flight, or which server answered. So the state to resume from is
 //! just (epoch, batches delivered): a restored loader seeks to the window holding its next
 //! row (one window is re-read), permutes it the same way, and carries on.
+//!
+//! [`Prepared`] is that preparation and that sequence without the trainer's threads: `pushdown
+//! run` streams a [`Prepared`] as record batches, so one pipeline and seed give one sample
+//! sequence whether it is read by `run` or by a [`Loader`] of world size 1.
+//!
+//! Column types are fixed by the schema, never by a batch's contents: a non-nullable column
+//! of a primitive type, or a non-nullable `FixedSizeList` of non-nullable primitives (a
+//! tensor op's output), arrives as a [`Column::Tensor`]; every other column, nullable ones
+//! included, as [`Column::Arrow`] with its nulls.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -33,9 +42,13 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc;
 
-use crate::steps::{RowSteps, mix};
+use crate::steps::RowSteps;
+use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
 use crate::{ClientError, Link, PushdownClient, Result, StreamOptions, costed_plan, plan_estimate};
+use pushdown_ops::mix;
+use pushdown_planner::Plan;
+use pushdown_protocol::PlanEstimate;
 
 /// What the loader reads.
 #[derive(Debug, Clone)]
@@ -73,6 +86,19 @@ pub struct LoaderOptions {
     pub compression: Option<Compression>,
     /// For placing a pipeline's ops.
     pub link: Link,
+    /// Which of a pipeline's ops run on the servers.
+    pub push: Push,
+}
+
+/// Which of a pipeline's ops run on the servers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Push {
+    /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`].
+    #[default]
+    Costed,
+    /// Exactly the first `k` ops that may run on a server (benchmarks that measure every
+    /// placement). Not costed: the codec is [`Compression::for_link`] unless forced.
+    First(usize),
 }
 
 impl Default for LoaderOptions {
@@ -90,16 +116,17 @@ impl Default for LoaderOptions {
             stream: StreamOptions::default(),
             compression: None,
             link: Link::bandwidth(1e9 / 8.0),
+            push: Push::Costed,
         }
     }
 }
 
-/// One column of a batch: a contiguous tensor where the layout allows, else Arrow.
+/// One column of a batch: a contiguous tensor where the schema allows, else Arrow.
 #[derive(Debug, Clone)]
 pub enum Column {
     /// Row-major values of a primitive type; `shape[0]` is the batch's rows.
     Tensor { shape: Vec<usize>, values: ArrayRef },
-    /// Variable-length or nullable values, as Arrow.
+    /// Variable-length or nullable values, as Arrow (nulls kept).
     Arrow(ArrayRef),
 }
 
@@ -114,8 +141,9 @@ pub struct TensorBatch {
 }
 
 impl TensorBatch {
-    /// Fixed-shape, null-free primitive columns (scalars, `FixedSizeList`s with their
-    /// `pushdown.shape`) become tensors; everything else stays Arrow.
+    /// Non-nullable fixed-shape primitive columns (scalars, `FixedSizeList`s with their
+    /// `pushdown.shape`) become tensors; everything else stays Arrow. Decided by the schema
+    /// ([`Column::is_tensor`]), so a column has one type in every batch.
     pub fn from_record_batch(batch: &RecordBatch, epoch: u64, index: u64) -> Self {
         let rows = batch.num_rows();
         let columns = batch
@@ -138,16 +166,25 @@ impl TensorBatch {
     }
 }
 
+impl Column {
+    /// Whether a column of `field` arrives as a tensor: non-nullable, and primitive or a
+    /// `FixedSizeList` of non-nullable primitives.
+    pub fn is_tensor(field: &arrow::datatypes::Field) -> bool {
+        !field.is_nullable()
+            && match field.data_type() {
+                t if t.is_primitive() => true,
+                DataType::FixedSizeList(item, _) => item.data_type().is_primitive() && !item.is_nullable(),
+                _ => false,
+            }
+    }
+}
+
 fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> Column {
-    if array.null_count() > 0 {
+    if !Column::is_tensor(field) {
         return Column::Arrow(Arc::clone(array));
     }
     match array.data_type() {
-        t if t.is_primitive() => Column::Tensor {
-            shape: vec![rows],
-            values: Arc::clone(array),
-        },
-        DataType::FixedSizeList(item, n) if item.data_type().is_primitive() => {
+        DataType::FixedSizeList(_, n) => {
             let list = array.as_fixed_size_list();
             let n = *n as usize;
             let values = list.values();
@@ -156,9 +193,6 @@ fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> 
             } else {
                 values.slice(list.offset() * n, rows * n)
             };
-            if values.null_count() > 0 {
-                return Column::Arrow(Arc::clone(array));
-            }
             let dims: Option<Vec<usize>> = field
                 .metadata()
                 .get(pushdown_ops::SHAPE_METADATA_KEY)
@@ -170,7 +204,10 @@ fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> 
             }
             Column::Tensor { shape, values }
         }
-        _ => Column::Arrow(Arc::clone(array)),
+        _ => Column::Tensor {
+            shape: vec![rows],
+            values: Arc::clone(array),
+        },
     }
 }
 
@@ -231,18 +268,104 @@ impl LoaderStats {
     }
 }
 
-/// Everything fixed for the loader's life.
+/// Everything fixed for a prepared query's life.
 #[derive(Debug)]
 struct Shared {
     client: PushdownClient,
     info: FlightInfo,
-    /// Rows each endpoint streams (after the filter).
-    counts: Vec<u64>,
+    /// Rows each endpoint streams (after the filter). `None`: not counted, which is allowed
+    /// only when rank 0 of 1 reads every endpoint whole (no `drop_last`), or for a query that
+    /// is not row-wise.
+    counts: Option<Vec<u64>>,
     steps: RowSteps,
     batch_size: usize,
     window: usize,
     options: LoaderOptions,
     fingerprint: u64,
+    plan: Option<Plan>,
+    compression: Compression,
+}
+
+/// A query planned and ready to stream as the loader's sample sequence: connected, its ops
+/// placed, its shards known (and counted where ranks or resuming need it), its client steps
+/// bound. [`Loader`] and `pushdown run` are both built on it.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    shared: Arc<Shared>,
+}
+
+impl Prepared {
+    /// Plans `source` on `client`'s servers. A query that is not row-wise (an aggregate, a
+    /// join) is streamed whole, in the server's order: it cannot be sharded over ranks or
+    /// shuffled by window.
+    pub async fn new(client: PushdownClient, source: LoaderSource, options: LoaderOptions) -> Result<Self> {
+        let count = options.world_size > 1 || options.drop_last;
+        Ok(Self {
+            shared: Arc::new(prepare(client, source, options, count).await?),
+        })
+    }
+
+    /// The schema of the batches, after the client steps.
+    pub fn schema(&self) -> SchemaRef {
+        self.shared.steps.schema()
+    }
+
+    /// The plan of a pipeline (`None` for SQL).
+    pub fn plan(&self) -> Option<&Plan> {
+        self.shared.plan.as_ref()
+    }
+
+    /// The servers' estimate of what the query scans.
+    pub fn estimate(&self) -> Option<PlanEstimate> {
+        plan_estimate(&self.shared.info)
+    }
+
+    /// How the servers compress the streams.
+    pub fn compression(&self) -> Compression {
+        self.shared.compression
+    }
+
+    /// Shard streams (endpoints) per epoch.
+    pub fn endpoints(&self) -> usize {
+        self.shared.info.endpoint.len()
+    }
+
+    /// Batches `first..` of `epoch`, in order, with the client steps applied on `workers`
+    /// blocking threads. `totals` receives what the streams cost when the epoch ends.
+    pub fn epoch(&self, epoch: u64, first: u64, totals: Arc<std::sync::Mutex<StreamTotals>>) -> EpochBatches {
+        let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
+        let shared = Arc::clone(&self.shared);
+        let producer = tokio::spawn(async move {
+            if let Err(e) = produce(shared, epoch, first, tx.clone(), |batch, _, _| Ok(batch), totals).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        EpochBatches { rx, producer }
+    }
+}
+
+/// The record batches of one epoch of a [`Prepared`] query, in order.
+#[derive(Debug)]
+pub struct EpochBatches {
+    rx: mpsc::Receiver<Result<RecordBatch>>,
+    producer: tokio::task::JoinHandle<()>,
+}
+
+impl futures::Stream for EpochBatches {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for EpochBatches {
+    fn drop(&mut self) {
+        self.producer.abort();
+    }
 }
 
 /// Batches for one rank, epoch after epoch. Iterating blocks the calling thread only while
@@ -271,12 +394,6 @@ impl std::fmt::Debug for Loader {
 impl Loader {
     /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread.
     pub fn new<S: AsRef<str>>(servers: &[S], source: LoaderSource, options: LoaderOptions) -> Result<Self> {
-        if options.world_size == 0 || options.rank >= options.world_size {
-            return Err(ClientError::Invalid(format!(
-                "rank {} is not in 0..{}",
-                options.rank, options.world_size
-            )));
-        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(options.workers.max(1))
@@ -285,7 +402,17 @@ impl Loader {
             .build()
             .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
-        let shared = runtime.block_on(prepare(servers, source, options))?;
+        let shared = runtime.block_on(async move {
+            let client = PushdownClient::connect(&servers).await?;
+            prepare(client, source, options, true).await
+        })?;
+        if shared.counts.is_none() {
+            return Err(ClientError::Invalid(
+                "the loader needs a row-wise query (projection and filter over one dataset): \
+                 it shuffles and resumes by shard"
+                    .into(),
+            ));
+        }
         Ok(Self {
             runtime: Some(runtime),
             shared: Arc::new(shared),
@@ -306,7 +433,7 @@ impl Loader {
 
     /// Rows each rank gets per epoch, and batches per epoch.
     pub fn epoch_len(&self) -> (u64, u64) {
-        let n: u64 = self.shared.counts.iter().sum();
+        let n: u64 = self.shared.counts.iter().flatten().sum();
         let (rows, _) = rank_range(n, &self.shared.options);
         (
             rows,
@@ -355,7 +482,9 @@ impl Loader {
         let (epoch, first) = (self.epoch, self.batches);
         let Some(runtime) = &self.runtime else { return };
         let handle = runtime.spawn(async move {
-            if let Err(e) = produce(shared, epoch, first, tx.clone()).await {
+            let to_tensors =
+                |batch: RecordBatch, epoch, index| Ok(TensorBatch::from_record_batch(&batch, epoch, index));
+            if let Err(e) = produce(shared, epoch, first, tx.clone(), to_tensors, Arc::default()).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -414,18 +543,38 @@ impl Drop for Loader {
     }
 }
 
-async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOptions) -> Result<Shared> {
-    let client = PushdownClient::connect(&servers).await?;
-    let (mut request, steps, dataset, batch_step, shuffle_step) = match &source {
+/// Plans `source`: places a pipeline's ops, opens the query, counts each shard's rows when
+/// `count` (or when ranks or `drop_last` need them), binds the client steps.
+async fn prepare(
+    client: PushdownClient,
+    source: LoaderSource,
+    options: LoaderOptions,
+    count: bool,
+) -> Result<Shared> {
+    if options.world_size == 0 || options.rank >= options.world_size {
+        return Err(ClientError::Invalid(format!(
+            "rank {} is not in 0..{}",
+            options.rank, options.world_size
+        )));
+    }
+    let (mut request, steps, dataset, batch_step, shuffle_step, plan) = match &source {
         LoaderSource::Sql(sql) => {
             let mut request = ScanRequest::new(Query::Sql(sql.clone()));
             request.compression = Compression::for_link(options.link.bandwidth_bytes_per_s);
-            (request, Vec::new(), None, None, None)
+            (request, Vec::new(), None, None, None, None)
         }
         LoaderSource::Pipeline(pipeline) => {
             let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
-            let plan = costed.plan;
+            let (plan, compression) = match options.push {
+                Push::Costed => {
+                    let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
+                    (costed.plan, costed.chosen.compression)
+                }
+                Push::First(k) => (
+                    pushdown_planner::plan_limited(pipeline, &schema, k)?,
+                    Compression::for_link(options.link.bandwidth_bytes_per_s),
+                ),
+            };
             let (mut batch, mut shuffle) = (None, None);
             let mut row_steps = Vec::new();
             for step in &plan.client_steps {
@@ -436,50 +585,53 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
                 }
             }
             let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-            request.compression = costed.chosen.compression;
-            (request, row_steps, Some(pipeline.dataset.clone()), batch, shuffle)
+            request.compression = compression;
+            (
+                request,
+                row_steps,
+                Some(pipeline.dataset.clone()),
+                batch,
+                shuffle,
+                Some(plan),
+            )
         }
     };
     if let Some(forced) = options.compression {
         request.compression = forced;
     }
+    // Each stream ends with the server's accounting of it (one small message).
+    request.stats = true;
+    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
+    let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
     // No endpoints is an answer: the server's statistics ruled every row group out, or the
     // dataset is empty. Epochs are then empty.
     let info = client.plan(&request).await?;
-    if !plan_estimate(&info).is_some_and(|e| e.row_wise) {
+    let row_wise = plan_estimate(&info).is_some_and(|e| e.row_wise);
+    if !row_wise && (options.world_size > 1 || window > 1 || options.drop_last) {
         return Err(ClientError::Invalid(
-            "the loader needs a row-wise query (projection and filter over one dataset): \
-             it shuffles and resumes by shard"
+            "ranks, shuffling and drop_last need a row-wise query (projection and filter over one \
+             dataset): this one is streamed whole"
                 .into(),
         ));
     }
-    let counts: Vec<u64> = futures::stream::iter(info.endpoint.iter().map(|e| {
-        let client = client.clone();
-        let ticket = e.ticket.clone();
-        async move {
-            let ticket = ticket.ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
-            let body = client.action("count", ticket.ticket).await?;
-            let text = body
-                .first()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default();
-            text.trim()
-                .parse::<u64>()
-                .map_err(|_| ClientError::Invalid(format!("bad count `{text}`")))
-        }
-    }))
-    .buffered(16)
-    .try_collect()
-    .await?;
+    let counts = if row_wise && (count || options.world_size > 1 || options.drop_last) {
+        Some(count_rows(&client, &info).await?)
+    } else {
+        None
+    };
     let resources: Arc<dyn pushdown_ops::Resources> = match &dataset {
         Some(d) => Arc::new(client.resources_for(&steps, d).await?),
         None => Arc::new(pushdown_ops::NoResources),
     };
     let schema = Arc::new(info.clone().try_decode_schema()?);
     let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
-    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
-    let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
-    let fingerprint = fingerprint(&request, &counts, &options, batch_size, window);
+    let fingerprint = fingerprint(
+        &request,
+        counts.as_deref().unwrap_or(&[]),
+        &options,
+        batch_size,
+        window,
+    );
     Ok(Shared {
         client,
         info,
@@ -489,7 +641,24 @@ async fn prepare(servers: Vec<String>, source: LoaderSource, options: LoaderOpti
         window,
         options,
         fingerprint,
+        plan,
+        compression: request.compression,
     })
+}
+
+/// The rows each endpoint of `info` streams, counted by the servers (the `count` action).
+async fn count_rows(client: &PushdownClient, info: &FlightInfo) -> Result<Vec<u64>> {
+    futures::stream::iter(info.endpoint.iter().map(|e| {
+        let client = client.clone();
+        let ticket = e.ticket.clone();
+        async move {
+            let ticket = ticket.ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
+            client.count(ticket.ticket).await
+        }
+    }))
+    .buffered(16)
+    .try_collect()
+    .await
 }
 
 /// FNV-1a over what the sample sequence depends on: stable across processes and versions.
@@ -577,40 +746,62 @@ fn batch_key(shared: &Shared, epoch: u64, batch: u64) -> u64 {
     mix(mix(mix(o.seed ^ 0x5EED, epoch), o.rank as u64), batch)
 }
 
-/// Produces batches `first..` of `epoch` into `tx`.
-async fn produce(
+/// Produces batches `first..` of `epoch` into `tx`, each finished by `finish(batch, epoch,
+/// index)` on a worker thread; adds what the streams cost to `totals` at the end.
+async fn produce<T: Send + 'static>(
     shared: Arc<Shared>,
     epoch: u64,
     first: u64,
-    tx: mpsc::Sender<Result<TensorBatch>>,
+    tx: mpsc::Sender<Result<T>>,
+    finish: fn(RecordBatch, u64, u64) -> Result<T>,
+    totals: Arc<std::sync::Mutex<StreamTotals>>,
 ) -> Result<()> {
     let (b, s) = (shared.batch_size as u64, shared.window as u64);
-    let n: u64 = shared.counts.iter().sum();
-    let (per_rank, rank_start) = rank_range(n, &shared.options);
-    let total_batches = batches_in(per_rank, b, shared.options.drop_last);
-    if first >= total_batches {
-        return Ok(());
-    }
-    // Seek: to the window holding the first row of batch `first`.
+    let order = shard_order(shared.options.seed, epoch, shared.info.endpoint.len());
     let skip = first * b;
     let mut window = skip / s;
     let mut drop_rows = (skip - window * s) as usize;
-    let order = shard_order(shared.options.seed, epoch, shared.counts.len());
-    let parts = segments(
-        &shared.counts,
-        &order,
-        rank_start + window * s,
-        rank_start + per_rank,
-    );
-    let segments: Vec<Segment> = parts
-        .into_iter()
-        .map(|(shard, skip, take)| Segment {
-            endpoint: shared.info.endpoint[shard].clone(),
-            index: shard,
-            skip,
-            take: Some(take),
-        })
-        .collect();
+    let (segments, total_batches): (Vec<Segment>, u64) = match &shared.counts {
+        Some(counts) => {
+            let n: u64 = counts.iter().sum();
+            let (per_rank, rank_start) = rank_range(n, &shared.options);
+            let total_batches = batches_in(per_rank, b, shared.options.drop_last);
+            if first >= total_batches {
+                return Ok(());
+            }
+            // Seek: to the window holding the first row of batch `first`.
+            let parts = segments(counts, &order, rank_start + window * s, rank_start + per_rank);
+            let segments = parts
+                .into_iter()
+                .map(|(shard, skip, take)| Segment {
+                    endpoint: shared.info.endpoint[shard].clone(),
+                    index: shard,
+                    skip,
+                    take: Some(take),
+                })
+                .collect();
+            (segments, total_batches)
+        }
+        // Not counted: rank 0 of 1 reads every endpoint whole, in the epoch's shard order
+        // (the same rows, in the same order, as the counted segments), to the end.
+        None => {
+            if first > 0 {
+                return Err(ClientError::Invalid(
+                    "resuming mid-epoch needs each shard's rows counted".into(),
+                ));
+            }
+            let segments = order
+                .iter()
+                .map(|&shard| Segment {
+                    endpoint: shared.info.endpoint[shard].clone(),
+                    index: shard,
+                    skip: 0,
+                    take: None,
+                })
+                .collect();
+            (segments, u64::MAX)
+        }
+    };
     let mut options = shared.options.stream.clone();
     options.order = Order::Sequential;
     let mut stream = ShardStream::segments(shared.client.clone(), &shared.info, segments, options)?;
@@ -668,8 +859,7 @@ async fn produce(
             let schema = Arc::clone(&schema);
             in_flight.push_back(tokio::task::spawn_blocking(move || {
                 let rows = gather.run(&schema)?;
-                let out = worker_shared.steps.apply(rows, key)?;
-                Ok::<_, ClientError>(TensorBatch::from_record_batch(&out, epoch, index))
+                finish(worker_shared.steps.apply(rows, key)?, epoch, index)
             }));
             next_batch += 1;
             while in_flight.len() >= workers {
@@ -683,6 +873,7 @@ async fn produce(
     while !in_flight.is_empty() {
         send_next(&mut in_flight, &tx).await?;
     }
+    *totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
     Ok(())
 }
 
@@ -739,11 +930,9 @@ impl Gather {
     }
 }
 
-type Prepared = tokio::task::JoinHandle<Result<TensorBatch>>;
-
-async fn send_next(
-    in_flight: &mut futures::stream::FuturesOrdered<Prepared>,
-    tx: &mpsc::Sender<Result<TensorBatch>>,
+async fn send_next<T>(
+    in_flight: &mut futures::stream::FuturesOrdered<tokio::task::JoinHandle<Result<T>>>,
+    tx: &mpsc::Sender<Result<T>>,
 ) -> Result<()> {
     if let Some(joined) = in_flight.next().await {
         let batch = joined.map_err(|e| ClientError::Invalid(format!("a loader worker failed: {e}")))??;

@@ -79,6 +79,16 @@ pub struct StreamTotals {
     pub server: StreamStats,
 }
 
+impl std::ops::AddAssign for StreamTotals {
+    fn add_assign(&mut self, o: Self) {
+        self.bytes_received += o.bytes_received;
+        self.rows += o.rows;
+        self.batches += o.batches;
+        self.retries += o.retries;
+        self.server += o.server;
+    }
+}
+
 struct Active {
     rx: mpsc::Receiver<Result<RecordBatch>>,
     _task: AbortOnDrop,

@@ -8,7 +8,7 @@
 //! ```text
 //!  input column ──▶ Op::apply(input, params) ──▶ output column
 //!       │                                             │
-//!   server: ScalarUDF (pushdown-server::udf)     client: ClientSteps
+//!   server: ScalarUDF (pushdown-server::udf)     client, profile: Calls (apply_calls)
 //! ```
 //!
 //! | op | params | output | kind |
@@ -44,6 +44,7 @@
 //! assert!((0..10).contains(&out.value(0)));
 //! ```
 
+mod call;
 mod image_ops;
 mod tabular;
 mod tensor_ops;
@@ -54,6 +55,7 @@ use std::fmt;
 use arrow::array::ArrayRef;
 use arrow::datatypes::Field;
 
+pub use call::{Call, CallRun, Calls, Need, apply_calls, call_seed, mix};
 pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use tabular::{Cast, HashBucket};
 pub use tensor_ops::{
@@ -68,6 +70,8 @@ pub use tokenizers::Tokenizer as TokenizerModel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
+    #[error("unknown op `{0}`")]
+    UnknownOp(String),
     #[error("{op}: {reason}")]
     BadArguments { op: &'static str, reason: String },
     #[error("{op}: row {row}: {reason}")]
@@ -86,8 +90,10 @@ pub enum OpError {
 
 pub type Result<T, E = OpError> = std::result::Result<T, E>;
 
-/// A literal parameter of an op call.
-#[derive(Debug, Clone, PartialEq)]
+/// A literal parameter of an op call: the one literal type of pipelines (`params = [64]`),
+/// wire messages and kernels. In a pipeline file it is written as a bare TOML/JSON value.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
 pub enum Value {
     Int(i64),
     Float(f64),
@@ -98,9 +104,29 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Int(i) => write!(f, "{i}"),
-            Value::Float(x) => write!(f, "{x}"),
+            // `{:?}` keeps the point (`1.0`), so the literal reads back as a float.
+            Value::Float(x) if x.is_finite() => write!(f, "{x:?}"),
+            Value::Float(x) => write!(f, "CAST('{x}' AS DOUBLE)"),
             Value::Text(t) => write!(f, "'{}'", t.replace('\'', "''")),
         }
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Float(v)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Text(v.to_owned())
     }
 }
 
@@ -129,6 +155,12 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// ops may run on a server.
     fn is_deterministic(&self) -> bool {
         true
+    }
+
+    /// What a call with `params` needs beyond its input and literals (a tokenizer): callers
+    /// provide it through [`Context::resources`] without knowing which ops need what.
+    fn needs(&self, _params: &[Value]) -> Vec<Need> {
+        Vec::new()
     }
 
     /// A one-line signature, for errors and docs: `thumbnail(image, max_side[, quality])`.

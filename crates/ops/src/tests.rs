@@ -422,3 +422,45 @@ fn tokenize_and_pad_tokens() {
         Some("6")
     );
 }
+
+#[test]
+fn calls_replace_or_append_columns_and_name_what_is_wrong() {
+    use crate::{Call, Calls, NoResources, OpError, apply_calls};
+    use arrow::record_batch::RecordBatch;
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![Field::new(
+        "c",
+        DataType::Utf8,
+        true,
+    )]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(StringArray::from(vec![Some("a"), None, Some("b")]))],
+    )
+    .unwrap();
+    let ctx = Context {
+        seed: 0,
+        resources: &NoResources,
+    };
+    let calls = [
+        Call::new("hash_bucket", "c", vec![Value::Int(7)], "h"),
+        Call::new("cast_to", "h", vec![Value::Text("float32".into())], "h"),
+    ];
+    let out = apply_calls(batch.clone(), &calls, &ctx).unwrap();
+    assert_eq!(out.num_columns(), 2, "the first appends, the second replaces");
+    assert_eq!(out.schema().field(1).data_type(), &DataType::Float32);
+    assert!(out.column(1).is_null(1), "nulls stay nulls");
+    let bound = Calls::bind(&calls, Arc::clone(&schema)).unwrap();
+    assert_eq!(bound.schema(), out.schema());
+
+    let unknown = Calls::bind(&[Call::new("nope", "c", vec![], "c")], Arc::clone(&schema)).unwrap_err();
+    assert!(
+        matches!(unknown, OpError::UnknownOp(ref n) if n == "nope"),
+        "{unknown}"
+    );
+    let missing =
+        Calls::bind(&[Call::new("hash_bucket", "x", vec![Value::Int(7)], "h")], schema).unwrap_err();
+    assert!(missing.to_string().contains("no input column `x`"), "{missing}");
+    // Text parameters print as SQL literals, quotes escaped; floats keep their point.
+    let call = Call::new("f", "c", vec![Value::Text("it's".into()), Value::Float(1.0)], "o");
+    assert_eq!(call.to_string(), "f(c, 'it''s', 1.0) AS o");
+}

@@ -163,6 +163,14 @@ impl Op for Tokenize {
         "tokenize(text, max_len[, tokenizer])"
     }
 
+    fn needs(&self, params: &[Value]) -> Vec<crate::Need> {
+        let name = match params.get(1) {
+            Some(Value::Text(name)) => Some(name.clone()),
+            _ => None,
+        };
+        vec![crate::Need::Tokenizer(name)]
+    }
+
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         Self::params(params)?;
         if !matches!(

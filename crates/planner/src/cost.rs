@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use arrow::datatypes::Schema;
-use pushdown_protocol::{Arg, Compression, Profile};
+use pushdown_protocol::{Compression, Profile};
 use serde::Serialize;
 
 use crate::{Pipeline, Plan, PlanError, Side, plan_limited};
@@ -37,7 +37,7 @@ pub struct Environment {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OpCost {
     pub op: String,
-    pub side: String,
+    pub side: Side,
     pub bytes_in: f64,
     pub bytes_out: f64,
     pub ns_per_row: f64,
@@ -130,24 +130,7 @@ pub fn plan_with_profile(
         }
     }
     let (plan, chosen) = best.ok_or_else(|| PlanError::Format("no placement".into()))?;
-    let labels: Vec<String> = full
-        .fragment
-        .ops
-        .iter()
-        .map(|call| {
-            let args: Vec<String> = call
-                .args
-                .iter()
-                .map(|a| match a {
-                    Arg::Column(c) => c.clone(),
-                    Arg::Int(i) => i.to_string(),
-                    Arg::Float(x) => x.to_string(),
-                    Arg::Text(t) => format!("'{t}'"),
-                })
-                .collect();
-            format!("{}({}) AS {}", call.op, args.join(", "), call.output)
-        })
-        .collect();
+    let labels: Vec<String> = full.fragment.ops.iter().map(ToString::to_string).collect();
     let ops = profile
         .ops
         .iter()
@@ -161,8 +144,7 @@ pub fn plan_with_profile(
                 Side::Server
             } else {
                 Side::Client
-            }
-            .to_string(),
+            },
             bytes_in: o.bytes_in_per_row,
             bytes_out: o.bytes_out_per_row,
             ns_per_row: o.ns_per_row,

@@ -47,11 +47,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use arrow::datatypes::{Field, Schema};
-use pushdown_protocol::{Arg, Fragment, OpCall};
+use pushdown_protocol::Fragment;
 
 pub use cost::{CostedPlan, Environment, Estimate, OpCost, parse_bandwidth, plan_with_profile};
 pub use expr::columns_read;
-pub use pipeline::{MapStep, Param, Pipeline, Step};
+pub use pipeline::{MapStep, Pipeline, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -79,7 +79,8 @@ pub enum PlanError {
 }
 
 /// Which side of the network a step runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Side {
     Server,
     Client,
@@ -202,19 +203,9 @@ pub fn plan_limited(pipeline: &Pipeline, schema: &Schema, max_server_ops: usize)
             Step::Map(m) => {
                 let output = m.output().to_owned();
                 if !columns.contains(&output) {
-                    columns.push(output.clone());
+                    columns.push(output);
                 }
-                let mut args = vec![Arg::Column(m.input.clone())];
-                args.extend(m.params.iter().map(|p| match p {
-                    Param::Int(i) => Arg::Int(*i),
-                    Param::Float(x) => Arg::Float(*x),
-                    Param::Text(t) => Arg::Text(t.clone()),
-                }));
-                ops.push(OpCall {
-                    op: m.call.clone(),
-                    args,
-                    output,
-                });
+                ops.push(m.call());
             }
             Step::Shuffle { .. } | Step::Batch { .. } => {}
         }
@@ -326,7 +317,7 @@ fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
                     .cloned()
                     .ok_or_else(|| unsupported(format!("unknown column `{}`", m.input)))?;
                 let field = op
-                    .output_field(&input_field, &m.values(), m.output())
+                    .output_field(&input_field, &m.params, m.output())
                     .map_err(|e| unsupported(e.to_string()))?;
                 match available.iter_mut().find(|f| f.name() == m.output()) {
                     Some(existing) => *existing = field,

@@ -66,7 +66,7 @@ pub struct MapStep {
     pub call: String,
     pub input: String,
     #[serde(default)]
-    pub params: Vec<Param>,
+    pub params: Vec<pushdown_ops::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
 }
@@ -82,45 +82,9 @@ impl MapStep {
         pushdown_ops::lookup(&self.call)
     }
 
-    pub fn values(&self) -> Vec<pushdown_ops::Value> {
-        self.params.iter().map(Param::to_value).collect()
-    }
-}
-
-/// A literal parameter of a map step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Param {
-    Int(i64),
-    Float(f64),
-    Text(String),
-}
-
-impl Param {
-    pub fn to_value(&self) -> pushdown_ops::Value {
-        match self {
-            Param::Int(i) => pushdown_ops::Value::Int(*i),
-            Param::Float(x) => pushdown_ops::Value::Float(*x),
-            Param::Text(t) => pushdown_ops::Value::Text(t.clone()),
-        }
-    }
-}
-
-impl From<i64> for Param {
-    fn from(v: i64) -> Self {
-        Param::Int(v)
-    }
-}
-
-impl From<f64> for Param {
-    fn from(v: f64) -> Self {
-        Param::Float(v)
-    }
-}
-
-impl From<&str> for Param {
-    fn from(v: &str) -> Self {
-        Param::Text(v.to_owned())
+    /// The step as the op call both sides execute.
+    pub fn call(&self) -> pushdown_ops::Call {
+        pushdown_ops::Call::new(&self.call, &self.input, self.params.clone(), self.output())
     }
 }
 
@@ -160,7 +124,7 @@ impl Pipeline {
     }
 
     /// `call(input, params…) AS output`.
-    pub fn map<P: Into<Param>>(
+    pub fn map<P: Into<pushdown_ops::Value>>(
         self,
         call: &str,
         input: &str,
@@ -264,7 +228,7 @@ impl fmt::Display for Step {
             Step::Map(m) => {
                 write!(f, "{}({}", m.call, m.input)?;
                 for p in &m.params {
-                    write!(f, ", {}", p.to_value())?;
+                    write!(f, ", {}", p)?;
                 }
                 write!(f, ")")?;
                 match &m.output {

@@ -213,7 +213,7 @@ mod cost {
         assert_eq!(costed.chosen.pushed, 1, "{}", costed.explain());
         assert_eq!(costed.plan.fragment.ops.len(), 1);
         assert_eq!(costed.plan.fragment.columns, vec!["pixels", "label"]);
-        assert_eq!(costed.ops[0].side, "server");
+        assert_eq!(costed.ops[0].side, Side::Server);
         assert_eq!(costed.ops[0].op, "decode_resize(image, 64, 64) AS pixels");
         assert!(costed.explain().contains("← chosen"));
         let json: serde_json::Value = serde_json::from_str(&costed.to_json()).unwrap();

@@ -108,21 +108,9 @@ pub struct Fragment {
     pub ops: Vec<OpCall>,
 }
 
-/// One call of a registered op; its result is written to `output`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpCall {
-    pub op: String,
-    pub args: Vec<Arg>,
-    pub output: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Arg {
-    Column(String),
-    Int(i64),
-    Float(f64),
-    Text(String),
-}
+/// An op call of a fragment: [`pushdown_ops::Call`], the type every side shares. On the
+/// wire its arguments are a list whose first is the input column and the rest literals.
+pub use pushdown_ops::{Call as OpCall, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
@@ -345,6 +333,89 @@ impl Profile {
     }
 }
 
+/// The Flight actions a pushdown server answers (`DoAction` type); the one list both sides
+/// use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    Health,
+    Explain,
+    Profile,
+    Count,
+    Tokenizer,
+}
+
+impl ActionKind {
+    pub const ALL: [Self; 5] = [
+        Self::Health,
+        Self::Explain,
+        Self::Profile,
+        Self::Count,
+        Self::Tokenizer,
+    ];
+
+    /// The `DoAction` type string.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Health => "health",
+            Self::Explain => "explain",
+            Self::Profile => "profile",
+            Self::Count => "count",
+            Self::Tokenizer => "tokenizer",
+        }
+    }
+
+    /// What the body is and what the result is (`ListActions`).
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::Health => "Returns `ok` when the server is serving",
+            Self::Explain => {
+                "Body: a command (ScanRequest or SQL). Returns the shape, shards, estimates and optimized plan"
+            }
+            Self::Profile => {
+                "Body: a ScanRequest with a fragment. Runs it on a sample; returns a pushdown.v1.Profile \
+                 (selectivity, scan ns/row, bytes per column, per op bytes in/out and ns/row)"
+            }
+            Self::Count => {
+                "Body: a ticket. Returns a pushdown.v1.CountReply: how many rows its DoGet would stream, \
+                 reading only the filter's columns"
+            }
+            Self::Tokenizer => {
+                "Body: a dataset name. Returns the dataset's tokenizer.json, for client-side `tokenize`"
+            }
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The answer to the `count` action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountReply {
+    pub rows: u64,
+}
+
+impl CountReply {
+    pub fn encode(&self) -> Bytes {
+        proto::CountReply { rows: self.rows }.encode_to_vec().into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let m = proto::CountReply::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "CountReply",
+            source,
+        })?;
+        Ok(Self { rows: m.rows })
+    }
+}
+
 impl ScanRequest {
     /// A request with default streaming options (zstd, no trailing stats, automatic filter
     /// pushdown).
@@ -439,24 +510,19 @@ mod to_proto {
             ops: f
                 .ops
                 .iter()
-                .map(|op| proto::OpCall {
-                    op: op.op.clone(),
-                    args: op.args.iter().map(arg).collect(),
-                    output: op.output.clone(),
+                .map(|call| proto::OpCall {
+                    op: call.op.clone(),
+                    args: std::iter::once(proto::arg::Value::Column(call.input.clone()))
+                        .chain(call.params.iter().map(|v| match v {
+                            Value::Int(i) => proto::arg::Value::Int(*i),
+                            Value::Float(f) => proto::arg::Value::Float(*f),
+                            Value::Text(t) => proto::arg::Value::Text(t.clone()),
+                        }))
+                        .map(|value| proto::Arg { value: Some(value) })
+                        .collect(),
+                    output: call.output.clone(),
                 })
                 .collect(),
-        }
-    }
-
-    fn arg(a: &Arg) -> proto::Arg {
-        use proto::arg::Value;
-        proto::Arg {
-            value: Some(match a {
-                Arg::Column(c) => Value::Column(c.clone()),
-                Arg::Int(i) => Value::Int(*i),
-                Arg::Float(f) => Value::Float(*f),
-                Arg::Text(t) => Value::Text(t.clone()),
-            }),
         }
     }
 
@@ -534,24 +600,47 @@ mod from_proto {
         let ops = m
             .ops
             .into_iter()
-            .map(|op| {
-                let args = op
-                    .args
-                    .into_iter()
+            .map(|call| {
+                let mut args = call.args.into_iter();
+                let input = match args.next().map(|a| a.value.required("Arg", "value")).transpose()? {
+                    Some(proto::arg::Value::Column(c)) => c,
+                    _ => {
+                        return Err(ProtocolError::Invalid {
+                            message: "OpCall",
+                            field: "args",
+                            reason: format!("`{}`: the first argument must be the input column", call.op),
+                        });
+                    }
+                };
+                let params = args
                     .map(|a| {
-                        use proto::arg::Value;
                         Ok(match a.value.required("Arg", "value")? {
-                            Value::Column(c) => Arg::Column(c),
-                            Value::Int(i) => Arg::Int(i),
-                            Value::Float(f) => Arg::Float(f),
-                            Value::Text(t) => Arg::Text(t),
+                            proto::arg::Value::Int(i) => Value::Int(i),
+                            proto::arg::Value::Float(f) => Value::Float(f),
+                            proto::arg::Value::Text(t) => Value::Text(t),
+                            proto::arg::Value::Column(c) => {
+                                return Err(ProtocolError::Invalid {
+                                    message: "OpCall",
+                                    field: "args",
+                                    reason: format!(
+                                        "`{}`: parameter `{c}` must be a literal; only the first argument is a column",
+                                        call.op
+                                    ),
+                                });
+                            }
                         })
                     })
                     .collect::<Result<_>>()?;
+                let output = if call.output.is_empty() {
+                    input.clone()
+                } else {
+                    call.output
+                };
                 Ok(OpCall {
-                    op: op.op,
-                    args,
-                    output: op.output,
+                    op: call.op,
+                    input,
+                    params,
+                    output,
                 })
             })
             .collect::<Result<_>>()?;
@@ -616,11 +705,12 @@ mod tests {
                 dataset: "images".into(),
                 columns: vec!["image".into(), "label".into()],
                 predicate: Some("label < 100".into()),
-                ops: vec![OpCall {
-                    op: "thumbnail".into(),
-                    args: vec![Arg::Column("image".into()), Arg::Int(64), Arg::Float(0.5)],
-                    output: "image".into(),
-                }],
+                ops: vec![OpCall::new(
+                    "thumbnail",
+                    "image",
+                    vec![Value::Int(64), Value::Float(0.5), Value::Text("it's".into())],
+                    "image",
+                )],
             }),
             compression: Compression::Lz4,
             stats: true,
@@ -665,6 +755,57 @@ mod tests {
             ShardTicket::decode(&old),
             Err(ProtocolError::TicketVersion { found: 99 })
         ));
+    }
+
+    #[test]
+    fn op_calls_take_their_input_column_first_and_literals_after() {
+        let call = |args: Vec<proto::arg::Value>| {
+            proto::ScanRequest {
+                query: Some(proto::scan_request::Query::Fragment(proto::Fragment {
+                    dataset: "images".into(),
+                    ops: vec![proto::OpCall {
+                        op: "thumbnail".into(),
+                        args: args.into_iter().map(|v| proto::Arg { value: Some(v) }).collect(),
+                        output: String::new(),
+                    }],
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        use proto::arg::Value as V;
+        let ok = ShardTicket::decode(
+            &proto::ShardTicket {
+                version: TICKET_VERSION,
+                request: Some(
+                    proto::ScanRequest::decode(&call(vec![V::Column("image".into()), V::Int(64)])[..])
+                        .unwrap(),
+                ),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+        let Query::Fragment(f) = ok.request.query else {
+            panic!("a fragment")
+        };
+        assert_eq!(
+            f.ops,
+            vec![OpCall::new("thumbnail", "image", vec![Value::Int(64)], "image")]
+        );
+        for bad in [
+            vec![V::Int(64)],
+            vec![V::Column("image".into()), V::Column("label".into())],
+            vec![],
+        ] {
+            let request = proto::ScanRequest::decode(&call(bad.clone())[..]).unwrap();
+            let err = from_proto::scan_request(request).expect_err("invalid op call");
+            assert!(
+                matches!(err, ProtocolError::Invalid { field: "args", .. }),
+                "{bad:?}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -726,6 +867,17 @@ mod tests {
         for c in [Compression::None, Compression::Zstd, Compression::Lz4] {
             assert_eq!(c.to_string().parse::<Compression>(), Ok(c));
         }
+    }
+
+    #[test]
+    fn actions_and_count_replies_round_trip() {
+        for a in ActionKind::ALL {
+            assert_eq!(ActionKind::parse(a.name()), Some(a));
+        }
+        assert_eq!(ActionKind::parse("nope"), None);
+        let c = CountReply { rows: 1 << 40 };
+        assert_eq!(CountReply::decode(&c.encode()).unwrap(), c);
+        assert!(CountReply::decode(b"\xff").is_err());
     }
 
     #[test]

@@ -29,7 +29,6 @@
 
 mod catalog;
 mod error;
-mod local;
 mod metrics;
 mod profile;
 mod query;
@@ -52,10 +51,11 @@ use tokio::sync::Semaphore;
 
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
-pub use local::{BatchStream, evaluate};
 pub use metrics::{Metrics, serve_metrics};
+pub use query::{Planned, Shape, dataframe};
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store};
+pub use udf::{DatasetResources, udfs};
 
 use crate::error::Result;
 use crate::query::Engine;
@@ -190,6 +190,24 @@ pub struct Server {
 }
 
 impl Server {
+    /// Plans `request` as `GetFlightInfo` does: result schema, shape, estimates, tickets.
+    pub async fn plan(&self, request: &pushdown_protocol::ScanRequest) -> Result<Planned> {
+        self.state.engine.plan(request).await
+    }
+
+    /// Runs `ticket` in this process as its `DoGet` does (the same checks and physical plan),
+    /// with no Flight, IPC or socket in between: its record batches.
+    pub async fn run_ticket(
+        &self,
+        ticket: &pushdown_protocol::ShardTicket,
+    ) -> Result<datafusion::physical_plan::SendableRecordBatchStream> {
+        let opened = self.state.engine.open(ticket).await?;
+        Ok(datafusion::physical_plan::execute_stream(
+            opened.plan,
+            opened.ctx.task_ctx(),
+        )?)
+    }
+
     pub fn builder(store: Arc<dyn ObjectStore>) -> ServerBuilder {
         ServerBuilder {
             store,
@@ -335,7 +353,7 @@ mod tests {
     use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
     use datafusion::datasource::source::DataSourceExec;
     use datafusion::physical_plan::ExecutionPlan;
-    use pushdown_protocol::{FilterPushdown, Query, ScanRequest, ShardTicket};
+    use pushdown_protocol::{FilterPushdown, Query, ScanRequest};
 
     use super::*;
 
@@ -373,11 +391,7 @@ mod tests {
             let mut request = ScanRequest::new(Query::Sql("SELECT x FROM t WHERE x > 10".into()));
             request.filter_pushdown = pushdown;
             let planned = server.state.engine.plan(&request).await.expect("plan");
-            let ticket = ShardTicket {
-                request: planned.request.clone(),
-                shard: planned.shards.first().cloned(),
-                skip_rows: 0,
-            };
+            let ticket = planned.tickets().remove(0);
             let opened = server.state.engine.open(&ticket).await.expect("open");
             let source = parquet_source(&opened.plan).expect("a parquet scan");
             let o = &source.table_parquet_options().global;
@@ -415,6 +429,7 @@ mod tests {
             FilterPushdown::Off,
             "nothing to push"
         );
-        assert_eq!(planned.shards.len(), 1);
+        assert_eq!(planned.tickets().len(), 1);
+        assert!(planned.is_row_wise());
     }
 }

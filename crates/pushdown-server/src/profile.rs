@@ -14,15 +14,13 @@
 //!   rows it would really see); its input and output sizes are the Arrow buffers' bytes per
 //!   row: what would cross the network before IPC compression.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::concat_batches;
-use arrow::datatypes::Field;
 use datafusion::prelude::{DataFrame, ident, lit};
-use pushdown_protocol::{Arg, OpProfile, Profile, Query, ScanRequest};
+use pushdown_protocol::{OpProfile, Profile, Query, ScanRequest};
 
 use crate::catalog::lookup;
 use crate::error::{Result, ServerError};
@@ -74,9 +72,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
         }
     };
     for call in &f.ops {
-        if let Some(Arg::Column(c)) = call.args.first() {
-            add(c);
-        }
+        add(&call.input);
     }
     let all: Vec<String> = dataset.schema.fields().iter().map(|f| f.name().clone()).collect();
     let columns = if f.columns.is_empty() { &all } else { &f.columns };
@@ -143,71 +139,36 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
         concat_batches(&kept_schema, &kept_batches).map_err(|e| ServerError::Internal(e.to_string()))?;
     let n = kept.num_rows().max(1) as f64;
 
-    let mut state: BTreeMap<String, (ArrayRef, Field)> = source
+    let column_bytes_per_row = kept
+        .schema()
+        .fields()
         .iter()
-        .filter_map(|c| {
-            let i = kept.schema().index_of(c).ok()?;
-            Some((
-                c.clone(),
-                (Arc::clone(kept.column(i)), kept.schema().field(i).clone()),
-            ))
-        })
-        .collect();
-    let column_bytes_per_row = state
-        .iter()
-        .map(|(c, (a, _))| (c.clone(), bytes(a) / n))
+        .zip(kept.columns())
+        .map(|(field, a)| (field.name().clone(), bytes(a) / n))
         .collect();
     let resources = crate::udf::DatasetResources::new((*datasets).clone(), Some(dataset.name.clone()));
-    let ctx = pushdown_ops::Context {
-        seed: 0,
-        resources: &resources,
-    };
+    let calls =
+        pushdown_ops::Calls::bind(&f.ops, kept.schema()).map_err(|e| ServerError::BadQuery(e.to_string()))?;
     let mut ops = Vec::new();
-    for call in &f.ops {
-        let op = pushdown_ops::lookup(&call.op)
-            .ok_or_else(|| ServerError::BadQuery(format!("unknown op `{}`", call.op)))?;
-        let (input, params) = match call.args.split_first() {
-            Some((Arg::Column(c), rest)) => (c.clone(), rest),
-            _ => {
-                return Err(ServerError::BadQuery(format!(
-                    "op `{}` needs an input column first",
-                    call.op
-                )));
-            }
-        };
-        let params: Vec<pushdown_ops::Value> = params
-            .iter()
-            .map(|a| match a {
-                Arg::Int(i) => Ok(pushdown_ops::Value::Int(*i)),
-                Arg::Float(x) => Ok(pushdown_ops::Value::Float(*x)),
-                Arg::Text(t) => Ok(pushdown_ops::Value::Text(t.clone())),
-                Arg::Column(c) => Err(ServerError::BadQuery(format!(
-                    "op parameter `{c}` must be a literal"
-                ))),
-            })
-            .collect::<Result<_>>()?;
-        let (array, field) = state
-            .get(&input)
-            .cloned()
-            .ok_or_else(|| ServerError::BadQuery(format!("op `{}`: unknown column `{input}`", call.op)))?;
-        let out_field = op
-            .output_field(&field, &params, &call.output)
-            .map_err(|e| ServerError::BadQuery(e.to_string()))?;
-        let start = Instant::now();
-        let out = op
-            .apply_in(&array, &field, &params, &ctx)
-            .map_err(|e| ServerError::BadQuery(e.to_string()))?;
-        let ns = start.elapsed().as_nanos() as f64;
-        ops.push(OpProfile {
-            op: call.op.clone(),
-            input: input.clone(),
-            output: call.output.clone(),
-            bytes_in_per_row: bytes(&array) / n,
-            bytes_out_per_row: bytes(&out) / n,
-            ns_per_row: ns / n,
-        });
-        state.insert(call.output.clone(), (out, out_field));
-    }
+    calls
+        .apply_observed(
+            kept,
+            &pushdown_ops::Context {
+                seed: 0,
+                resources: &resources,
+            },
+            |run| {
+                ops.push(OpProfile {
+                    op: run.call.op.clone(),
+                    input: run.call.input.clone(),
+                    output: run.call.output.clone(),
+                    bytes_in_per_row: bytes(run.input) / n,
+                    bytes_out_per_row: bytes(run.output) / n,
+                    ns_per_row: run.elapsed.as_nanos() as f64 / n,
+                });
+            },
+        )
+        .map_err(|e| ServerError::BadQuery(e.to_string()))?;
     Ok(Profile {
         rows_sampled: sampled as u64,
         selectivity,

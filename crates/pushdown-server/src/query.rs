@@ -41,7 +41,7 @@ use datafusion::prelude::DataFrame;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use pushdown_protocol::{
-    Arg, FilterPushdown, Fragment, OpCall, Query, ScanRequest, Shard, ShardTicket, StreamStats,
+    FilterPushdown, Fragment, OpCall, Query, ScanRequest, Shard, ShardTicket, StreamStats, Value,
 };
 
 use crate::ServerConfig;
@@ -52,8 +52,11 @@ use crate::table::ShardTable;
 /// How a query is answered.
 #[derive(Debug, Clone)]
 pub enum Shape {
-    /// One endpoint per shard of this dataset.
-    RowWise { dataset: Arc<Dataset> },
+    /// One endpoint per shard of this dataset (none: every row group ruled out, or empty).
+    RowWise {
+        dataset: Arc<Dataset>,
+        shards: Vec<Shard>,
+    },
     /// One endpoint, the whole query.
     Whole,
 }
@@ -63,7 +66,6 @@ pub enum Shape {
 pub struct Planned {
     pub schema: SchemaRef,
     pub shape: Shape,
-    pub shards: Vec<Shard>,
     /// The request as the tickets carry it (filter pushdown decided).
     pub request: ScanRequest,
     /// Rows before filtering, over the row groups the shards scan.
@@ -74,6 +76,26 @@ pub struct Planned {
     pub row_groups_pruned: u64,
     pub has_filter: bool,
     pub optimized: LogicalPlan,
+}
+
+impl Planned {
+    /// The tickets of the plan's endpoints, in order: one per shard, or one for the whole
+    /// query. The one place tickets are minted.
+    pub fn tickets(&self) -> Vec<ShardTicket> {
+        let ticket = |shard| ShardTicket {
+            request: self.request.clone(),
+            shard,
+            skip_rows: 0,
+        };
+        match &self.shape {
+            Shape::RowWise { shards, .. } => shards.iter().cloned().map(|s| ticket(Some(s))).collect(),
+            Shape::Whole => vec![ticket(None)],
+        }
+    }
+
+    pub fn is_row_wise(&self) -> bool {
+        matches!(self.shape, Shape::RowWise { .. })
+    }
 }
 
 /// A ticket ready to run.
@@ -173,12 +195,10 @@ impl Engine {
         let scan = scan_of(&optimized);
 
         let mut request = request.clone();
-        let shape = match row_wise_table(&logical) {
-            Some(table) => Shape::RowWise {
-                dataset: lookup(&datasets, &table)?,
-            },
-            None => Shape::Whole,
-        };
+        // The dataset a row-wise query is sharded over.
+        let row_wise = row_wise_table(&logical)
+            .map(|table| lookup(&datasets, &table))
+            .transpose()?;
 
         let (projection, filter_columns) = match &scan {
             Some(s) => (s.projection.clone(), s.filter_columns.clone()),
@@ -186,16 +206,16 @@ impl Engine {
         };
         let has_filter = !filter_columns.is_empty()
             || matches!(&request.query, Query::Fragment(f) if f.predicate.is_some());
-        let scanned: Vec<Arc<Dataset>> = match &shape {
-            Shape::RowWise { dataset } => vec![Arc::clone(dataset)],
-            Shape::Whole => referenced
+        let scanned: Vec<Arc<Dataset>> = match &row_wise {
+            Some(dataset) => vec![Arc::clone(dataset)],
+            None => referenced
                 .iter()
                 .filter_map(|n| datasets.get(n).cloned())
                 .collect(),
         };
         if request.filter_pushdown == FilterPushdown::Auto {
-            let on = match (&shape, &scan) {
-                (Shape::RowWise { dataset }, Some(s)) => {
+            let on = match (&row_wise, &scan) {
+                (Some(dataset), Some(s)) => {
                     auto_filter_pushdown(dataset, s.projection.as_deref(), &s.filter_columns)
                 }
                 _ => false,
@@ -209,8 +229,8 @@ impl Engine {
 
         // Row groups whose statistics rule the filter out get no shard: a selective query
         // over sorted data costs one request per matching range, not one per file.
-        let pruning = match (&shape, &scan) {
-            (Shape::RowWise { dataset }, Some(s)) => pruning_predicate(&ctx, dataset, s)?,
+        let pruning = match (&row_wise, &scan) {
+            (Some(dataset), Some(s)) => pruning_predicate(&ctx, dataset, s)?,
             _ => None,
         };
         let mut shards = Vec::new();
@@ -252,13 +272,14 @@ impl Engine {
                 close(&mut run);
             }
         }
-        if matches!(shape, Shape::Whole) {
-            shards.clear();
-        }
+        // A whole query's estimates cover every dataset it scans; its one stream has no shard.
+        let shape = match row_wise {
+            Some(dataset) => Shape::RowWise { dataset, shards },
+            None => Shape::Whole,
+        };
         Ok(Planned {
             schema,
             shape,
-            shards,
             request,
             rows_upper_bound,
             bytes_to_scan,
@@ -422,8 +443,8 @@ pub(crate) fn register_ops(
     }
 }
 
-/// The request as a DataFrame over the tables registered in `ctx`.
-pub(crate) async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
+/// `query` (a fragment or SQL) as a DataFrame over the tables registered in `ctx`.
+pub async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
     match query {
         Query::Sql(sql) => {
             let options = SQLOptions::new()
@@ -478,15 +499,12 @@ fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
     let udf = ctx
         .udf(op.name())
         .map_err(|e| ServerError::Internal(format!("op `{}` is not registered: {e}", op.name())))?;
-    let args = call
-        .args
-        .iter()
-        .map(|arg| match arg {
-            Arg::Column(c) => datafusion::prelude::ident(c),
-            Arg::Int(i) => datafusion::prelude::lit(*i),
-            Arg::Float(x) => datafusion::prelude::lit(*x),
-            Arg::Text(t) => datafusion::prelude::lit(t.as_str()),
-        })
+    let args = std::iter::once(datafusion::prelude::ident(&call.input))
+        .chain(call.params.iter().map(|p| match p {
+            Value::Int(i) => datafusion::prelude::lit(*i),
+            Value::Float(x) => datafusion::prelude::lit(*x),
+            Value::Text(t) => datafusion::prelude::lit(t.as_str()),
+        }))
         .collect();
     Ok(udf.call(args))
 }
@@ -637,8 +655,53 @@ fn auto_filter_pushdown(dataset: &Dataset, projection: Option<&[usize]>, filter_
     bytes(&rest) >= 4 * bytes(filter_columns).max(1)
 }
 
+/// The names DataFusion registers the Parquet scan's metrics under, read from its own typed
+/// `ParquetFileMetrics` rather than written here: a field that is renamed or removed fails
+/// to compile, and a metric registered under a new name is still found.
+#[derive(Debug)]
+struct ScanMetricNames {
+    bytes_scanned: String,
+    rows_pruned_by_filter: String,
+    row_groups_pruned: Vec<String>,
+}
+
+/// Found by probing: each metric of a fresh `ParquetFileMetrics` gets a distinct value, and
+/// the metrics set tells the name that value was registered under.
+static SCAN_METRIC_NAMES: std::sync::LazyLock<ScanMetricNames> = std::sync::LazyLock::new(|| {
+    let set = ExecutionPlanMetricsSet::new();
+    let probe = ParquetFileMetrics::new(0, "probe", &set);
+    probe.bytes_scanned.add(1);
+    probe.pushdown_rows_pruned.add(2);
+    probe.row_groups_pruned_statistics.add_pruned(3);
+    probe.row_groups_pruned_bloom_filter.add_pruned(4);
+    probe.limit_pruned_row_groups.add_pruned(5);
+    let mut names = ScanMetricNames {
+        bytes_scanned: String::new(),
+        rows_pruned_by_filter: String::new(),
+        row_groups_pruned: Vec::new(),
+    };
+    for metric in set.clone_inner().iter() {
+        match metric.value() {
+            MetricValue::Count { name, count } => match count.value() {
+                1 => names.bytes_scanned = name.to_string(),
+                2 => names.rows_pruned_by_filter = name.to_string(),
+                _ => {}
+            },
+            MetricValue::PruningMetrics {
+                name,
+                pruning_metrics,
+            } if (3..=5).contains(&pruning_metrics.pruned()) => {
+                names.row_groups_pruned.push(name.to_string())
+            }
+            _ => {}
+        }
+    }
+    names
+});
+
 /// What the plan's scans did, from DataFusion's execution metrics.
 pub fn scan_stats(plan: &Arc<dyn ExecutionPlan>) -> StreamStats {
+    let names = &*SCAN_METRIC_NAMES;
     let mut stats = StreamStats::default();
     let mut stack = vec![Arc::clone(plan)];
     while let Some(node) = stack.pop() {
@@ -649,26 +712,37 @@ pub fn scan_stats(plan: &Arc<dyn ExecutionPlan>) -> StreamStats {
         let Some(metrics) = node.metrics() else { continue };
         for metric in metrics.iter() {
             match metric.value() {
-                MetricValue::Count { name, count } => match name.as_ref() {
-                    "bytes_scanned" => stats.bytes_scanned += count.value() as u64,
-                    "pushdown_rows_pruned" => stats.rows_scanned += count.value() as u64,
-                    _ => {}
-                },
+                MetricValue::Count { name, count } => {
+                    if name.as_ref() == names.bytes_scanned {
+                        stats.bytes_scanned += count.value() as u64;
+                    } else if name.as_ref() == names.rows_pruned_by_filter {
+                        // Rows the late-materialized filter dropped were decoded too.
+                        stats.rows_scanned += count.value() as u64;
+                    }
+                }
                 MetricValue::OutputRows(count) => stats.rows_scanned += count.value() as u64,
                 MetricValue::PruningMetrics {
                     name,
                     pruning_metrics,
-                } => {
-                    if matches!(
-                        name.as_ref(),
-                        "row_groups_pruned_statistics" | "row_groups_pruned_bloom_filter"
-                    ) {
-                        stats.row_groups_pruned += pruning_metrics.pruned() as u64;
-                    }
+                } if names.row_groups_pruned.iter().any(|n| n == name.as_ref()) => {
+                    stats.row_groups_pruned += pruning_metrics.pruned() as u64;
                 }
                 _ => {}
             }
         }
     }
     stats
+}
+
+#[cfg(test)]
+mod metric_tests {
+    /// An upgrade of DataFusion that renames or drops a scan metric must fail here, not zero
+    /// the servers' accounting silently.
+    #[test]
+    fn the_scan_metrics_are_found_in_datafusions_own_metrics() {
+        let names = &*super::SCAN_METRIC_NAMES;
+        assert!(!names.bytes_scanned.is_empty(), "{names:?}");
+        assert!(!names.rows_pruned_by_filter.is_empty(), "{names:?}");
+        assert_eq!(names.row_groups_pruned.len(), 3, "{names:?}");
+    }
 }

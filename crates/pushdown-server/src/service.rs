@@ -16,7 +16,7 @@ use arrow_flight::{
 use datafusion::physical_plan::execute_stream;
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
-use pushdown_protocol::{Compression, Fragment, Query, ScanRequest, ShardTicket};
+use pushdown_protocol::{ActionKind, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -97,25 +97,13 @@ impl PushdownService {
             .metrics
             .row_groups_pruned_at_planning
             .inc_by(planned.row_groups_pruned);
-        let mk_ticket = |shard| ShardTicket {
-            request: planned.request.clone(),
-            shard,
-            skip_rows: 0,
-        };
-        let endpoints: Vec<FlightEndpoint> = match &planned.shape {
-            Shape::RowWise { .. } => planned
-                .shards
-                .iter()
-                .map(|s| self.endpoint(mk_ticket(Some(s.clone()))))
-                .collect(),
-            Shape::Whole => vec![self.endpoint(mk_ticket(None))],
-        };
-        let total_records = if matches!(planned.shape, Shape::RowWise { .. }) && planned.shards.is_empty() {
-            0 // every row group ruled out (or an empty dataset): known to be empty
-        } else if planned.has_filter || matches!(planned.shape, Shape::Whole) {
-            -1
-        } else {
-            planned.rows_upper_bound as i64
+        let endpoints: Vec<FlightEndpoint> =
+            planned.tickets().into_iter().map(|t| self.endpoint(t)).collect();
+        let total_records = match &planned.shape {
+            // Every row group ruled out (or an empty dataset): known to be empty.
+            Shape::RowWise { shards, .. } if shards.is_empty() => 0,
+            Shape::RowWise { .. } if !planned.has_filter => planned.rows_upper_bound as i64,
+            _ => -1,
         };
         tracing::debug!(
             endpoints = endpoints.len(),
@@ -136,7 +124,7 @@ impl PushdownService {
                 pushdown_protocol::PlanEstimate {
                     rows_upper_bound: planned.rows_upper_bound,
                     bytes_to_scan: planned.bytes_to_scan,
-                    row_wise: matches!(planned.shape, Shape::RowWise { .. }),
+                    row_wise: planned.is_row_wise(),
                     row_groups_pruned: planned.row_groups_pruned,
                 }
                 .encode(),
@@ -259,18 +247,21 @@ impl PushdownService {
     }
 
     async fn action(&self, action: Action) -> Result<Vec<arrow_flight::Result>> {
-        match action.r#type.as_str() {
-            "health" => Ok(vec![arrow_flight::Result::new("ok")]),
-            "explain" => {
+        let Some(kind) = ActionKind::parse(&action.r#type) else {
+            return Err(ServerError::BadRequest(format!(
+                "unknown action `{}`; actions: {}",
+                action.r#type,
+                ActionKind::ALL.map(ActionKind::name).join(", ")
+            )));
+        };
+        match kind {
+            ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
+            ActionKind::Explain => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
                 let planned = self.state.engine.plan(&request).await?;
                 let shape = match &planned.shape {
-                    Shape::RowWise { dataset } => {
-                        format!(
-                            "row-wise over `{}`: {} shards",
-                            dataset.name,
-                            planned.shards.len()
-                        )
+                    Shape::RowWise { dataset, shards } => {
+                        format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
                     }
                     Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
                 };
@@ -284,7 +275,7 @@ impl PushdownService {
                 );
                 Ok(vec![arrow_flight::Result::new(text)])
             }
-            "profile" => {
+            ActionKind::Profile => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
                 let state = Arc::clone(&self.state);
                 let cores = self.state.config.cpu_threads as u32;
@@ -295,15 +286,15 @@ impl PushdownService {
                     .await?;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
             }
-            "count" => {
+            ActionKind::Count => {
                 let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
                 let state = Arc::clone(&self.state);
                 let n = self
                     .on_cpu("count", async move { state.engine.count(&ticket).await })
                     .await?;
-                Ok(vec![arrow_flight::Result::new(n.to_string())])
+                Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
             }
-            "tokenizer" => {
+            ActionKind::Tokenizer => {
                 let name = std::str::from_utf8(&action.body).map_err(|_| {
                     ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
                 })?;
@@ -329,38 +320,12 @@ impl PushdownService {
                 };
                 Ok(vec![arrow_flight::Result::new(json)])
             }
-            other => Err(ServerError::BadRequest(format!(
-                "unknown action `{other}`; actions: {}",
-                ACTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-            ))),
         }
     }
 }
 
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
-
-const ACTIONS: [(&str, &str); 5] = [
-    ("health", "Returns `ok` when the server is serving"),
-    (
-        "explain",
-        "Body: a command (ScanRequest or SQL). Returns the shape, shards, estimates and optimized plan",
-    ),
-    (
-        "profile",
-        "Body: a ScanRequest with a fragment. Runs it on a sample; returns a pushdown.v1.Profile \
-         (selectivity, scan ns/row, bytes per column, per op bytes in/out and ns/row)",
-    ),
-    (
-        "count",
-        "Body: a ticket. Returns (as decimal text) how many rows its DoGet would stream, reading only \
-         the filter's columns",
-    ),
-    (
-        "tokenizer",
-        "Body: a dataset name. Returns the dataset's tokenizer.json, for client-side `tokenize`",
-    ),
-];
 
 /// Runs an opened query on the CPU runtime and sends its encoded batches to `tx`.
 async fn produce(
@@ -580,10 +545,10 @@ impl FlightService for PushdownService {
         &self,
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let actions = ACTIONS.iter().map(|(name, description)| {
+        let actions = ActionKind::ALL.map(|a| {
             Ok(ActionType {
-                r#type: (*name).into(),
-                description: (*description).into(),
+                r#type: a.name().into(),
+                description: a.description().into(),
             })
         });
         Ok(Response::new(futures::stream::iter(actions).boxed()))

@@ -93,6 +93,7 @@ impl PyLoader {
             },
             compression,
             link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
+            ..LoaderOptions::default()
         };
         let loader = py
             .detach(|| Loader::new(&servers, source, options))

@@ -7,7 +7,12 @@
 use std::path::Path;
 
 fn main() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..");
+    // Cargo sets CARGO_MANIFEST_DIR when it runs the binary too: read it at run time, not
+    // compile time, so a binary built in another checkout (a shared CARGO_TARGET_DIR) still
+    // regenerates this one.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .ok_or_else(|| anyhow::anyhow!("run with `cargo run -p pushdown-protocol-gen`"))?;
+    let root = Path::new(&manifest).join("../../..").canonicalize()?;
     let proto_dir = root.join("proto");
     let out_dir = root.join("crates/protocol/src/generated");
     std::fs::create_dir_all(&out_dir)?;

@@ -183,6 +183,12 @@ pub struct OpProfile {
     #[prost(double, tag = "6")]
     pub ns_per_row: f64,
 }
+/// The answer to the `count` action: the rows the ticket's DoGet would stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CountReply {
+    #[prost(uint64, tag = "1")]
+    pub rows: u64,
+}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum Compression {

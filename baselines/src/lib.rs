@@ -1,14 +1,13 @@
-//! The engine without the network: what a trainer runs when it reads the data itself.
+//! What a trainer runs when it reads the data itself: the contenders of the benchmarks and
+//! the references of the tests. None of it is part of a server.
 //!
-//! * [`Server::execute`] runs a request in this process, shard after shard, exactly as its
-//!   `DoGet`s would but with no Flight, IPC or socket in between. Over local files it is the
-//!   ceiling a remote server is measured against; over an object store reached through a
-//!   link (`s3://…`) it is the trainer that fetches Parquet itself (Petastorm, a plain
+//! * [`execute`] runs a request in this process, shard after shard, exactly as its `DoGet`s
+//!   would but with no Flight, IPC or socket in between. Over local files it is the ceiling a
+//!   remote server is measured against; over an object store reached through a link
+//!   (`s3://…`) it is the trainer that fetches Parquet itself (Petastorm, a plain
 //!   `pyarrow.dataset` loader).
 //! * [`evaluate`] runs a row-wise query over batches that arrive from elsewhere: the trainer
 //!   of a service that streams every row and column, filtering and transforming them itself.
-//!
-//! Both are also the reference a pushed-down query must equal in tests.
 
 use std::sync::{Arc, Mutex};
 
@@ -18,48 +17,35 @@ use datafusion::catalog::streaming::StreamingTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{SessionConfig, SessionContext};
+use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
-use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
 use futures::stream::{BoxStream, Stream, StreamExt, TryStreamExt};
-use pushdown_protocol::{Query, ScanRequest, ShardTicket};
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_server::{Server, ServerError};
 
-use crate::Server;
-use crate::error::{Result, ServerError};
-use crate::query::Shape;
+type Result<T, E = ServerError> = std::result::Result<T, E>;
 
 /// Record batches of a query, in order.
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
 
-impl Server {
-    /// Runs `request` in this process: its shards in order (or the whole query as one
-    /// stream), each planned and executed as its `DoGet` would be. Returns the result schema
-    /// and the batches.
-    pub async fn execute(&self, request: &ScanRequest) -> Result<(SchemaRef, BatchStream)> {
-        let state = Arc::clone(&self.state);
-        let planned = state.engine.plan(request).await?;
-        let ticket = |shard| ShardTicket {
-            request: planned.request.clone(),
-            shard,
-            skip_rows: 0,
-        };
-        let tickets: Vec<ShardTicket> = match planned.shape {
-            Shape::RowWise { .. } => planned.shards.iter().cloned().map(|s| ticket(Some(s))).collect(),
-            Shape::Whole => vec![ticket(None)],
-        };
-        let batches = futures::stream::iter(tickets)
-            .then(move |t| {
-                let state = Arc::clone(&state);
-                async move {
-                    let opened = state.engine.open(&t).await?;
-                    let stream = execute_stream(opened.plan, opened.ctx.task_ctx())?;
-                    Ok::<_, ServerError>(stream.map_err(ServerError::from))
-                }
-            })
-            .try_flatten()
-            .boxed();
-        Ok((planned.schema, batches))
-    }
+/// Runs `request` on `server`'s engine in this process: its tickets in order (one per shard,
+/// or the whole query), each planned and executed as its `DoGet` would be. Returns the
+/// result schema and the batches.
+pub async fn execute(server: &Server, request: &ScanRequest) -> Result<(SchemaRef, BatchStream)> {
+    let planned = server.plan(request).await?;
+    let server = server.clone();
+    let batches = futures::stream::iter(planned.tickets())
+        .then(move |t| {
+            let server = server.clone();
+            async move {
+                let stream = server.run_ticket(&t).await?;
+                Ok::<_, ServerError>(stream.map_err(ServerError::from))
+            }
+        })
+        .try_flatten()
+        .boxed();
+    Ok((planned.schema, batches))
 }
 
 /// Evaluates a row-wise `query` over `dataset`, whose rows arrive as `input` (with `schema`),
@@ -87,10 +73,10 @@ where
     };
     let table = StreamingTable::try_new(schema, vec![Arc::new(partition)])?;
     ctx.register_table(dataset, Arc::new(table))?;
-    for udf in crate::udf::udfs(resources) {
+    for udf in pushdown_server::udfs(resources) {
         ctx.register_udf(udf);
     }
-    let df = crate::query::dataframe(&ctx, query).await?;
+    let df = pushdown_server::dataframe(&ctx, query).await?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let stream = df.execute_stream().await?;
     Ok((schema, stream.map_err(ServerError::from).boxed()))

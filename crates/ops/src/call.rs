@@ -1,0 +1,216 @@
+//! Op calls over record batches: the one executor that servers (profiling), clients and
+//! tests share.
+//!
+//! A [`Call`] names an op, its input column, its literal parameters and the column it
+//! writes. [`Calls::bind`] checks a list of calls against an input schema once (op names,
+//! columns, parameters, output fields with their tensor shapes); [`Calls::apply`] then runs
+//! them on each batch. A call whose output names an existing column replaces it in place;
+//! otherwise the output is appended.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::{FieldRef, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+
+use crate::{Context, Op, OpError, Result, Value, lookup};
+
+/// `op(input, params…) AS output`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub op: String,
+    pub input: String,
+    pub params: Vec<Value>,
+    pub output: String,
+}
+
+impl Call {
+    pub fn new(
+        op: impl Into<String>,
+        input: impl Into<String>,
+        params: Vec<Value>,
+        output: impl Into<String>,
+    ) -> Self {
+        Self {
+            op: op.into(),
+            input: input.into(),
+            params,
+            output: output.into(),
+        }
+    }
+
+    /// The registered op this call names.
+    pub fn resolve(&self) -> Result<&'static dyn Op> {
+        lookup(&self.op).ok_or_else(|| OpError::UnknownOp(self.op.clone()))
+    }
+
+    /// What the call needs beyond its input and literals (see [`Op::needs`]).
+    pub fn needs(&self) -> Result<Vec<Need>> {
+        Ok(self.resolve()?.needs(&self.params))
+    }
+}
+
+impl std::fmt::Display for Call {
+    /// `thumbnail(image, 64) AS image`, with text parameters quoted as SQL literals.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}({}", self.op, self.input)?;
+        for p in &self.params {
+            write!(f, ", {p}")?;
+        }
+        write!(f, ") AS {}", self.output)
+    }
+}
+
+/// A resource an op call needs beyond its input column and literal parameters, declared by
+/// the op ([`Op::needs`]) so that no caller has to know which ops need what.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Need {
+    /// A tokenizer by dataset name; `None`: the dataset being read.
+    Tokenizer(Option<String>),
+}
+
+/// One call bound to the schema it reads.
+#[derive(Debug)]
+struct Bound {
+    call: Call,
+    op: &'static dyn Op,
+    input: usize,
+    input_field: FieldRef,
+    /// The column replaced, or `None` to append.
+    replaces: Option<usize>,
+    /// The batch's schema after this call.
+    schema: SchemaRef,
+}
+
+/// One call's run on one batch, for callers that measure ([`Calls::apply_observed`]).
+#[derive(Debug)]
+pub struct CallRun<'a> {
+    pub call: &'a Call,
+    pub input: &'a ArrayRef,
+    pub output: &'a ArrayRef,
+    pub elapsed: Duration,
+}
+
+/// Op calls checked against an input schema, ready to run on its batches.
+#[derive(Debug)]
+pub struct Calls {
+    bound: Vec<Bound>,
+    input: SchemaRef,
+    output: SchemaRef,
+}
+
+impl Calls {
+    /// Checks `calls`, in order, against batches of `schema`: every op exists, every input
+    /// column exists when its call runs, every parameter is valid.
+    pub fn bind(calls: &[Call], schema: SchemaRef) -> Result<Self> {
+        let mut current = Arc::clone(&schema);
+        let mut bound = Vec::with_capacity(calls.len());
+        for call in calls {
+            let op = call.resolve()?;
+            let input = current.index_of(&call.input).map_err(|_| OpError::BadArguments {
+                op: op.name(),
+                reason: format!("no input column `{}`", call.input),
+            })?;
+            let input_field = Arc::clone(&current.fields()[input]);
+            let field = Arc::new(op.output_field(&input_field, &call.params, &call.output)?);
+            let replaces = current.index_of(&call.output).ok();
+            let mut fields: Vec<FieldRef> = current.fields().iter().cloned().collect();
+            match replaces {
+                Some(i) => fields[i] = field,
+                None => fields.push(field),
+            }
+            current = Arc::new(Schema::new_with_metadata(fields, current.metadata().clone()));
+            bound.push(Bound {
+                call: call.clone(),
+                op,
+                input,
+                input_field,
+                replaces,
+                schema: Arc::clone(&current),
+            });
+        }
+        Ok(Self {
+            bound,
+            input: schema,
+            output: current,
+        })
+    }
+
+    /// The schema of the batches the calls read.
+    pub fn input_schema(&self) -> SchemaRef {
+        Arc::clone(&self.input)
+    }
+
+    /// The schema of the batches the calls produce.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.output)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bound.is_empty()
+    }
+
+    /// Runs every call on `batch`. Call `k` draws its randomness from
+    /// [`call_seed`]`(ctx.seed, k)` and the row.
+    pub fn apply(&self, batch: RecordBatch, ctx: &Context<'_>) -> Result<RecordBatch> {
+        self.apply_observed(batch, ctx, |_| {})
+    }
+
+    /// [`Self::apply`], reporting each call's input, output and time to `observe`.
+    pub fn apply_observed(
+        &self,
+        mut batch: RecordBatch,
+        ctx: &Context<'_>,
+        mut observe: impl FnMut(CallRun<'_>),
+    ) -> Result<RecordBatch> {
+        for (k, b) in self.bound.iter().enumerate() {
+            let call_ctx = Context {
+                seed: call_seed(ctx.seed, k),
+                resources: ctx.resources,
+            };
+            let input = batch.column(b.input);
+            let start = Instant::now();
+            let out = b.op.apply_in(input, &b.input_field, &b.call.params, &call_ctx)?;
+            observe(CallRun {
+                call: &b.call,
+                input,
+                output: &out,
+                elapsed: start.elapsed(),
+            });
+            let mut columns = batch.columns().to_vec();
+            match b.replaces {
+                Some(i) => columns[i] = out,
+                None => columns.push(out),
+            }
+            let options =
+                arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            batch = RecordBatch::try_new_with_options(Arc::clone(&b.schema), columns, &options).map_err(
+                |source| OpError::Arrow {
+                    op: b.op.name(),
+                    source,
+                },
+            )?;
+        }
+        Ok(batch)
+    }
+}
+
+/// Runs `calls` on `batch`: [`Calls::bind`] to its schema, then [`Calls::apply`].
+pub fn apply_calls(batch: RecordBatch, calls: &[Call], ctx: &Context<'_>) -> Result<RecordBatch> {
+    Calls::bind(calls, batch.schema())?.apply(batch, ctx)
+}
+
+/// The seed of call `k` of a list applied with seed `seed`.
+pub fn call_seed(seed: u64, k: usize) -> u64 {
+    mix(seed, 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(k as u64 + 1))
+}
+
+/// SplitMix64's finalizer over two words: decorrelated seeds from counters (seed, epoch,
+/// rank, batch, call).
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
