@@ -36,6 +36,22 @@ def test_batches_are_numpy_and_arrow(server):
     assert isinstance(batch["caption"], pa.Array) and len(batch["caption"]) == 16
 
 
+def test_column_types_follow_the_schema_not_the_batch(server):
+    # `maybe` is nullable with a single null: most batches hold none, and it is still Arrow
+    # in every one; a date is Arrow too (numpy holds numbers); `id` is a tensor throughout.
+    sql = ("SELECT id, CASE WHEN id = 0 THEN NULL ELSE label END AS maybe, "
+           "CAST('2020-01-01' AS DATE) AS day FROM images WHERE label < 600")
+    batches = list(make(server, sql=sql, epochs=1))
+    assert len(batches) > 5
+    nulls = 0
+    for batch in batches:
+        assert isinstance(batch["id"], np.ndarray)
+        assert isinstance(batch["maybe"], pa.Array), type(batch["maybe"])
+        assert isinstance(batch["day"], pa.Array) and batch["day"].type == pa.date32()
+        nulls += batch["maybe"].null_count
+    assert nulls <= 1
+
+
 def test_same_seed_same_sequence_whatever_the_concurrency(server):
     a = ids(make(server, concurrency=1, workers=1, prefetch=1))
     b = ids(make(server, concurrency=4, workers=3, prefetch=8))

@@ -153,6 +153,31 @@ async fn filter_pushdown_reads_and_sends_less() {
     assert!(totals.server.bytes_scanned > 0);
 }
 
+/// Every counter of the servers' accounting comes from DataFusion's scan metrics: a whole
+/// query (an aggregate, one stream) prunes row groups while it runs, and its late filter
+/// decodes rows it then drops. An upgrade that renames a metric zeroes one of these.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_metrics_are_counted_while_a_whole_query_runs() {
+    let fx = Fixture::images(512).await;
+    let mut request = ScanRequest::new(Query::Sql(
+        "SELECT count(*) AS n, max(width) AS m FROM images WHERE id < 100 AND label < 500".into(),
+    ));
+    request.stats = true;
+    request.filter_pushdown = pushdown_protocol::FilterPushdown::On;
+    let (batches, totals) = fx.collect(&request).await.expect("query");
+    assert_eq!(num_rows(&batches), 1);
+    let s = totals.server;
+    assert!(s.bytes_scanned > 0, "{s:?}");
+    assert!(
+        s.row_groups_pruned > 0,
+        "ids are in order: most row groups ruled out: {s:?}"
+    );
+    assert!(
+        s.rows_scanned >= 100,
+        "decoded rows, kept and dropped by the filter: {s:?}"
+    );
+}
+
 /// Pruning at planning agrees with DataFusion over the files on nullable columns and on
 /// negated and inequality predicates (clicks: `i1..i13` have nulls, rows are in day order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,8 +4,9 @@
 //! ```text
 //!  PushdownClient ──GetFlightInfo──▶ endpoints (one per shard)
 //!     │  fan out: ≤ k DoGet streams at once, each into a bounded channel (back-pressure)
-//!     │  deterministic round-robin over the k in-flight shards; a failed stream is retried
-//!     │  from its last delivered row (ticket skip_rows): no row lost, none duplicated
+//!     │  shards in order (the loader) or round-robin over the k in flight; a failed stream
+//!     │  is retried from its last delivered row (ticket skip_rows): no row lost, none
+//!     │  duplicated
 //!     ▼
 //!  Prepared (loader.rs): shards permuted per epoch, windows permuted, batches, client ops
 //!     ├─ Loader: tensors for a trainer, by rank, resumable

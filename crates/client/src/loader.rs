@@ -79,6 +79,8 @@ pub struct LoaderOptions {
     pub prefetch: usize,
     /// Threads that run client-side ops and build tensors.
     pub workers: usize,
+    /// Streams in flight, buffering and retries. Its `order` is not used: the loader always
+    /// takes shards in its epoch's order (the streams in flight only prefetch).
     pub stream: StreamOptions,
     /// How the server compresses the stream. Default (`None`): for a pipeline, the planner's
     /// choice (compress only when the link bounds the stream, as `link` describes it); for
@@ -167,14 +169,17 @@ impl TensorBatch {
 }
 
 impl Column {
-    /// Whether a column of `field` arrives as a tensor: non-nullable, and primitive or a
-    /// `FixedSizeList` of non-nullable primitives.
+    /// Whether a column of `field` arrives as a tensor: non-nullable, and a fixed-width
+    /// integer or `f32`/`f64` (what numpy and torch hold), or a `FixedSizeList` of
+    /// non-nullable ones. Dates, decimals, `f16` and the rest arrive as Arrow.
     pub fn is_tensor(field: &arrow::datatypes::Field) -> bool {
+        fn numeric(t: &DataType) -> bool {
+            t.is_integer() || matches!(t, DataType::Float32 | DataType::Float64)
+        }
         !field.is_nullable()
             && match field.data_type() {
-                t if t.is_primitive() => true,
-                DataType::FixedSizeList(item, _) => item.data_type().is_primitive() && !item.is_nullable(),
-                _ => false,
+                DataType::FixedSizeList(item, _) => numeric(item.data_type()) && !item.is_nullable(),
+                t => numeric(t),
             }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use pushdown_ops::{Calls, mix};
+use pushdown_ops::{Calls, call_seed, mix};
 use pushdown_planner::Step;
 
 use crate::{ClientError, Result};
@@ -60,7 +60,7 @@ impl RowSteps {
                     current = calls.schema();
                     stages.push(Stage::Calls {
                         calls,
-                        seed: mix(seed, 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(first as u64 + 1)),
+                        seed: call_seed(seed, first),
                     });
                 }
                 other => {

@@ -706,7 +706,10 @@ pub fn scan_stats(plan: &Arc<dyn ExecutionPlan>) -> StreamStats {
     let mut stack = vec![Arc::clone(plan)];
     while let Some(node) = stack.pop() {
         stack.extend(node.children().into_iter().cloned());
-        if node.name() != "DataSourceExec" {
+        if node
+            .downcast_ref::<datafusion::datasource::source::DataSourceExec>()
+            .is_none()
+        {
             continue;
         }
         let Some(metrics) = node.metrics() else { continue };

@@ -3,7 +3,8 @@
 //! Batches cross into Python as `(name, kind, value)` triples: `kind` is `"tensor"` for a
 //! numpy array (built from the Arrow buffer without copying when the buffer is uniquely
 //! owned, which batches fresh from the loader's workers are) or `"arrow"` for the Arrow IPC
-//! bytes of a variable-length column, which the Python side reads with pyarrow. The GIL is
+//! bytes of any other column (variable-length, nullable, dates, decimals: decided by the
+//! schema, `Column::is_tensor`), which the Python side reads with pyarrow. The GIL is
 //! released while the loader waits for data or plans.
 
 use std::sync::{Arc, Mutex};
@@ -165,8 +166,8 @@ fn tensor(py: Python<'_>, values: ArrayRef, shape: &[usize]) -> PyResult<Py<PyAn
         DataType::Int64 => typed::<Int64Type>(py, values, shape),
         DataType::Float32 => typed::<Float32Type>(py, values, shape),
         DataType::Float64 => typed::<Float64Type>(py, values, shape),
-        // Other primitives (dates, decimals, f16) go through Arrow.
-        _ => arrow_ipc(py, "values", &values),
+        // `Column::is_tensor` sends every other type as Arrow.
+        other => Err(PyValueError::new_err(format!("{other} is not a tensor type"))),
     }
 }
 

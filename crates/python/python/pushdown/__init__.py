@@ -4,7 +4,7 @@
     loader = pushdown.Loader(servers=["http://storage-1:50051"],
                              sql="SELECT decode_resize(image, 64, 64) AS pixels, label FROM images",
                              batch_size=256, shuffle_buffer=10_000, seed=0, rank=0, world_size=1)
-    for batch in loader:          # dict[str, numpy.ndarray]
+    for batch in loader:          # dict[str, numpy.ndarray | pyarrow.Array]
         ...
     state = loader.state_dict()   # resume later with load_state_dict(state)
 
@@ -25,7 +25,9 @@ def _arrow(ipc: bytes):
     try:
         import pyarrow as pa
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("variable-length columns come as pyarrow arrays: pip install pyarrow") from e
+        raise ImportError(
+            "variable-length and nullable columns come as pyarrow arrays: pip install pyarrow"
+        ) from e
     table = pa.ipc.open_stream(ipc).read_all()
     return table.column(0).combine_chunks()
 
@@ -33,8 +35,10 @@ def _arrow(ipc: bytes):
 class Loader:
     """Batches for one data-parallel rank, epoch after epoch.
 
-    Fixed-shape columns (pixels, padded token ids, numeric features) come out as numpy arrays
-    of shape ``(rows, ...)``; variable-length ones as ``pyarrow.Array``. Give exactly one of
+    A column's type is fixed by the schema, never by a batch: non-nullable fixed-shape
+    integer and float columns (pixels, padded token ids, numeric features) come out as numpy
+    arrays of shape ``(rows, ...)``; variable-length, nullable, date and decimal columns as
+    ``pyarrow.Array`` (nulls kept), in every batch. Give exactly one of
     ``sql`` (a row-wise query) or ``pipeline`` (TOML/JSON text or a dict, as for
     ``pushdown run``: the planner places its ops by measured cost).
     """
