@@ -304,9 +304,8 @@ impl Prepared {
     /// join) is streamed whole, in the server's order: it cannot be sharded over ranks or
     /// shuffled by window.
     pub async fn new(client: PushdownClient, source: LoaderSource, options: LoaderOptions) -> Result<Self> {
-        let count = options.world_size > 1 || options.drop_last;
         Ok(Self {
-            shared: Arc::new(prepare(client, source, options, count).await?),
+            shared: Arc::new(prepare(client, source, options, false).await?),
         })
     }
 
@@ -549,7 +548,8 @@ impl Drop for Loader {
 }
 
 /// Plans `source`: places a pipeline's ops, opens the query, counts each shard's rows when
-/// `count` (or when ranks or `drop_last` need them), binds the client steps.
+/// ranks or `drop_last` need them or `count` asks (the Loader: `epoch_len` and resuming),
+/// binds the client steps.
 async fn prepare(
     client: PushdownClient,
     source: LoaderSource,
