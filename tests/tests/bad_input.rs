@@ -150,6 +150,8 @@ async fn garbage_and_forged_tickets_are_rejected() {
                 file: file.into(),
                 row_groups: 0..1,
                 rows: 1,
+                version: Default::default(),
+                bytes: 0,
             }),
             skip_rows: 0,
         };
@@ -159,14 +161,27 @@ async fn garbage_and_forged_tickets_are_rejected() {
             .expect_err("forged");
         assert_eq!(status.code(), code, "{file}: {status}");
     }
+    // A real shard, as the server minted it, to forge from.
+    let info = fx.client.plan(&request).await.expect("plan");
+    let real = ShardTicket::decode(&info.endpoint[0].ticket.as_ref().expect("ticket").ticket).expect("ours");
+    let real_shard = real.shard.clone().expect("row-wise");
+    // The file at another version (rewritten since planning, or another server's copy).
+    let mut forged = real.clone();
+    if let Some(s) = &mut forged.shard {
+        s.version.hash = "0000000000000000".into();
+    }
+    let status = client
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("version");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status}");
+    assert!(status.message().contains(&real_shard.file), "{status}");
     // A real file but row groups it does not have.
     let forged = ShardTicket {
         request: request.clone(),
         shard: Some(Shard {
-            dataset: "images".into(),
-            file: "part-00000.parquet".into(),
             row_groups: 0..99,
-            rows: 1,
+            ..real_shard.clone()
         }),
         skip_rows: 0,
     };
@@ -178,13 +193,30 @@ async fn garbage_and_forged_tickets_are_rejected() {
     // A shard ticket whose query is not row-wise would give partial answers: refused.
     let forged = ShardTicket {
         request: ScanRequest::new(Query::Sql("SELECT count(*) FROM images".into())),
-        shard: Some(Shard {
-            dataset: "images".into(),
-            file: "part-00000.parquet".into(),
-            row_groups: 0..1,
-            rows: 1,
-        }),
+        shard: Some(real_shard.clone()),
         skip_rows: 0,
+    };
+    let status = client
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("aggregate");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // Nor a volatile one: its rows differ per run, so a shard of it cannot be resumed.
+    let forged = ShardTicket {
+        request: ScanRequest::new(Query::Sql("SELECT label FROM images WHERE random() < 0.5".into())),
+        shard: Some(real_shard.clone()),
+        skip_rows: 0,
+    };
+    let status = client
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("volatile");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // A whole query's stream has no total order: it cannot be resumed part-way.
+    let forged = ShardTicket {
+        request: ScanRequest::new(Query::Sql("SELECT count(*) FROM images".into())),
+        shard: None,
+        skip_rows: 3,
     };
     let status = client
         .do_get(Ticket::new(forged.encode()))

@@ -16,21 +16,25 @@
 //! The interleave order depends only on each shard's batches, never on network timing, so
 //! with a seed the delivered sequence is reproducible.
 
+mod fleet;
 mod loader;
 mod plan;
 pub mod run;
 mod steps;
 mod stream;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo};
+use arrow_flight::{Action, Criteria, FlightDescriptor, FlightEndpoint, FlightInfo};
 use futures::TryStreamExt;
 use pushdown_ops::Tokenizers;
 use pushdown_protocol::{ActionKind, CountReply, PlanEstimate, ScanRequest};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::fleet::{Failure, Fleet};
 
 pub use loader::{
     Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared, Push,
@@ -42,12 +46,6 @@ pub use stream::{Order, Segment, ShardStream, StreamOptions, StreamTotals};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connecting to {url}: {source}")]
-    Connect {
-        url: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
     #[error("invalid server URL `{url}`: {reason}")]
     BadUrl { url: String, reason: String },
     #[error("server {url}: {status}")]
@@ -58,13 +56,44 @@ pub enum ClientError {
     },
     #[error("decoding the stream of shard {endpoint}: {reason}")]
     Decode { endpoint: usize, reason: String },
-    #[error("shard {endpoint} failed after {attempts} attempts: {status}")]
+    #[error("shard {endpoint} ({shard}) failed after {attempts} attempts on [{}]: {status}", servers.join(", "))]
     Stream {
         endpoint: usize,
+        shard: String,
         attempts: usize,
+        /// Every server tried, in order.
+        servers: Vec<String>,
         #[source]
         status: Box<tonic::Status>,
     },
+    #[error("no server can serve shard {endpoint} ({shard}): {}", refusals.join("; "))]
+    NoServer {
+        endpoint: usize,
+        shard: String,
+        /// Each holder's refusal.
+        refusals: Vec<String>,
+    },
+    #[error(
+        "shard {endpoint} ({shard}) ended after {delivered} rows of the {planned} it was planned \
+         to have: its file changed or was truncated"
+    )]
+    ShortShard {
+        endpoint: usize,
+        shard: String,
+        delivered: u64,
+        planned: u64,
+    },
+    #[error(
+        "the stream of a query that is not row-wise failed after {delivered} rows and cannot be \
+         resumed (it has no total order); run it again: {status}"
+    )]
+    NotResumable {
+        delivered: u64,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error("servers disagree about `{file}`: {detail}")]
+    ServersDisagree { file: String, detail: String },
     #[error(transparent)]
     Arrow(#[from] arrow::error::ArrowError),
     #[error(transparent)]
@@ -89,72 +118,113 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 /// Message size accepted from servers (a server's default Flight message is ~2 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
-/// Connections to one or more pushdown servers serving the same catalog.
+/// Times planning asks a server again after a transient failure.
+const PLAN_RETRIES: u32 = 3;
+
+/// Connections to the pushdown servers of a fleet (one or more), each holding some of the
+/// datasets' files.
 #[derive(Debug, Clone)]
 pub struct PushdownClient {
-    servers: Vec<(String, FlightServiceClient<Channel>)>,
+    fleet: Arc<Fleet>,
 }
 
 impl PushdownClient {
-    /// Connects to every URL (`http://host:port` or `grpc://host:port`).
+    /// The servers of `urls`: `http://host:port` or `grpc://host:port`, or `dns://name:port`
+    /// for every address the name resolves to. Connections open lazily: a server that is
+    /// down is an error only when a request needs it.
     pub async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
-        if urls.is_empty() {
-            return Err(ClientError::Invalid("at least one server URL is needed".into()));
+        Ok(Self {
+            fleet: Arc::new(Fleet::connect(urls).await?),
+        })
+    }
+
+    /// The servers known so far (those given, and those endpoints named).
+    pub fn urls(&self) -> Vec<String> {
+        self.fleet.nodes().iter().map(|n| n.url.clone()).collect()
+    }
+
+    pub(crate) fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// Calls `f` on the servers in turn until one answers: a transient failure moves on to
+    /// the next server; any other failure is the answer.
+    async fn on_any<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn(FlightServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let nodes = Fleet::ranked(&self.fleet.nodes(), 0);
+        let mut last = None;
+        for node in nodes {
+            match f(node.flight.clone()).await {
+                Ok(v) => {
+                    node.succeeded();
+                    return Ok(v);
+                }
+                Err(status) if Failure::of(status.code()) == Failure::Transient => {
+                    tracing::warn!(server = %node.url, %status, "server did not answer; trying the next");
+                    node.failed(Duration::from_millis(100));
+                    last = Some(ClientError::server(&node.url, status));
+                }
+                Err(status) => return Err(ClientError::server(&node.url, status)),
+            }
         }
-        let mut servers = Vec::with_capacity(urls.len());
-        for url in urls {
-            let url = url.as_ref();
-            servers.push((url.to_owned(), connect_one(url).await?));
-        }
-        Ok(Self { servers })
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no server to ask".into())))
     }
 
-    pub fn urls(&self) -> impl Iterator<Item = &str> {
-        self.servers.iter().map(|(u, _)| u.as_str())
-    }
-
-    pub(crate) fn server(&self, i: usize) -> &(String, FlightServiceClient<Channel>) {
-        &self.servers[i % self.servers.len()]
-    }
-
-    /// Plans a request: the FlightInfo with one endpoint per shard.
+    /// Plans a request on every server and merges their answers: one endpoint per shard, in
+    /// (dataset, file, row group) order, located on the servers that hold its file at the
+    /// planned version. Every server must answer (its files would be missing otherwise).
     pub async fn plan(&self, request: &ScanRequest) -> Result<FlightInfo> {
-        let (url, client) = self.server(0);
         let descriptor = FlightDescriptor::new_cmd(request.encode());
-        client
-            .clone()
-            .get_flight_info(descriptor)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| ClientError::server(url, s))
+        let answers = futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| {
+            let descriptor = descriptor.clone();
+            async move {
+                let mut attempt = 0;
+                loop {
+                    match node.flight.clone().get_flight_info(descriptor.clone()).await {
+                        Ok(info) => return Ok((Arc::clone(&node), info.into_inner())),
+                        Err(status)
+                            if attempt < PLAN_RETRIES && Failure::of(status.code()) == Failure::Transient =>
+                        {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+                        }
+                        Err(status) => return Err(ClientError::server(&node.url, status)),
+                    }
+                }
+            }
+        }))
+        .await?;
+        fleet::merge(answers)
     }
 
     /// The schema of a dataset of the catalog.
     pub async fn dataset_schema(&self, dataset: &str) -> Result<SchemaRef> {
-        let (url, client) = self.server(0);
         let descriptor = FlightDescriptor::new_path(vec![dataset.to_owned()]);
-        let result = client
-            .clone()
-            .get_schema(descriptor)
-            .await
-            .map_err(|s| ClientError::server(url, s))?
-            .into_inner();
+        let result = self
+            .on_any(|mut c| {
+                let d = descriptor.clone();
+                async move { c.get_schema(d).await.map(tonic::Response::into_inner) }
+            })
+            .await?;
         let schema = arrow::datatypes::Schema::try_from(&result)?;
         Ok(std::sync::Arc::new(schema))
     }
 
-    /// The catalog: (dataset, rows, bytes, schema) per dataset.
+    /// The catalog of the first server that answers: (dataset, rows, bytes, schema) per
+    /// dataset.
     pub async fn list_datasets(&self) -> Result<Vec<(String, i64, i64, SchemaRef)>> {
-        let (url, client) = self.server(0);
-        let infos: Vec<FlightInfo> = client
-            .clone()
-            .list_flights(Criteria::default())
-            .await
-            .map_err(|s| ClientError::server(url, s))?
-            .into_inner()
-            .try_collect()
-            .await
-            .map_err(|s| ClientError::server(url, s))?;
+        let infos: Vec<FlightInfo> = self
+            .on_any(|mut c| async move {
+                c.list_flights(Criteria::default())
+                    .await?
+                    .into_inner()
+                    .try_collect()
+                    .await
+            })
+            .await?;
         infos
             .into_iter()
             .map(|info| {
@@ -170,18 +240,14 @@ impl PushdownClient {
             .collect()
     }
 
-    /// Runs a server action, returning the bodies of its results.
+    /// Runs a server action on the first server that answers, returning its results' bodies.
     pub async fn action(&self, kind: ActionKind, body: bytes::Bytes) -> Result<Vec<bytes::Bytes>> {
-        let (url, client) = self.server(0);
-        let results: Vec<arrow_flight::Result> = client
-            .clone()
-            .do_action(Action::new(kind.name(), body))
-            .await
-            .map_err(|s| ClientError::server(url, s))?
-            .into_inner()
-            .try_collect()
-            .await
-            .map_err(|s| ClientError::server(url, s))?;
+        let results: Vec<arrow_flight::Result> = self
+            .on_any(|mut c| {
+                let action = Action::new(kind.name(), body.clone());
+                async move { c.do_action(action).await?.into_inner().try_collect().await }
+            })
+            .await?;
         Ok(results.into_iter().map(|r| r.body).collect())
     }
 
@@ -194,16 +260,45 @@ impl PushdownClient {
         pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
     }
 
-    /// The rows the DoGet of `ticket` would stream, counted by the server (the `count`
-    /// action: only the filter's columns are read).
-    pub async fn count(&self, ticket: bytes::Bytes) -> Result<u64> {
-        let bodies = self.action(ActionKind::Count, ticket).await?;
-        let body = bodies
-            .first()
-            .ok_or_else(|| ClientError::Invalid("the count action returned nothing".into()))?;
-        Ok(CountReply::decode(body)
-            .map_err(|e| ClientError::Invalid(e.to_string()))?
-            .rows)
+    /// The rows the DoGet of `endpoint` would stream, counted by a server holding it (the
+    /// `count` action: only the filter's columns are read).
+    pub async fn count(&self, endpoint: &FlightEndpoint) -> Result<u64> {
+        let ticket = endpoint
+            .ticket
+            .as_ref()
+            .ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
+        let mut last = None;
+        for node in Fleet::ranked(&self.fleet.holders(endpoint)?, 0) {
+            let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
+            let got: Result<Vec<arrow_flight::Result>, tonic::Status> = async {
+                node.flight
+                    .clone()
+                    .do_action(action)
+                    .await?
+                    .into_inner()
+                    .try_collect()
+                    .await
+            }
+            .await;
+            match got {
+                Ok(results) => {
+                    let body = results
+                        .first()
+                        .ok_or_else(|| ClientError::Invalid("the count action returned nothing".into()))?;
+                    return Ok(CountReply::decode(&body.body)
+                        .map_err(|e| ClientError::Invalid(e.to_string()))?
+                        .rows);
+                }
+                Err(status) if Failure::of(status.code()) != Failure::Final => {
+                    if Failure::of(status.code()) == Failure::Transient {
+                        node.failed(Duration::from_millis(100));
+                    }
+                    last = Some(ClientError::server(&node.url, status));
+                }
+                Err(status) => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no server holds the shard".into())))
     }
 
     /// The tokenizer shipped with `dataset` (its `tokenizer.json`), from the server.
@@ -252,35 +347,4 @@ impl PushdownClient {
 /// The server's cost estimate carried in a FlightInfo, when present.
 pub fn plan_estimate(info: &FlightInfo) -> Option<PlanEstimate> {
     PlanEstimate::decode(&info.app_metadata).ok()
-}
-
-async fn connect_one(url: &str) -> Result<FlightServiceClient<Channel>> {
-    let http = match url.split_once("://") {
-        Some(("grpc" | "grpc+tcp", rest)) => format!("http://{rest}"),
-        Some(("http" | "https", _)) => url.to_owned(),
-        _ => {
-            return Err(ClientError::BadUrl {
-                url: url.to_owned(),
-                reason: "expected http://host:port or grpc://host:port".into(),
-            });
-        }
-    };
-    let endpoint = Endpoint::from_shared(http).map_err(|e| ClientError::BadUrl {
-        url: url.to_owned(),
-        reason: e.to_string(),
-    })?;
-    let channel = endpoint
-        .connect_timeout(Duration::from_secs(10))
-        .tcp_nodelay(true)
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(32 << 20))
-        .connect()
-        .await
-        .map_err(|source| ClientError::Connect {
-            url: url.to_owned(),
-            source,
-        })?;
-    Ok(FlightServiceClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }

@@ -653,17 +653,10 @@ async fn prepare(
 
 /// The rows each endpoint of `info` streams, counted by the servers (the `count` action).
 async fn count_rows(client: &PushdownClient, info: &FlightInfo) -> Result<Vec<u64>> {
-    futures::stream::iter(info.endpoint.iter().map(|e| {
-        let client = client.clone();
-        let ticket = e.ticket.clone();
-        async move {
-            let ticket = ticket.ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
-            client.count(ticket.ticket).await
-        }
-    }))
-    .buffered(16)
-    .try_collect()
-    .await
+    futures::stream::iter(info.endpoint.iter().map(|e| client.count(e)))
+        .buffered(16)
+        .try_collect()
+        .await
 }
 
 /// FNV-1a over what the sample sequence depends on: stable across processes and versions.

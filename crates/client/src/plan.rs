@@ -40,9 +40,10 @@ pub async fn costed_plan(
     };
     let env = Environment {
         bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
+        // Every server of the fleet streams shards at once.
         server_cores: link
             .server_cores
-            .unwrap_or(f64::from(profile.server_cores.max(1))),
+            .unwrap_or(f64::from(profile.server_cores.max(1)) * client.urls().len() as f64),
         client_cores: link
             .client_cores
             .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),

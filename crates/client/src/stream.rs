@@ -14,8 +14,8 @@ use arrow_flight::{FlightInfo, Ticket};
 use futures::{Stream, StreamExt};
 use pushdown_protocol::{ShardTicket, StreamStats};
 use tokio::sync::mpsc;
-use tonic::Code;
 
+use crate::fleet::{Failure, Fleet, Node};
 use crate::{ClientError, PushdownClient, Result};
 
 /// How a [`ShardStream`] fans out.
@@ -25,10 +25,15 @@ pub struct StreamOptions {
     pub concurrency: usize,
     /// Batches buffered per in-flight stream before it waits (back-pressure).
     pub buffered_batches: usize,
-    /// Times a failed stream is resumed before its error is returned.
+    /// Times a shard's stream is resumed after transient failures (on any of its servers)
+    /// before its error is returned.
     pub max_retries: usize,
-    /// Wait before the first retry; doubles after each.
+    /// Wait before the first retry; doubles after each, with jitter. A failed server also
+    /// rests this long (doubling per consecutive failure) while others can serve.
     pub retry_backoff: Duration,
+    /// A stream that receives nothing for this long is cancelled and resumed, on another
+    /// server if one holds the shard.
+    pub stall_timeout: Duration,
     /// How batches of in-flight shards are merged.
     pub order: Order,
 }
@@ -62,6 +67,7 @@ impl Default for StreamOptions {
             buffered_batches: 2,
             max_retries: 3,
             retry_backoff: Duration::from_millis(100),
+            stall_timeout: Duration::from_secs(30),
             order: Order::RoundRobin,
         }
     }
@@ -237,29 +243,20 @@ impl Stream for ShardStream {
     }
 }
 
-fn retryable(code: Code) -> bool {
-    match code {
-        Code::Unavailable
-        | Code::Unknown
-        | Code::Cancelled
-        | Code::ResourceExhausted
-        | Code::Aborted
-        | Code::DeadlineExceeded
-        | Code::Internal => true,
-        Code::Ok
-        | Code::InvalidArgument
-        | Code::NotFound
-        | Code::AlreadyExists
-        | Code::PermissionDenied
-        | Code::FailedPrecondition
-        | Code::OutOfRange
-        | Code::Unimplemented
-        | Code::DataLoss
-        | Code::Unauthenticated => false,
-    }
+/// What a shard's ticket says about resuming it.
+enum Resume {
+    /// A row-wise shard: resumed from its first undelivered row on any holder.
+    Shard(Box<ShardTicket>),
+    /// A whole query (or a ticket of another server): only run again from the start, and
+    /// only while nothing has been delivered.
+    FromStart,
 }
 
-/// Streams one endpoint into `tx`, resuming after failures from the last delivered row.
+/// Streams one endpoint into `tx`: on the least busy server holding it, moving to another
+/// holder after a failure and resuming from the first undelivered row. Transient failures
+/// are retried up to `max_retries` times with jittered backoff; a server that refuses the
+/// shard (no such file, another version of it) is not asked again; a bad value or corrupt
+/// data ends the stream with its error at once.
 async fn run_endpoint(
     client: PushdownClient,
     segment: Segment,
@@ -268,85 +265,170 @@ async fn run_endpoint(
     totals: Arc<Mutex<StreamTotals>>,
 ) {
     let index = segment.index;
-    let Some(ticket) = segment.endpoint.ticket else {
-        let _ = tx
-            .send(Err(ClientError::Invalid(format!(
-                "endpoint {index} has no ticket"
-            ))))
-            .await;
-        return;
+    let fail = |e: ClientError| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(Err(e)).await;
+        }
+    };
+    let Some(ticket) = segment.endpoint.ticket.clone() else {
+        return fail(ClientError::Invalid(format!("endpoint {index} has no ticket"))).await;
+    };
+    let holders = match client.fleet().holders(&segment.endpoint) {
+        Ok(h) if !h.is_empty() => h,
+        Ok(_) => return fail(ClientError::Invalid(format!("endpoint {index} has no server"))).await,
+        Err(e) => return fail(e).await,
+    };
+    let resume = match ShardTicket::decode(&ticket.ticket) {
+        Ok(t) if t.shard.is_some() => Resume::Shard(Box::new(t)),
+        _ => Resume::FromStart,
+    };
+    let (shard, expect_trailer) = match ShardTicket::decode(&ticket.ticket) {
+        Ok(t) => (
+            t.shard
+                .as_ref()
+                .map_or_else(|| "the whole query".to_owned(), |s| s.label()),
+            t.request.stats,
+        ),
+        Err(_) => (format!("endpoint {index}"), false),
     };
     // Rows of the endpoint delivered (or skipped) so far, and where to stop.
     let mut delivered = segment.skip;
     let end = segment.take.map(|t| segment.skip + t);
-    let mut attempt = 0usize;
+    let mut attempts = 0usize;
+    let mut tried: Vec<String> = Vec::new();
+    // Servers that refused this shard, and why: never asked again for it.
+    let mut refused: Vec<(String, String)> = Vec::new();
     let mut backoff = options.retry_backoff;
     loop {
-        // A resumed stream skips what was already delivered; only our own tickets can be
-        // re-addressed, foreign ones are replayed only from the start.
-        let bytes = if delivered == 0 {
-            ticket.ticket.clone()
-        } else {
-            match ShardTicket::decode(&ticket.ticket) {
-                Ok(mut t) => {
-                    t.skip_rows += delivered;
-                    t.encode()
-                }
-                Err(e) => {
-                    let _ = tx
-                        .send(Err(ClientError::Invalid(format!(
-                            "cannot resume endpoint {index}: {e}"
-                        ))))
-                        .await;
-                    return;
-                }
-            }
+        let candidates: Vec<_> = Fleet::ranked(&holders, index)
+            .into_iter()
+            .filter(|n| !refused.iter().any(|(url, _)| *url == n.url))
+            .collect();
+        let Some(node) = candidates.first().cloned() else {
+            return fail(ClientError::NoServer {
+                endpoint: index,
+                shard,
+                refusals: refused.iter().map(|(u, why)| format!("{u}: {why}")).collect(),
+            })
+            .await;
         };
-        match fetch(
-            &client,
-            index,
-            index + attempt,
-            bytes,
-            &tx,
-            &totals,
-            Progress {
-                delivered: &mut delivered,
-                end,
-            },
-        )
-        .await
-        {
-            Ok(()) => return,
-            Err(Fetch::ConsumerGone) => return,
-            Err(Fetch::Failed(e)) => {
-                let _ = tx.send(Err(e)).await;
+        let bytes = match &resume {
+            Resume::Shard(t) if delivered > 0 => {
+                let mut t = (**t).clone();
+                t.skip_rows += delivered;
+                t.encode()
+            }
+            _ => ticket.ticket.clone(),
+        };
+        tried.push(node.url.clone());
+        let before = delivered;
+        let outcome = {
+            let _busy = node.busy();
+            fetch(
+                &node,
+                index,
+                bytes,
+                &tx,
+                &totals,
+                Progress {
+                    delivered: &mut delivered,
+                    end,
+                    expect_trailer,
+                    stall: options.stall_timeout,
+                },
+            )
+            .await
+        };
+        let status = match outcome {
+            Ok(()) => {
+                node.succeeded();
+                if let Some(planned) = end.filter(|e| delivered < *e) {
+                    // Ended cleanly, short of its count: never a short epoch.
+                    return fail(ClientError::ShortShard {
+                        endpoint: index,
+                        shard,
+                        delivered,
+                        planned,
+                    })
+                    .await;
+                }
                 return;
             }
-            Err(Fetch::Status(status)) => {
-                if attempt >= options.max_retries || !retryable(status.code()) {
-                    let _ = tx
-                        .send(Err(ClientError::Stream {
-                            endpoint: index,
-                            attempts: attempt + 1,
-                            status: Box::new(status),
-                        }))
-                        .await;
-                    return;
-                }
-                tracing::warn!(endpoint = index, attempt, delivered, %status, "stream failed; resuming");
-                totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-                attempt += 1;
+            Err(Fetch::ConsumerGone) => return,
+            Err(Fetch::Failed(e)) => return fail(e).await,
+            Err(Fetch::Status(status)) => status,
+        };
+        match Failure::of(status.code()) {
+            Failure::Final => {
+                return fail(ClientError::Stream {
+                    endpoint: index,
+                    shard,
+                    attempts: attempts + 1,
+                    servers: tried,
+                    status: Box::new(status),
+                })
+                .await;
             }
+            Failure::Elsewhere => {
+                tracing::warn!(shard, server = %node.url, %status, "server cannot serve the shard; asking another");
+                refused.push((node.url.clone(), status.message().to_owned()));
+                continue;
+            }
+            Failure::Transient => {}
+        }
+        node.failed(options.retry_backoff);
+        if matches!(resume, Resume::FromStart) && delivered > 0 {
+            return fail(ClientError::NotResumable {
+                delivered,
+                status: Box::new(status),
+            })
+            .await;
+        }
+        if delivered > before {
+            // Progress was made: the budget is for consecutive failures.
+            attempts = 0;
+            backoff = options.retry_backoff;
+        }
+        if attempts >= options.max_retries {
+            return fail(ClientError::Stream {
+                endpoint: index,
+                shard,
+                attempts: attempts + 1,
+                servers: tried,
+                status: Box::new(status),
+            })
+            .await;
+        }
+        attempts += 1;
+        totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
+        tracing::warn!(shard, server = %node.url, attempt = attempts, delivered, %status, "stream failed; resuming");
+        // Straight to another working holder; wait only when every holder has failed lately.
+        let another = Fleet::ranked(&holders, index)
+            .first()
+            .is_some_and(|n| n.url != node.url && !refused.iter().any(|(u, _)| *u == n.url));
+        if !another || attempts > holders.len() {
+            tokio::time::sleep(jittered(backoff)).await;
+            backoff = backoff.saturating_mul(2);
         }
     }
 }
 
-/// Rows of an endpoint delivered so far (counting skipped ones), and where to stop.
+/// A wait in [d/2, d]: retries of many streams do not arrive together.
+fn jittered(d: Duration) -> Duration {
+    use rand::Rng;
+    d.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+/// Rows of an endpoint delivered so far (counting skipped ones), where to stop, and what the
+/// stream must show to be complete.
 struct Progress<'a> {
     delivered: &'a mut u64,
     end: Option<u64>,
+    /// The request asked for a trailing stats message: a stream without one was cut.
+    expect_trailer: bool,
+    /// Longest wait for the next message.
+    stall: Duration,
 }
 
 enum Fetch {
@@ -355,27 +437,37 @@ enum Fetch {
     Failed(ClientError),
 }
 
-/// One DoGet: decodes the stream into `tx`, counting bytes and delivered rows.
+/// One DoGet on `node`: decodes the stream into `tx`, counting bytes and delivered rows.
 async fn fetch(
-    client: &PushdownClient,
+    node: &Node,
     index: usize,
-    server: usize,
     ticket: bytes::Bytes,
     tx: &mpsc::Sender<Result<RecordBatch>>,
     totals: &Arc<Mutex<StreamTotals>>,
     progress: Progress<'_>,
 ) -> Result<(), Fetch> {
-    let Progress { delivered, end } = progress;
+    let Progress {
+        delivered,
+        end,
+        expect_trailer,
+        stall,
+    } = progress;
     if end.is_some_and(|e| *delivered >= e) {
         return Ok(());
     }
-    let (_, flight) = client.server(server);
-    let response = flight
-        .clone()
-        .do_get(Ticket::new(ticket))
+    let stalled = |what: &str| {
+        Fetch::Status(tonic::Status::deadline_exceeded(format!(
+            "{what} from {} for {stall:?}: stream cancelled",
+            node.url
+        )))
+    };
+    let response = tokio::time::timeout(stall, node.flight.clone().do_get(Ticket::new(ticket)))
         .await
+        .map_err(|_| stalled("no answer"))?
         .map_err(Fetch::Status)?;
     let counter = Arc::clone(totals);
+    let trailer: Arc<Mutex<Option<StreamStats>>> = Arc::default();
+    let seen = Arc::clone(&trailer);
     let raw = response.into_inner().filter_map(move |item| {
         let out = match item {
             Ok(data) => {
@@ -386,7 +478,7 @@ async fn fetch(
                     // A metadata-only message (empty IPC header, as Arrow C++ sends them):
                     // the server's trailing stats, not for the IPC decoder.
                     if let Ok(stats) = StreamStats::decode(&data.app_metadata) {
-                        totals.server += stats;
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
                     }
                     None
                 } else {
@@ -398,19 +490,26 @@ async fn fetch(
         futures::future::ready(out)
     });
     let mut decoder = FlightDataDecoder::new(raw);
-    while let Some(item) = decoder.next().await {
+    let mut received = 0u64;
+    loop {
+        let item = match tokio::time::timeout(stall, decoder.next()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(_) => return Err(stalled("no data")),
+        };
         let decoded = match item {
             Ok(d) => d,
             Err(FlightError::Tonic(status)) => return Err(Fetch::Status(*status)),
             Err(other) => {
                 return Err(Fetch::Failed(ClientError::Decode {
                     endpoint: index,
-                    reason: other.to_string(),
+                    reason: format!("from {}: {other}", node.url),
                 }));
             }
         };
         match decoded.payload {
             DecodedPayload::RecordBatch(mut batch) => {
+                received += batch.num_rows() as u64;
                 if let Some(end) = end {
                     let left = end - *delivered;
                     if (batch.num_rows() as u64) > left {
@@ -429,6 +528,26 @@ async fn fetch(
             }
             DecodedPayload::None | DecodedPayload::Schema(_) => {}
         }
+    }
+    let trailer = trailer.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match trailer {
+        Some(stats) => {
+            if stats.rows_sent != received {
+                return Err(Fetch::Status(tonic::Status::data_loss(format!(
+                    "{} sent {} rows but {received} arrived",
+                    node.url, stats.rows_sent
+                ))));
+            }
+            totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
+        }
+        // Every complete stream of a request with stats ends with them: this one was cut.
+        None if expect_trailer => {
+            return Err(Fetch::Status(tonic::Status::unavailable(format!(
+                "the stream from {} ended without its trailer",
+                node.url
+            ))));
+        }
+        None => {}
     }
     Ok(())
 }

@@ -40,7 +40,7 @@ pub mod proto {
 }
 
 /// Version of the ticket layout this build mints and accepts.
-pub const TICKET_VERSION: u32 = 1;
+pub const TICKET_VERSION: u32 = 2;
 
 /// A wire message that does not describe a valid request.
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +179,35 @@ pub struct Shard {
     pub row_groups: Range<u32>,
     /// Rows in the row-group range, before filtering.
     pub rows: u64,
+    /// The file's version when the shard was planned (see [`FileVersion`]).
+    pub version: FileVersion,
+    /// Compressed bytes of the projected column chunks in the row-group range.
+    pub bytes: u64,
+}
+
+impl Shard {
+    /// `dataset/file[a..b]`, as errors name a shard.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}[row groups {}..{}]",
+            self.dataset, self.file, self.row_groups.start, self.row_groups.end
+        )
+    }
+}
+
+/// Which version of a file a shard was planned on: its size and a hash of its footer (the
+/// layout and statistics of every column chunk). Copies of one file on several servers have
+/// one version, whatever their modification times; a file rewritten in place has another.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileVersion {
+    pub size: u64,
+    pub hash: String,
+}
+
+impl std::fmt::Display for FileVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes, footer {}", self.size, self.hash)
+    }
 }
 
 /// The decoded Flight ticket: which request, which shard, where to resume.
@@ -396,6 +425,40 @@ impl std::fmt::Display for ActionKind {
     }
 }
 
+/// The `app_metadata` of a `ListFlights` answer: a dataset's version.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatasetVersion {
+    /// A hash of every file's path and version: changes when a file is added, removed or
+    /// rewritten.
+    pub version: String,
+    pub files: u64,
+    pub broken_files: u64,
+}
+
+impl DatasetVersion {
+    pub fn encode(&self) -> Bytes {
+        proto::DatasetVersion {
+            version: self.version.clone(),
+            files: self.files,
+            broken_files: self.broken_files,
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let m = proto::DatasetVersion::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "DatasetVersion",
+            source,
+        })?;
+        Ok(Self {
+            version: m.version,
+            files: m.files,
+            broken_files: m.broken_files,
+        })
+    }
+}
+
 /// The answer to the `count` action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CountReply {
@@ -536,6 +599,9 @@ mod to_proto {
                 row_group_start: s.row_groups.start,
                 row_group_end: s.row_groups.end,
                 rows: s.rows,
+                file_size: s.version.size,
+                file_version: s.version.hash.clone(),
+                bytes: s.bytes,
             }),
             skip_rows: t.skip_rows,
         }
@@ -672,6 +738,11 @@ mod from_proto {
                     file: s.file,
                     row_groups: s.row_group_start..s.row_group_end,
                     rows: s.rows,
+                    version: FileVersion {
+                        size: s.file_size,
+                        hash: s.file_version,
+                    },
+                    bytes: s.bytes,
                 })
             })
             .transpose()?;
@@ -727,6 +798,11 @@ mod tests {
                 file: "part-0.parquet".into(),
                 row_groups: 2..5,
                 rows: 300,
+                version: FileVersion {
+                    size: 123_456,
+                    hash: "9f86d081884c7d65".into(),
+                },
+                bytes: 99_000,
             }),
             skip_rows: 17,
         };

@@ -31,6 +31,8 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::ParquetMetaData;
+use pushdown_protocol::FileVersion;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
@@ -56,6 +58,8 @@ pub struct DataFile {
     /// The object as listed (location relative to the storage root).
     pub meta: ObjectMeta,
     pub metadata: Arc<ParquetMetaData>,
+    /// What tickets name: size and footer hash (the same for copies on other servers).
+    pub version: FileVersion,
 }
 
 impl DataFile {
@@ -114,6 +118,27 @@ impl Dataset {
 
     pub fn file(&self, path: &str) -> Option<&DataFile> {
         self.files.iter().find(|f| f.path == path)
+    }
+
+    /// The dataset's version: a hash of every file's path and version (and of the unreadable
+    /// files' paths), so adding, removing or rewriting a file changes it.
+    pub fn version(&self) -> String {
+        let mut h = Xxh3::new();
+        for f in &self.files {
+            for part in [
+                f.path.as_bytes(),
+                &f.version.size.to_le_bytes(),
+                f.version.hash.as_bytes(),
+            ] {
+                h.update(&(part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+        }
+        for b in &self.broken {
+            h.update(b"broken");
+            h.update(b.path.as_bytes());
+        }
+        format!("{:016x}", h.digest())
     }
 
     /// Fails when the dataset has unreadable files: answering without them would lose rows.
@@ -195,6 +220,27 @@ impl Catalog {
         lookup(&datasets, name)
     }
 
+    /// `file` of `dataset` as it is in storage now. A file changed since the last listing
+    /// (its size, modification time or ETag differ) makes the catalog list the store again,
+    /// so a scan never pairs new bytes with an old footer. `Ok(None)`: the file is gone.
+    pub async fn current(&self, dataset: &str, file: &DataFile) -> Result<Option<(Arc<Dataset>, DataFile)>> {
+        let unchanged = match self.store.head(&file.meta.location).await {
+            Ok(now) => same_version(&now, &file.meta),
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => return Err(ServerError::Storage(e)),
+        };
+        if !unchanged {
+            tracing::info!(dataset, file = %file.path, "file changed since it was listed; listing again");
+            self.refresh().await?;
+        }
+        let datasets = self.snapshot();
+        let Some(dataset) = datasets.get(dataset) else {
+            return Ok(None);
+        };
+        let found = dataset.file(&file.path).cloned();
+        Ok(found.map(|f| (Arc::clone(dataset), f)))
+    }
+
     /// Lists the storage root again and reads footers of new or changed files.
     pub async fn refresh(&self) -> Result<()> {
         let mut last = self.state.lock().await;
@@ -221,6 +267,17 @@ impl Catalog {
         lock(&self.unreadable).retain(|location, _| listed.contains(location));
         let broken: usize = datasets.values().map(|d: &Arc<Dataset>| d.broken.len()).sum();
         self.metrics.unreadable_files.set(broken as i64);
+        self.metrics.dataset_files.clear();
+        for d in datasets.values() {
+            let labels = crate::metrics::DatasetLabels {
+                dataset: d.name.clone(),
+                version: d.version(),
+            };
+            self.metrics
+                .dataset_files
+                .get_or_create(&labels)
+                .set(d.files.len() as i64);
+        }
         *self.datasets.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(datasets);
         *last = Some(Instant::now());
         Ok(())
@@ -284,7 +341,13 @@ impl Catalog {
                     }
                     _ => {
                         schema.get_or_insert(file_schema);
-                        files.push(DataFile { path, meta, metadata });
+                        let version = file_version(meta.size, &metadata);
+                        files.push(DataFile {
+                            path,
+                            meta,
+                            metadata,
+                            version,
+                        });
                     }
                 },
             }
@@ -386,6 +449,55 @@ impl Catalog {
         .map_err(|e| e.to_string())?;
         // Field-level metadata (e.g. the Parquet field ids) is not part of a dataset's identity.
         Ok((Arc::new(strip_metadata(&schema)), metadata))
+    }
+}
+
+/// A file's version from its size and footer: row counts, and every column chunk's offsets,
+/// sizes, encodings' statistics and page-index locations. Stable across processes and
+/// copies of the file; any rewrite that moves a page or changes a statistic changes it.
+pub fn file_version(size: u64, metadata: &ParquetMetaData) -> FileVersion {
+    fn word(h: &mut Xxh3, v: i64) {
+        h.update(&v.to_le_bytes());
+    }
+    let mut h = Xxh3::new();
+    let file = metadata.file_metadata();
+    word(&mut h, size as i64);
+    word(&mut h, file.num_rows());
+    word(&mut h, i64::from(file.version()));
+    for rg in metadata.row_groups() {
+        word(&mut h, rg.num_rows());
+        word(&mut h, rg.total_byte_size());
+        for c in rg.columns() {
+            word(&mut h, c.data_page_offset());
+            word(&mut h, c.dictionary_page_offset().unwrap_or(-1));
+            word(&mut h, c.compressed_size());
+            word(&mut h, c.uncompressed_size());
+            word(&mut h, c.num_values());
+            word(&mut h, c.column_index_offset().unwrap_or(-1));
+            word(&mut h, c.offset_index_offset().unwrap_or(-1));
+            if let Some(stats) = c.statistics() {
+                word(&mut h, stats.null_count_opt().map_or(-1, |n| n as i64));
+                for bytes in [stats.min_bytes_opt(), stats.max_bytes_opt()] {
+                    match bytes {
+                        Some(b) => {
+                            word(&mut h, b.len() as i64);
+                            h.update(b);
+                        }
+                        None => word(&mut h, -1),
+                    }
+                }
+            }
+        }
+    }
+    if let Some(kv) = file.key_value_metadata() {
+        for entry in kv {
+            h.update(entry.key.as_bytes());
+            h.update(entry.value.as_deref().unwrap_or("").as_bytes());
+        }
+    }
+    FileVersion {
+        size,
+        hash: format!("{:016x}", h.digest()),
     }
 }
 

@@ -36,6 +36,26 @@ pub enum ServerError {
     #[error("dataset `{dataset}` has no file `{file}` (the catalog changed since the ticket was issued?)")]
     UnknownShard { dataset: String, file: String },
 
+    #[error(
+        "dataset `{dataset}`: file `{file}` changed since the ticket was issued (planned on \
+         {planned}, now {now}); plan the query again"
+    )]
+    FileChanged {
+        dataset: String,
+        file: String,
+        planned: pushdown_protocol::FileVersion,
+        now: pushdown_protocol::FileVersion,
+    },
+
+    #[error("{op} failed on row {row} of {shard}: {reason}")]
+    BadValue {
+        op: &'static str,
+        /// The row's position in the stream's output (counting rows skipped on resume).
+        row: u64,
+        shard: String,
+        reason: String,
+    },
+
     #[error("dataset `{dataset}`: file `{file}` is unreadable: {reason}")]
     CorruptFile {
         dataset: String,
@@ -96,6 +116,14 @@ impl ServerError {
     /// encoding) is deterministic: the same bytes fail again on any retry, so it is the file's
     /// `DataLoss`, naming the file when the scan is one shard's, never a transient `Internal`.
     pub fn from_scan(e: DataFusionError, shard: Option<&pushdown_protocol::Shard>) -> Self {
+        if let Some(pushdown_ops::OpError::BadValue { op, row, reason }) = op_failure(&e) {
+            return ServerError::BadValue {
+                op,
+                row: *row as u64,
+                shard: shard.map_or_else(|| "the query".to_owned(), pushdown_protocol::Shard::label),
+                reason: reason.clone(),
+            };
+        }
         match (decoding_failure(&e), shard) {
             (Some(reason), Some(shard)) => ServerError::CorruptFile {
                 dataset: shard.dataset.clone(),
@@ -105,6 +133,35 @@ impl ServerError {
             (Some(reason), None) => ServerError::CorruptData(reason),
             (None, _) => ServerError::from(e),
         }
+    }
+}
+
+impl ServerError {
+    /// Places a [`ServerError::BadValue`]'s batch-relative row in the stream: `offset` output
+    /// rows came before the failing batch.
+    pub fn after_rows(self, offset: u64) -> Self {
+        match self {
+            ServerError::BadValue {
+                op,
+                row,
+                shard,
+                reason,
+            } => ServerError::BadValue {
+                op,
+                row: row + offset,
+                shard,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// An op's error on one value inside `e`: deterministic, the caller's data.
+fn op_failure(e: &DataFusionError) -> Option<&pushdown_ops::OpError> {
+    match e.find_root() {
+        DataFusionError::External(inner) => inner.downcast_ref::<pushdown_ops::OpError>(),
+        _ => None,
     }
 }
 
@@ -140,6 +197,8 @@ impl From<ServerError> for Status {
         let (code, internal) = match &e {
             ServerError::UnknownDataset { .. } => (Code::NotFound, false),
             ServerError::UnknownShard { .. } => (Code::NotFound, false),
+            ServerError::FileChanged { .. } => (Code::FailedPrecondition, false),
+            ServerError::BadValue { .. } => (Code::InvalidArgument, false),
             ServerError::NoResource(_) => (Code::NotFound, false),
             ServerError::BadTicket(_) => (Code::InvalidArgument, false),
             ServerError::BadCommand(_) => (Code::InvalidArgument, false),
@@ -184,8 +243,10 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::BadRequest(_)
             | ServerError::BadQuery(_)
             | ServerError::NotReadOnly(_)
+            | ServerError::BadValue { .. }
             | ServerError::Unsupported(_),
         ) => "invalid",
+        Err(ServerError::FileChanged { .. }) => "changed",
         Err(ServerError::Overloaded(_)) => "overloaded",
         Err(ServerError::Deadline(_)) => "deadline",
         Err(

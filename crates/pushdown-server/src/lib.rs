@@ -246,11 +246,16 @@ impl Server {
         // for the peer's delayed ACK, ~40 ms per request. The builder's `tcp_nodelay` covers
         // only listeners tonic binds itself, so it is set on the accepted sockets here.
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // grpc.health.v1 for probes and load balancers: SERVING for the whole server ("") and
+        // for Flight once the catalog is open (it is, by the time a Server exists).
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<FlightServiceServer<PushdownService>>().await;
         tonic::transport::Server::builder()
             // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(health_service)
             .add_service(self.service())
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await

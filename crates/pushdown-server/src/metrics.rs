@@ -17,6 +17,13 @@ pub struct RequestLabels {
     pub outcome: &'static str,
 }
 
+/// A dataset at one version (an info metric: the value is the dataset's file count).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatasetLabels {
+    pub dataset: String,
+    pub version: String,
+}
+
 /// Counters of everything a server does. Cheap to clone (`Arc`s inside).
 #[derive(Debug)]
 pub struct Metrics {
@@ -35,6 +42,7 @@ pub struct Metrics {
     pub stream_seconds: Histogram,
     pub unreadable_files: Gauge,
     pub unreadable_files_found: Counter,
+    pub dataset_files: Family<DatasetLabels, Gauge>,
     pub panics_contained: Counter,
 }
 
@@ -63,6 +71,7 @@ impl Metrics {
             stream_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
             unreadable_files: Gauge::default(),
             unreadable_files_found: Counter::default(),
+            dataset_files: Family::default(),
             panics_contained: Counter::default(),
         };
         registry.register(
@@ -70,6 +79,12 @@ impl Metrics {
             "Files the catalog holds as unusable now (unreadable footer, damaged layout, other \
              schema): requests touching them get DataLoss",
             m.unreadable_files.clone(),
+        );
+        registry.register(
+            "dataset_files",
+            "Readable files of each dataset, labelled with the dataset's current version (changes \
+             when a file is added, removed or rewritten)",
+            m.dataset_files.clone(),
         );
         registry.register(
             "unreadable_files_found",

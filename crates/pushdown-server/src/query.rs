@@ -252,6 +252,8 @@ impl Engine {
                             file: file.path.clone(),
                             row_groups: start as u32..end as u32,
                             rows,
+                            version: file.version.clone(),
+                            bytes,
                         });
                     }
                 };
@@ -317,13 +319,27 @@ impl Engine {
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
             Some(shard) => {
-                let dataset = lookup(&datasets, &shard.dataset)?;
-                let file = dataset
-                    .file(&shard.file)
-                    .ok_or_else(|| ServerError::UnknownShard {
+                let listed = lookup(&datasets, &shard.dataset)?;
+                let unknown = || ServerError::UnknownShard {
+                    dataset: shard.dataset.clone(),
+                    file: shard.file.clone(),
+                };
+                let file = listed.file(&shard.file).ok_or_else(unknown)?;
+                // The file as it is now: never new bytes read with an old footer.
+                let (dataset, file) = self
+                    .catalog
+                    .current(&shard.dataset, file)
+                    .await?
+                    .ok_or_else(unknown)?;
+                if file.version != shard.version {
+                    return Err(ServerError::FileChanged {
                         dataset: shard.dataset.clone(),
                         file: shard.file.clone(),
-                    })?;
+                        planned: shard.version.clone(),
+                        now: file.version.clone(),
+                    });
+                }
+                let file = &file;
                 if shard.row_groups.end as usize > file.num_row_groups() {
                     return Err(ServerError::BadRequest(format!(
                         "ticket names row groups {:?} of `{}`, which has {}",
@@ -351,6 +367,14 @@ impl Engine {
                 Ok((ctx, df, row_groups))
             }
             None => {
+                if ticket.skip_rows > 0 {
+                    return Err(ServerError::BadRequest(
+                        "a query that is not row-wise (an aggregate, join, sort or limit, or a \
+                         volatile function) has no total order, so its stream cannot be resumed: \
+                         run it again from the start"
+                            .into(),
+                    ));
+                }
                 let ctx = self.session(self.config.cpu_threads);
                 let referenced = register_referenced(&ctx, &datasets, &ticket.request.query, |d| {
                     self.full_table(d, pushdown)
@@ -509,18 +533,22 @@ fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
     Ok(udf.call(args))
 }
 
+/// Whether `expr` maps each row on its own, the same way on every run: no subqueries,
+/// aggregates or windows, and no volatile function (`random()`, `now()`): a query that draws
+/// different rows per run cannot be sharded, counted or resumed.
 fn is_row_wise_expr(expr: &Expr) -> bool {
     !expr
         .exists(|e| {
-            Ok(matches!(
-                e,
-                Expr::ScalarSubquery(_)
-                    | Expr::InSubquery(_)
-                    | Expr::Exists(_)
-                    | Expr::OuterReferenceColumn(..)
-                    | Expr::AggregateFunction(_)
-                    | Expr::WindowFunction(_)
-            ))
+            Ok(e.is_volatile_node()
+                || matches!(
+                    e,
+                    Expr::ScalarSubquery(_)
+                        | Expr::InSubquery(_)
+                        | Expr::Exists(_)
+                        | Expr::OuterReferenceColumn(..)
+                        | Expr::AggregateFunction(_)
+                        | Expr::WindowFunction(_)
+                ))
         })
         .unwrap_or(true)
 }

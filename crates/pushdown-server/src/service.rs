@@ -226,7 +226,15 @@ impl PushdownService {
                     .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
                     .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
                     .with_total_records(d.num_rows() as i64)
-                    .with_total_bytes(d.num_bytes() as i64);
+                    .with_total_bytes(d.num_bytes() as i64)
+                    .with_app_metadata(
+                        pushdown_protocol::DatasetVersion {
+                            version: d.version(),
+                            files: d.files.len() as u64,
+                            broken_files: d.broken.len() as u64,
+                        }
+                        .encode(),
+                    );
                 Ok(info)
             })
             .collect()
@@ -345,22 +353,26 @@ async fn produce(
     let rows_sent = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&rows_sent);
     let mut skip = ticket.skip_rows;
+    // Output rows of the query so far (skipped ones included): where a failing value is.
+    let mut seen = 0u64;
     let batches = batches.filter_map(move |item| {
         let out = match item {
-            Ok(batch) if skip > 0 => {
+            Ok(batch) => {
                 let n = batch.num_rows() as u64;
-                if n <= skip {
+                seen += n;
+                if skip >= n {
                     skip -= n;
                     None
-                } else {
+                } else if skip > 0 {
                     let rest = batch.slice(skip as usize, (n - skip) as usize);
                     skip = 0;
                     Some(Ok(rest))
+                } else {
+                    Some(Ok(batch))
                 }
             }
-            Ok(batch) => Some(Ok(batch)),
             Err(e) => Some(Err(FlightError::Tonic(Box::new(Status::from(
-                ServerError::from_scan(e, shard.as_ref()),
+                ServerError::from_scan(e, shard.as_ref()).after_rows(seen),
             ))))),
         };
         if let Some(Ok(b)) = &out {

@@ -189,7 +189,7 @@ impl ScalarUDFImpl for OpUdf {
                     resources: self.resources.as_ref(),
                 },
             )
-            .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ColumnarValue::Array(out))
     }
 }

@@ -106,6 +106,17 @@ pub struct Shard {
     /// Rows in the row-group range (before filtering).
     #[prost(uint64, tag = "5")]
     pub rows: u64,
+    /// The file's version when the shard was planned: its size in bytes and a hash of its
+    /// footer (the layout and statistics of every column chunk). Copies of one file on several
+    /// servers have one version; a file rewritten in place gets another. A server whose file
+    /// differs refuses the ticket (FAILED_PRECONDITION naming the file).
+    #[prost(uint64, tag = "6")]
+    pub file_size: u64,
+    #[prost(string, tag = "7")]
+    pub file_version: ::prost::alloc::string::String,
+    /// Compressed bytes of the projected column chunks in the row-group range.
+    #[prost(uint64, tag = "8")]
+    pub bytes: u64,
 }
 /// What one DoGet stream cost the server.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -182,6 +193,19 @@ pub struct OpProfile {
     pub bytes_out_per_row: f64,
     #[prost(double, tag = "6")]
     pub ns_per_row: f64,
+}
+/// The app_metadata of each `ListFlights` answer: a dataset's version, which changes whenever
+/// a file is added, removed or rewritten.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DatasetVersion {
+    /// A hash of every file's path, size and version.
+    #[prost(string, tag = "1")]
+    pub version: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub files: u64,
+    /// Files the catalog found unreadable (requests over the dataset fail naming them).
+    #[prost(uint64, tag = "3")]
+    pub broken_files: u64,
 }
 /// The answer to the `count` action: the rows the ticket's DoGet would stream.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

@@ -1,0 +1,423 @@
+//! The servers a client reads from, and one plan for all of them.
+//!
+//! ```text
+//!  --server A --server B  (or dns://name:port: one server per address the name resolves to)
+//!     │ GetFlightInfo on every server, concurrently
+//!     ▼
+//!  merge: shards keyed by (dataset, file, row groups), each carrying its file's version
+//!     │ one file at two versions, or cut two ways  → error naming the file and servers
+//!     │ endpoints sorted by (dataset, file, row group): the same list whichever servers hold them
+//!     │ each endpoint's locations = the servers that offered it (locality)
+//!     ▼
+//!  a stream picks, per shard, the holder with the fewest streams in flight that is not
+//!  resting after a failure (an idle server takes pending shards from a busy one)
+//! ```
+//!
+//! No coordinator: each client computes the same plan from the servers' answers, so the
+//! sample sequence depends on the files and their versions, never on which servers hold them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightEndpoint, FlightInfo, Location};
+use pushdown_protocol::{PlanEstimate, ShardTicket};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{ClientError, MAX_MESSAGE_BYTES, Result};
+
+/// Longest a failing server rests before it is tried again.
+const MAX_REST: Duration = Duration::from_secs(10);
+
+/// What a failed call says about trying again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The server or the network (unavailable, reset, deadline, overloaded): retry, on
+    /// another holder first.
+    Transient,
+    /// This server cannot serve it (no such file, another version of it): ask another
+    /// holder, never this one again for it.
+    Elsewhere,
+    /// The request or the data (a bad value, corrupt data, a refused query): the same on
+    /// every server and every retry.
+    Final,
+}
+
+impl Failure {
+    pub(crate) fn of(code: Code) -> Self {
+        match code {
+            Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::ResourceExhausted
+            | Code::Aborted
+            | Code::DeadlineExceeded
+            | Code::Internal => Failure::Transient,
+            Code::NotFound | Code::FailedPrecondition => Failure::Elsewhere,
+            Code::Ok
+            | Code::InvalidArgument
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::DataLoss
+            | Code::Unauthenticated => Failure::Final,
+        }
+    }
+}
+
+/// One server as the client sees it.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) url: String,
+    pub(crate) flight: FlightServiceClient<Channel>,
+    /// Streams in flight to it.
+    active: AtomicUsize,
+    /// Consecutive failures; reset by a success.
+    failures: AtomicU32,
+    /// Not chosen before this instant while others can be.
+    resting_until: Mutex<Option<Instant>>,
+}
+
+impl Node {
+    fn connect(url: &str) -> Result<Self> {
+        let http = http_url(url)?;
+        let endpoint = Endpoint::from_shared(http.clone()).map_err(|e| ClientError::BadUrl {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        })?;
+        // Lazy: a server that is down now is not an error until something needs it, and the
+        // channel reconnects by itself when the server comes back.
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .connect_lazy();
+        Ok(Self {
+            url: http,
+            flight: FlightServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            active: AtomicUsize::new(0),
+            failures: AtomicU32::new(0),
+            resting_until: Mutex::new(None),
+        })
+    }
+
+    /// Marks a stream in flight until the guard drops.
+    pub(crate) fn busy(self: &Arc<Self>) -> Busy {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        Busy(Arc::clone(self))
+    }
+
+    /// A transient failure: rest for `base` doubled per consecutive failure (capped).
+    pub(crate) fn failed(&self, base: Duration) {
+        let n = self.failures.fetch_add(1, Ordering::Relaxed).min(16);
+        let rest = base.saturating_mul(1 << n).min(MAX_REST);
+        *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + rest);
+    }
+
+    pub(crate) fn succeeded(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn resting(&self, now: Instant) -> bool {
+        self.resting_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t > now)
+    }
+}
+
+/// A stream in flight on a node.
+pub(crate) struct Busy(Arc<Node>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Every server the client knows: those it was given, and any an endpoint names.
+#[derive(Debug, Default)]
+pub(crate) struct Fleet {
+    nodes: RwLock<Vec<Arc<Node>>>,
+}
+
+impl Fleet {
+    /// The servers of `urls`: `http://` / `grpc://host:port` each, or `dns://name:port` for
+    /// every address `name` resolves to (a Kubernetes headless Service, say).
+    pub(crate) async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+        if urls.is_empty() {
+            return Err(ClientError::Invalid("at least one server URL is needed".into()));
+        }
+        let fleet = Self::default();
+        for url in urls {
+            let url = url.as_ref();
+            match url.strip_prefix("dns://") {
+                Some(name) => {
+                    for resolved in resolve(url, name).await? {
+                        fleet.node(&resolved)?;
+                    }
+                }
+                None => {
+                    fleet.node(url)?;
+                }
+            }
+        }
+        Ok(fleet)
+    }
+
+    pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The node serving `url`, connecting (lazily) to a new one.
+    pub(crate) fn node(&self, url: &str) -> Result<Arc<Node>> {
+        let key = http_url(url)?;
+        if let Some(n) = self.nodes().into_iter().find(|n| n.url == key) {
+            return Ok(n);
+        }
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = nodes.iter().find(|n| n.url == key) {
+            return Ok(Arc::clone(n));
+        }
+        let node = Arc::new(Node::connect(url)?);
+        nodes.push(Arc::clone(&node));
+        Ok(node)
+    }
+
+    /// The servers that can redeem `endpoint`'s ticket: its locations, or every server when
+    /// it names none (Flight: "the service that answered").
+    pub(crate) fn holders(&self, endpoint: &FlightEndpoint) -> Result<Vec<Arc<Node>>> {
+        if endpoint.location.is_empty() {
+            return Ok(self.nodes());
+        }
+        endpoint.location.iter().map(|l| self.node(&l.uri)).collect()
+    }
+
+    /// Nodes in the order to try them: working before resting, fewer streams in flight
+    /// first, ties rotated by `spread` so equal servers share the shards.
+    pub(crate) fn ranked(holders: &[Arc<Node>], spread: usize) -> Vec<Arc<Node>> {
+        let now = Instant::now();
+        let n = holders.len().max(1);
+        let mut ranked: Vec<(bool, usize, usize, &Arc<Node>)> = holders
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                (
+                    node.resting(now),
+                    node.active.load(Ordering::Relaxed),
+                    (i + n - spread % n) % n,
+                    node,
+                )
+            })
+            .collect();
+        ranked.sort_by_key(|(resting, active, turn, _)| (*resting, *active, *turn));
+        ranked.into_iter().map(|(.., node)| Arc::clone(node)).collect()
+    }
+}
+
+/// `http://host:port` for a server URL (`grpc://` and `grpc+tcp://` are Flight's names for it).
+pub(crate) fn http_url(url: &str) -> Result<String> {
+    match url.split_once("://") {
+        Some(("grpc" | "grpc+tcp", rest)) => Ok(format!("http://{}", rest.trim_end_matches('/'))),
+        Some(("http" | "https", _)) => Ok(url.trim_end_matches('/').to_owned()),
+        _ => Err(ClientError::BadUrl {
+            url: url.to_owned(),
+            reason: "expected http://host:port, grpc://host:port or dns://name:port".into(),
+        }),
+    }
+}
+
+async fn resolve(url: &str, name: &str) -> Result<Vec<String>> {
+    let bad = |reason: String| ClientError::BadUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let host_port = name.trim_end_matches('/');
+    let mut addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(host_port)
+        .await
+        .map_err(|e| bad(format!("resolving `{host_port}`: {e}")))?
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(bad(format!("`{host_port}` resolves to no address")));
+    }
+    Ok(addrs.into_iter().map(|a| format!("http://{a}")).collect())
+}
+
+/// The plans of every server, made one: the shards any server offered, each once, in
+/// (dataset, file, row group) order, located on every server that offered it.
+pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo> {
+    let located = |node: &Node, endpoint: &FlightEndpoint| -> Vec<Location> {
+        if endpoint.location.is_empty() {
+            vec![Location {
+                uri: node.url.clone(),
+            }]
+        } else {
+            endpoint.location.clone()
+        }
+    };
+    let Some((first_node, first)) = answers.first() else {
+        return Err(ClientError::Invalid("no server answered".into()));
+    };
+    let schema = first.clone().try_decode_schema()?;
+    let row_wise = |info: &FlightInfo| crate::plan_estimate(info).is_some_and(|e| e.row_wise);
+    if answers.len() == 1 || !row_wise(first) {
+        // One server, or a query that is not row-wise: it runs whole on the first server,
+        // over that server's files.
+        let mut info = first.clone();
+        for e in &mut info.endpoint {
+            e.location = located(first_node, e);
+        }
+        return Ok(info);
+    }
+    // (dataset, file) → (version, row-group ranges → (endpoint, holders)).
+    type Cuts = BTreeMap<(u32, u32), (FlightEndpoint, Vec<Location>, u64, u64)>;
+    let mut files: BTreeMap<(String, String), (pushdown_protocol::FileVersion, String, Cuts)> =
+        BTreeMap::new();
+    let mut pruned = 0;
+    let mut all_totals_known = true;
+    for (node, info) in &answers {
+        if info.clone().try_decode_schema()? != schema {
+            return Err(ClientError::Invalid(format!(
+                "servers {} and {} answer the query with different schemas",
+                first_node.url, node.url
+            )));
+        }
+        if !row_wise(info) {
+            return Err(ClientError::Invalid(format!(
+                "server {} does not shard the query row-wise while {} does (different versions?)",
+                node.url, first_node.url
+            )));
+        }
+        pruned = pruned.max(crate::plan_estimate(info).map_or(0, |e| e.row_groups_pruned));
+        all_totals_known &= info.total_records >= 0;
+        for endpoint in &info.endpoint {
+            let ticket = endpoint
+                .ticket
+                .as_ref()
+                .and_then(|t| ShardTicket::decode(&t.ticket).ok())
+                .and_then(|t| t.shard)
+                .ok_or_else(|| {
+                    ClientError::Invalid(format!(
+                        "server {} sent an endpoint that is not a shard",
+                        node.url
+                    ))
+                })?;
+            let key = (ticket.dataset.clone(), ticket.file.clone());
+            let (version, owner, cuts) = files
+                .entry(key)
+                .or_insert_with(|| (ticket.version.clone(), node.url.clone(), Cuts::new()));
+            if *version != ticket.version {
+                return Err(ClientError::ServersDisagree {
+                    file: format!("{}/{}", ticket.dataset, ticket.file),
+                    detail: format!("{owner} has {version}, {} has {}", node.url, ticket.version),
+                });
+            }
+            let range = (ticket.row_groups.start, ticket.row_groups.end);
+            let (_, holders, ..) = cuts
+                .entry(range)
+                .or_insert_with(|| (endpoint.clone(), Vec::new(), ticket.rows, ticket.bytes));
+            for l in located(node, endpoint) {
+                if !holders.contains(&l) {
+                    holders.push(l);
+                }
+            }
+        }
+    }
+    let mut endpoints = Vec::new();
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    for ((dataset, file), (_, _, cuts)) in files {
+        // Row-group ranges of one file must not overlap: servers that cut a file differently
+        // (other shard sizes) would deliver its rows twice.
+        let mut end = 0;
+        for (start, stop) in cuts.keys() {
+            if *start < end {
+                return Err(ClientError::ServersDisagree {
+                    file: format!("{dataset}/{file}"),
+                    detail: "servers cut it into different shards (give them the same shard settings)".into(),
+                });
+            }
+            end = *stop;
+        }
+        for (_, (mut endpoint, holders, r, b)) in cuts {
+            endpoint.location = holders;
+            rows += r;
+            bytes += b;
+            endpoints.push(endpoint);
+        }
+    }
+    let estimate = PlanEstimate {
+        rows_upper_bound: rows,
+        bytes_to_scan: bytes,
+        row_wise: true,
+        row_groups_pruned: pruned,
+    };
+    let total_records = if endpoints.is_empty() {
+        0
+    } else if all_totals_known {
+        rows as i64
+    } else {
+        -1
+    };
+    let mut info = first
+        .clone()
+        .with_total_records(total_records)
+        .with_app_metadata(estimate.encode());
+    info.endpoint = endpoints;
+    Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_normalize_to_one_key() {
+        assert_eq!(http_url("grpc://h:1/").unwrap(), "http://h:1");
+        assert_eq!(http_url("grpc+tcp://h:1").unwrap(), "http://h:1");
+        assert_eq!(http_url("http://h:1").unwrap(), "http://h:1");
+        assert!(http_url("h:1").is_err());
+    }
+
+    #[test]
+    fn failures_are_sorted_by_what_a_retry_can_change() {
+        assert_eq!(Failure::of(Code::Unavailable), Failure::Transient);
+        assert_eq!(Failure::of(Code::DeadlineExceeded), Failure::Transient);
+        assert_eq!(Failure::of(Code::FailedPrecondition), Failure::Elsewhere);
+        assert_eq!(Failure::of(Code::NotFound), Failure::Elsewhere);
+        assert_eq!(Failure::of(Code::InvalidArgument), Failure::Final);
+        assert_eq!(Failure::of(Code::DataLoss), Failure::Final);
+    }
+
+    #[tokio::test]
+    async fn idle_working_servers_are_chosen_first_and_ties_rotate() {
+        let fleet = Fleet::connect(&["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"])
+            .await
+            .unwrap();
+        let nodes = fleet.nodes();
+        let first = |spread| Fleet::ranked(&nodes, spread)[0].url.clone();
+        assert_eq!(first(0), nodes[0].url);
+        assert_eq!(first(1), nodes[1].url);
+        assert_eq!(first(2), nodes[2].url);
+        let _busy = nodes[1].busy();
+        assert_ne!(first(1), nodes[1].url, "a busy server yields to an idle one");
+        nodes[2].failed(Duration::from_secs(5));
+        let order = Fleet::ranked(&nodes, 2);
+        assert_eq!(
+            order.last().unwrap().url,
+            nodes[2].url,
+            "a resting server comes last"
+        );
+        nodes[2].succeeded();
+        assert_eq!(first(2), nodes[2].url, "and is used again once it works");
+    }
+}
