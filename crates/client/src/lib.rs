@@ -92,6 +92,18 @@ pub enum ClientError {
         #[source]
         status: Box<tonic::Status>,
     },
+    #[error(
+        "shard {endpoint}: {server} produced {output} rows and sent {sent}, but {received} arrived \
+         and {delivered} are held: rows lost or repeated"
+    )]
+    Miscount {
+        endpoint: usize,
+        server: String,
+        delivered: u64,
+        output: u64,
+        sent: u64,
+        received: u64,
+    },
     #[error("servers disagree about `{file}`: {detail}")]
     ServersDisagree { file: String, detail: String },
     #[error(transparent)]

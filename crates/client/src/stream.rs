@@ -532,11 +532,17 @@ async fn fetch(
     let trailer = trailer.lock().unwrap_or_else(|p| p.into_inner()).take();
     match trailer {
         Some(stats) => {
-            if stats.rows_sent != received {
-                return Err(Fetch::Status(tonic::Status::data_loss(format!(
-                    "{} sent {} rows but {received} arrived",
-                    node.url, stats.rows_sent
-                ))));
+            // The shard's whole output against the rows held of it: a resume that skipped
+            // too few or too many, or rows lost on the way, cannot pass.
+            if stats.rows_sent != received || stats.rows_output != *delivered {
+                return Err(Fetch::Failed(ClientError::Miscount {
+                    endpoint: index,
+                    server: node.url.clone(),
+                    delivered: *delivered,
+                    output: stats.rows_output,
+                    sent: stats.rows_sent,
+                    received,
+                }));
             }
             totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
         }

@@ -230,6 +230,8 @@ pub struct StreamStats {
     pub row_groups: u64,
     pub row_groups_pruned: u64,
     pub elapsed_ns: u64,
+    /// Rows the stream's query produced, skipped ones included (the shard's whole output).
+    pub rows_output: u64,
 }
 
 impl std::ops::AddAssign for StreamStats {
@@ -241,6 +243,7 @@ impl std::ops::AddAssign for StreamStats {
         self.row_groups += o.row_groups;
         self.row_groups_pruned += o.row_groups_pruned;
         self.elapsed_ns += o.elapsed_ns;
+        self.rows_output += o.rows_output;
     }
 }
 
@@ -616,6 +619,7 @@ mod to_proto {
             row_groups: s.row_groups,
             row_groups_pruned: s.row_groups_pruned,
             elapsed_ns: s.elapsed_ns,
+            rows_output: s.rows_output,
         }
     }
 }
@@ -762,6 +766,7 @@ mod from_proto {
             row_groups: m.row_groups,
             row_groups_pruned: m.row_groups_pruned,
             elapsed_ns: m.elapsed_ns,
+            rows_output: m.rows_output,
         }
     }
 }
@@ -931,6 +936,7 @@ mod tests {
             row_groups: 5,
             row_groups_pruned: 6,
             elapsed_ns: 7,
+            rows_output: 8,
         };
         assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
     }

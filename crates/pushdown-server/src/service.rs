@@ -353,13 +353,15 @@ async fn produce(
     let rows_sent = Arc::new(AtomicU64::new(0));
     let counted = Arc::clone(&rows_sent);
     let mut skip = ticket.skip_rows;
-    // Output rows of the query so far (skipped ones included): where a failing value is.
-    let mut seen = 0u64;
+    // Output rows of the query so far (skipped ones included): where a failing value is, and
+    // the shard's whole output once the stream ends.
+    let output = Arc::new(AtomicU64::new(0));
+    let produced = Arc::clone(&output);
     let batches = batches.filter_map(move |item| {
         let out = match item {
             Ok(batch) => {
                 let n = batch.num_rows() as u64;
-                seen += n;
+                produced.fetch_add(n, Ordering::Relaxed);
                 if skip >= n {
                     skip -= n;
                     None
@@ -372,7 +374,7 @@ async fn produce(
                 }
             }
             Err(e) => Some(Err(FlightError::Tonic(Box::new(Status::from(
-                ServerError::from_scan(e, shard.as_ref()).after_rows(seen),
+                ServerError::from_scan(e, shard.as_ref()).after_rows(produced.load(Ordering::Relaxed)),
             ))))),
         };
         if let Some(Ok(b)) = &out {
@@ -414,6 +416,7 @@ async fn produce(
 
     let mut stats = scan_stats(&plan);
     stats.rows_sent = rows_sent.load(Ordering::Relaxed);
+    stats.rows_output = output.load(Ordering::Relaxed);
     stats.bytes_sent = bytes_sent;
     stats.row_groups = opened.row_groups;
     stats.elapsed_ns = start.elapsed().as_nanos() as u64;

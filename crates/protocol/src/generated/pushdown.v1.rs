@@ -137,6 +137,10 @@ pub struct StreamStats {
     pub row_groups_pruned: u64,
     #[prost(uint64, tag = "7")]
     pub elapsed_ns: u64,
+    /// Rows the stream's query produced, those skipped to resume included: the whole shard's
+    /// output. A client checks it against the rows it holds of the shard.
+    #[prost(uint64, tag = "8")]
+    pub rows_output: u64,
 }
 /// The app_metadata of a GetFlightInfo reply: what the server expects the query to cost.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

@@ -1,0 +1,632 @@
+//! A fleet of servers under faults. Each server runs on its own runtime (its threads, its
+//! sockets), reached through a TCP proxy that throttles it to a slow link and can stall it,
+//! so a test can kill a server mid-stream (the runtime is dropped: every socket closes at
+//! once, as when the process dies), stall one (the connection stays open, no byte moves),
+//! and bring one back on the same address.
+//!
+//! What must hold: the delivered sequence equals a fault-free run's, whatever the fleet did;
+//! servers holding different files give the sequence one server holding all of them gives;
+//! a changed file is an error naming it, never a short epoch; deterministic failures are not
+//! retried.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow::array::{AsArray, BinaryArray, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use futures::StreamExt;
+use pushdown_client::{
+    ClientError, LoaderOptions, LoaderSource, Prepared, PushdownClient, StreamOptions, StreamTotals,
+};
+use pushdown_protocol::{Query, ScanRequest, ShardTicket};
+use pushdown_server::{RunningServer, Server, ServerConfig, open_store};
+use pushdown_tests::write_images;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+
+fn runtime(threads: usize) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Small shards of small batches: streams are long enough to be cut in the middle.
+fn config() -> ServerConfig {
+    ServerConfig {
+        shard_max_rows: 64,
+        batch_size: 8,
+        ..ServerConfig::default()
+    }
+}
+
+/// A server on its own runtime at a fixed address.
+struct Member {
+    root: PathBuf,
+    addr: SocketAddr,
+    runtime: Option<Runtime>,
+    running: Option<RunningServer>,
+}
+
+impl Member {
+    fn start(root: &Path, addr: SocketAddr) -> Self {
+        let mut m = Self {
+            root: root.to_owned(),
+            addr,
+            runtime: None,
+            running: None,
+        };
+        m.restart();
+        m
+    }
+
+    /// Starts the server again on its address (retrying while the old socket lingers), from
+    /// a thread of its own: callable from inside another runtime.
+    fn restart(&mut self) {
+        std::thread::scope(|s| s.spawn(|| self.start_runtime()).join().expect("restart"));
+    }
+
+    fn start_runtime(&mut self) {
+        let rt = runtime(1);
+        let root = self.root.clone();
+        let addr = self.addr;
+        let running = rt.block_on(async move {
+            let store = open_store(&root.to_string_lossy()).expect("store");
+            let server = Server::builder(store)
+                .config(config())
+                .open()
+                .await
+                .expect("opens");
+            for _ in 0..100 {
+                match server.clone().spawn(addr).await {
+                    Ok(r) => return r,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            panic!("cannot bind {addr} again");
+        });
+        self.addr = running.addr();
+        self.running = Some(running);
+        self.runtime = Some(rt);
+    }
+
+    /// Drops the server's runtime: its tasks and sockets go at once, as in a crash.
+    fn kill(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            let running = self.running.take();
+            rt.shutdown_background();
+            std::mem::forget(running);
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A TCP proxy in front of a server: a link of `rate` bytes/s per direction and
+/// connection. It fails on cue, after a number of bytes sent towards the client (so the
+/// fault lands inside a stream): it goes down (every connection dropped, bytes in transit
+/// lost, new ones refused: a host that died) or stalls (nothing forwarded, connections kept
+/// open).
+struct Link {
+    addr: SocketAddr,
+    state: Arc<LinkState>,
+    _runtime: Runtime,
+}
+
+#[derive(Default)]
+struct LinkState {
+    sent: AtomicU64,
+    down_at: AtomicU64,
+    stall_at: AtomicU64,
+    down: AtomicBool,
+    stalled: AtomicBool,
+    pumps: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl LinkState {
+    fn go_down(&self) {
+        self.down.store(true, Ordering::SeqCst);
+        for p in self.pumps.lock().unwrap().drain(..) {
+            p.abort();
+        }
+    }
+}
+
+impl Link {
+    fn new(target: SocketAddr, rate: f64) -> Self {
+        let rt = runtime(1);
+        let state = Arc::new(LinkState {
+            down_at: AtomicU64::new(u64::MAX),
+            stall_at: AtomicU64::new(u64::MAX),
+            ..LinkState::default()
+        });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let st = Arc::clone(&state);
+        rt.spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if st.down.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees its connection closed
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                let up = tokio::spawn(pump(cr, sw, Arc::clone(&st), rate, false));
+                let down = tokio::spawn(pump(sr, cw, Arc::clone(&st), rate, true));
+                let mut h = st.pumps.lock().unwrap();
+                h.push(up.abort_handle());
+                h.push(down.abort_handle());
+            }
+        });
+        Self {
+            addr,
+            state,
+            _runtime: rt,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Goes down once `bytes` more have been sent to clients.
+    fn down_after(&self, bytes: u64) {
+        let at = self.state.sent.load(Ordering::SeqCst) + bytes;
+        self.state.down_at.store(at, Ordering::SeqCst);
+    }
+
+    /// Stalls once `bytes` more have been sent to clients.
+    fn stall_after(&self, bytes: u64) {
+        let at = self.state.sent.load(Ordering::SeqCst) + bytes;
+        self.state.stall_at.store(at, Ordering::SeqCst);
+    }
+
+    fn is_down(&self) -> bool {
+        self.state.down.load(Ordering::SeqCst)
+    }
+
+    fn is_stalled(&self) -> bool {
+        self.state.stalled.load(Ordering::SeqCst)
+    }
+
+    /// Back up (and unstalled), with no fault pending.
+    fn heal(&self) {
+        self.state.down_at.store(u64::MAX, Ordering::SeqCst);
+        self.state.stall_at.store(u64::MAX, Ordering::SeqCst);
+        self.state.down.store(false, Ordering::SeqCst);
+        self.state.stalled.store(false, Ordering::SeqCst);
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<LinkState>,
+    rate: f64,
+    towards_client: bool,
+) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        while state.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        if towards_client {
+            let sent = state.sent.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+            if sent >= state.stall_at.load(Ordering::SeqCst) {
+                state.stall_at.store(u64::MAX, Ordering::SeqCst);
+                state.stalled.store(true, Ordering::SeqCst);
+            }
+            if sent >= state.down_at.load(Ordering::SeqCst) {
+                state.down_at.store(u64::MAX, Ordering::SeqCst);
+                state.go_down();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate)).await;
+    }
+    let _ = to.shutdown().await;
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+const SQL: &str = "SELECT id, label, image FROM images WHERE label < 900";
+
+fn loader_options() -> LoaderOptions {
+    LoaderOptions {
+        batch_size: Some(16),
+        shuffle_buffer: Some(48),
+        seed: 11,
+        stream: StreamOptions {
+            concurrency: 3,
+            buffered_batches: 1,
+            max_retries: 6,
+            retry_backoff: Duration::from_millis(50),
+            stall_timeout: Duration::from_millis(1500),
+            ..StreamOptions::default()
+        },
+        ..LoaderOptions::default()
+    }
+}
+
+fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column_by_name("id")
+                .expect("id")
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// Epoch 0 of `SQL` from `urls`, calling `at(k)` before taking batch `k`.
+async fn epoch(
+    urls: &[String],
+    source: &str,
+    mut at: impl FnMut(usize),
+) -> (Result<Vec<RecordBatch>, ClientError>, StreamTotals) {
+    let client = PushdownClient::connect(urls).await.expect("client");
+    let prepared = Prepared::new(client, LoaderSource::Sql(source.into()), loader_options())
+        .await
+        .expect("prepared");
+    let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
+    let mut batches = prepared.epoch(0, 0, Arc::clone(&totals));
+    let mut out = Vec::new();
+    let mut k = 0;
+    loop {
+        at(k);
+        match batches.next().await {
+            Some(Ok(b)) => out.push(b),
+            Some(Err(e)) => return (Err(e), *totals.lock().unwrap()),
+            None => break,
+        }
+        k += 1;
+        // A trainer's step: streams stay in flight, mid-shard, while it works.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    drop(batches);
+    (Ok(out), *totals.lock().unwrap())
+}
+
+#[test]
+fn a_killed_a_stalled_and_a_restarted_server_change_nothing_in_the_sequence() {
+    let data = tempfile::tempdir().expect("dir");
+    write_images(data.path(), 1024);
+    let rt = runtime(2);
+
+    // The fault-free sequence, from one server at full speed.
+    let reference = Member::start(data.path(), free_addr());
+    let (expected, _) = rt.block_on(epoch(&[format!("http://{}", reference.addr)], SQL, |_| {}));
+    let expected = ids(&expected.expect("fault-free epoch"));
+    drop(reference);
+    let mut all = expected.clone();
+    all.sort_unstable();
+    let want: Vec<i64> = rt.block_on(async {
+        let batches =
+            pushdown_tests::local_eval(data.path(), "SELECT id FROM images WHERE label < 900").await;
+        let mut v = ids(&batches);
+        v.sort_unstable();
+        v
+    });
+    assert_eq!(all, want, "the reference is the dataset's rows, each once");
+
+    // Three servers over the same files, each behind a 2 MB/s link.
+    let mut members: Vec<Member> = (0..3).map(|_| Member::start(data.path(), free_addr())).collect();
+    let links: Vec<Link> = members.iter().map(|m| Link::new(m.addr, 1e6)).collect();
+    let urls: Vec<String> = links.iter().map(Link::url).collect();
+    // The first link dies inside its second shard (~1 MB each), the second stalls inside its
+    // third; the first server is killed with its link and comes back a few batches later.
+    links[0].down_after(1_500_000);
+    links[1].stall_after(2_500_000);
+    let (mut killed, mut stalled, mut restarted) = (None, None, false);
+    let (got, totals) = rt.block_on(epoch(&urls, SQL, |k| {
+        if killed.is_none() && links[0].is_down() {
+            members[0].kill();
+            killed = Some(k);
+        }
+        if !restarted && killed.is_some_and(|at| k >= at + 8) {
+            members[0].restart();
+            links[0].heal();
+            restarted = true;
+        }
+        if stalled.is_none() && links[1].is_stalled() {
+            stalled = Some(k);
+        }
+        if stalled.is_some_and(|at| k == at + 12) {
+            links[1].heal();
+        }
+    }));
+    let got = ids(&got.expect("the epoch survives the faults"));
+    assert!(
+        killed.is_some() && restarted && stalled.is_some(),
+        "every fault happened"
+    );
+    assert_eq!(got.len(), expected.len(), "nothing lost, nothing repeated");
+    assert_eq!(got, expected, "the sequence of a fault-free run");
+    eprintln!("{totals:?}");
+    assert!(
+        totals.retries >= 2,
+        "the faults hit streams in flight: {totals:?}"
+    );
+}
+
+#[test]
+fn servers_holding_different_files_give_the_sequence_of_one_holding_all() {
+    let full = tempfile::tempdir().expect("dir");
+    write_images(full.path(), 1024);
+    // Two servers, each with half the files (copies: other inodes and times, same bytes).
+    let halves = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    let mut files: Vec<PathBuf> = std::fs::read_dir(full.path().join("images"))
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4);
+    for (i, f) in files.iter().enumerate() {
+        let dir = halves[i % 2].path().join("images");
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::copy(f, dir.join(f.file_name().expect("name"))).expect("copy");
+    }
+    let rt = runtime(2);
+    let one = Member::start(full.path(), free_addr());
+    let a = Member::start(halves[0].path(), free_addr());
+    let b = Member::start(halves[1].path(), free_addr());
+    let url = |m: &Member| format!("http://{}", m.addr);
+
+    let (expected, _) = rt.block_on(epoch(&[url(&one)], SQL, |_| {}));
+    let (got, _) = rt.block_on(epoch(&[url(&a), url(&b)], SQL, |_| {}));
+    assert_eq!(ids(&got.expect("two halves")), ids(&expected.expect("one whole")));
+    // Three servers, two of them overlapping: the same again.
+    let (got, _) = rt.block_on(epoch(&[url(&b), url(&one), url(&a)], SQL, |_| {}));
+    assert_eq!(
+        ids(&got.expect("three")),
+        ids(&rt.block_on(epoch(&[url(&one)], SQL, |_| {})).0.expect("one"))
+    );
+
+    // Each shard is located on the servers holding its file, and only there.
+    rt.block_on(async {
+        let client = PushdownClient::connect(&[url(&a), url(&b)])
+            .await
+            .expect("client");
+        let info = client
+            .plan(&ScanRequest::new(Query::Sql(SQL.into())))
+            .await
+            .expect("plan");
+        for endpoint in &info.endpoint {
+            let ticket =
+                ShardTicket::decode(&endpoint.ticket.as_ref().expect("ticket").ticket).expect("ours");
+            let file = ticket.shard.expect("shard").file;
+            let i = files
+                .iter()
+                .position(|f| f.file_name().is_some_and(|n| n.to_string_lossy() == file))
+                .expect("known file");
+            let holder = if i % 2 == 0 { url(&a) } else { url(&b) };
+            let locations: Vec<&str> = endpoint.location.iter().map(|l| l.uri.as_str()).collect();
+            assert_eq!(locations, vec![holder.as_str()], "{file}");
+        }
+    });
+}
+
+#[test]
+fn a_file_replaced_while_served_is_an_error_naming_it_never_a_short_epoch() {
+    let data = tempfile::tempdir().expect("dir");
+    write_images(data.path(), 512);
+    let rt = runtime(2);
+    let m = Member::start(data.path(), free_addr());
+    let urls = [format!("http://{}", m.addr)];
+    rt.block_on(async {
+        let client = PushdownClient::connect(&urls).await.expect("client");
+        let prepared = Prepared::new(client, LoaderSource::Sql(SQL.into()), loader_options())
+            .await
+            .expect("prepared");
+        let file = data.path().join("images/part-00001.parquet");
+
+        // The same bytes written again (a new modification time): still the planned version.
+        let bytes = std::fs::read(&file).expect("read");
+        std::fs::write(&file, &bytes).expect("rewrite");
+        let rows: usize = prepared
+            .epoch(0, 0, Arc::default())
+            .map(|b| b.expect("same content, same version").num_rows())
+            .fold(0, |a, n| async move { a + n })
+            .await;
+        assert!(rows > 0);
+
+        // Rewritten with other labels, same path, same layout.
+        let batches = pushdown_tests::local_eval(data.path(), "SELECT * FROM images").await;
+        let schema = batches[0].schema();
+        let changed: Vec<RecordBatch> = batches
+            .iter()
+            .map(|b| {
+                let label = b.schema().index_of("label").expect("label");
+                let mut columns = b.columns().to_vec();
+                columns[label] = arrow::compute::cast(
+                    &arrow::array::Int32Array::from(vec![999; b.num_rows()]),
+                    b.column(label).data_type(),
+                )
+                .expect("cast");
+                RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch")
+            })
+            .collect();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(64))
+            .build();
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&file).expect("create"),
+            Arc::clone(&schema),
+            Some(props),
+        )
+        .expect("writer");
+        let mut left = 256;
+        for b in &changed {
+            let take = left.min(b.num_rows());
+            w.write(&b.slice(0, take)).expect("write");
+            left -= take;
+            if left == 0 {
+                break;
+            }
+        }
+        w.close().expect("close");
+
+        let mut stream = prepared.epoch(0, 0, Arc::default());
+        let mut err = None;
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                err = Some(e);
+                break;
+            }
+        }
+        let err = err.expect("a changed file fails the epoch");
+        let message = err.to_string();
+        assert!(
+            message.contains("part-00001.parquet") && message.contains("changed since"),
+            "{message}"
+        );
+    });
+}
+
+#[test]
+fn volatile_and_whole_queries_are_never_sharded_or_resumed() {
+    let data = tempfile::tempdir().expect("dir");
+    write_images(data.path(), 512);
+    let rt = runtime(2);
+    let m = Member::start(data.path(), free_addr());
+    let url = format!("http://{}", m.addr);
+    rt.block_on(async {
+        let client = PushdownClient::connect(std::slice::from_ref(&url)).await.expect("client");
+        let volatile = "SELECT id FROM images WHERE random() < 0.5";
+        let info = client
+            .plan(&ScanRequest::new(Query::Sql(volatile.into())))
+            .await
+            .expect("plan");
+        assert_eq!(info.endpoint.len(), 1, "one stream");
+        assert!(!pushdown_client::plan_estimate(&info).expect("estimate").row_wise);
+        let ranked = LoaderOptions {
+            world_size: 2,
+            ..loader_options()
+        };
+        let err = Prepared::new(client.clone(), LoaderSource::Sql(volatile.into()), ranked)
+            .await
+            .expect_err("ranks need a row-wise query");
+        assert!(err.to_string().contains("row-wise"), "{err}");
+    });
+
+    // A whole query cut after rows were delivered is an error saying so, not a resume that
+    // could repeat or lose rows.
+    let mut m = m;
+    let link = Link::new(m.addr, 1e6);
+    let (got, _) = rt.block_on(async {
+        let client = PushdownClient::connect(&[link.url()]).await.expect("client");
+        let mut options = loader_options();
+        options.shuffle_buffer = None;
+        let prepared = Prepared::new(
+            client,
+            LoaderSource::Sql("SELECT id, image FROM images ORDER BY id".into()),
+            options,
+        )
+        .await
+        .expect("prepared");
+        let mut batches = prepared.epoch(0, 0, Arc::default());
+        let first = batches.next().await.expect("a batch").expect("ok");
+        assert!(first.num_rows() > 0);
+        link.down_after(0);
+        m.kill();
+        let mut err = None;
+        while let Some(item) = batches.next().await {
+            if let Err(e) = item {
+                err = Some(e);
+                break;
+            }
+        }
+        (err, ())
+    });
+    let err = got.expect("the cut stream fails");
+    assert!(matches!(err, ClientError::NotResumable { .. }), "{err}");
+}
+
+#[test]
+fn a_bad_value_is_the_callers_error_named_by_row_and_never_retried() {
+    let data = tempfile::tempdir().expect("dir");
+    let dir = data.path().join("photos");
+    std::fs::create_dir_all(&dir).expect("dir");
+    // 40 rows; row 29 is not an image.
+    let good = image_bytes();
+    let images: Vec<&[u8]> = (0..40)
+        .map(|i| if i == 29 { &b"not a jpeg"[..] } else { &good[..] })
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("image", DataType::Binary, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..40)),
+            Arc::new(BinaryArray::from(images)),
+        ],
+    )
+    .expect("batch");
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(dir.join("part-0.parquet")).expect("create"),
+        schema,
+        None,
+    )
+    .expect("writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+
+    let rt = runtime(2);
+    let m = Member::start(data.path(), free_addr());
+    let url = format!("http://{}", m.addr);
+    let (got, totals) = rt.block_on(epoch(
+        &[url],
+        "SELECT id, thumbnail(image, 8) AS image FROM photos",
+        |_| {},
+    ));
+    let err = got.expect_err("an undecodable image fails the stream");
+    match &err {
+        ClientError::Stream { status, attempts, .. } => {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{err}");
+            assert_eq!(*attempts, 1, "not retried");
+            assert!(status.message().contains("row 29"), "{err}");
+            assert!(status.message().contains("part-0.parquet"), "{err}");
+        }
+        other => panic!("expected the stream's InvalidArgument, got {other}"),
+    }
+    assert_eq!(totals.retries, 0);
+}
+
+fn image_bytes() -> Vec<u8> {
+    let img = image::RgbImage::from_fn(16, 12, |x, y| image::Rgb([x as u8 * 9, y as u8 * 13, 77]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Jpeg).expect("jpeg");
+    out.into_inner()
+}
