@@ -129,12 +129,19 @@ struct GenArgs {
 /// Which servers, and how to fan out over them.
 #[derive(Debug, Args)]
 struct ClientArgs {
-    /// Server URL (http://host:port); repeat for several servers.
+    /// Server URL (http://host:port), or dns://name:port for every address the name
+    /// resolves to; repeat for several servers. Each shard goes to a server holding its file.
     #[arg(long = "server", required = true)]
     servers: Vec<String>,
     /// Shard streams in flight at once.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
+    /// A stream that receives nothing for this long (seconds) is resumed on another server.
+    #[arg(long, default_value_t = 30.0)]
+    stall_timeout: f64,
+    /// Consecutive transient failures of one shard's stream before the run fails.
+    #[arg(long, default_value_t = 3)]
+    retries: usize,
     /// The link to the servers (1Gbit, 100Mbit, 125MB, unlimited, …), for placing ops and choosing the stream codec.
     #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
     bandwidth: f64,
@@ -345,6 +352,11 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     loader.seed = args.seed;
     loader.stream = StreamOptions {
         concurrency: args.client.concurrency,
+        stall_timeout: std::time::Duration::try_from_secs_f64(args.client.stall_timeout)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("--stall-timeout must be a positive number of seconds"))?,
+        max_retries: args.client.retries,
         ..StreamOptions::default()
     };
     let report = run(&options).await?;

@@ -39,7 +39,7 @@ impl PyLoader {
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
-        bandwidth_bytes_per_s=None, compression="auto"
+        bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -59,7 +59,13 @@ impl PyLoader {
         concurrency: usize,
         bandwidth_bytes_per_s: Option<f64>,
         compression: &str,
+        stall_timeout_s: f64,
+        max_retries: usize,
     ) -> PyResult<Self> {
+        let stall_timeout = std::time::Duration::try_from_secs_f64(stall_timeout_s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| PyValueError::new_err("stall_timeout_s must be a positive number of seconds"))?;
         // `auto`: the planner's choice (compress only when the link bounds the stream).
         let compression = match compression {
             "auto" => None,
@@ -90,6 +96,8 @@ impl PyLoader {
             workers,
             stream: StreamOptions {
                 concurrency: concurrency.max(1),
+                stall_timeout,
+                max_retries,
                 ..StreamOptions::default()
             },
             compression,

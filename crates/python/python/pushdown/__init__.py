@@ -41,6 +41,12 @@ class Loader:
     ``pyarrow.Array`` (nulls kept), in every batch. Give exactly one of
     ``sql`` (a row-wise query) or ``pipeline`` (TOML/JSON text or a dict, as for
     ``pushdown run``: the planner places its ops by measured cost).
+
+    ``servers`` may name a fleet: several URLs, or ``dns://name:port`` for every address
+    the name resolves to. Shards go to the servers holding their files; a stream that fails
+    or receives nothing for ``stall_timeout_s`` is resumed on another holder from its first
+    undelivered row (up to ``max_retries`` consecutive failures), so faults never change the
+    sequence of batches.
     """
 
     def __init__(
@@ -60,6 +66,8 @@ class Loader:
         concurrency: int = 4,
         bandwidth_bytes_per_s: Optional[float] = None,
         compression: str = "auto",
+        stall_timeout_s: float = 30.0,
+        max_retries: int = 3,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -81,6 +89,8 @@ class Loader:
             concurrency=concurrency,
             bandwidth_bytes_per_s=bandwidth_bytes_per_s,
             compression=compression,
+            stall_timeout_s=stall_timeout_s,
+            max_retries=max_retries,
         )
         self.epochs = epochs
 
