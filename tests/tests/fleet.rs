@@ -521,7 +521,9 @@ fn volatile_and_whole_queries_are_never_sharded_or_resumed() {
     let m = Member::start(data.path(), free_addr());
     let url = format!("http://{}", m.addr);
     rt.block_on(async {
-        let client = PushdownClient::connect(std::slice::from_ref(&url)).await.expect("client");
+        let client = PushdownClient::connect(std::slice::from_ref(&url))
+            .await
+            .expect("client");
         let volatile = "SELECT id FROM images WHERE random() < 0.5";
         let info = client
             .plan(&ScanRequest::new(Query::Sql(volatile.into())))
