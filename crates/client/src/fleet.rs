@@ -270,9 +270,24 @@ pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo>
     };
     let schema = first.clone().try_decode_schema()?;
     let row_wise = |info: &FlightInfo| crate::plan_estimate(info).is_some_and(|e| e.row_wise);
+    if answers.len() > 1 && !row_wise(first) {
+        // A query that is not row-wise runs whole on one server, over that server's files:
+        // only right when every server holds the same files of what it reads.
+        let scans =
+            |info: &FlightInfo| crate::plan_estimate(info).map(|e| (e.rows_upper_bound, e.bytes_to_scan));
+        if let Some((node, _)) = answers.iter().find(|(_, info)| scans(info) != scans(first)) {
+            return Err(ClientError::ServersDisagree {
+                file: "the datasets the query reads".into(),
+                detail: format!(
+                    "{} and {} hold different files of them, and a query that is not row-wise \
+                     (an aggregate, join, sort, limit or volatile function) runs whole on one server",
+                    first_node.url, node.url
+                ),
+            });
+        }
+    }
     if answers.len() == 1 || !row_wise(first) {
-        // One server, or a query that is not row-wise: it runs whole on the first server,
-        // over that server's files.
+        // One server, or a query that is not row-wise: it runs whole on the first server.
         let mut info = first.clone();
         for e in &mut info.endpoint {
             e.location = located(first_node, e);
@@ -396,6 +411,25 @@ mod tests {
         assert_eq!(Failure::of(Code::NotFound), Failure::Elsewhere);
         assert_eq!(Failure::of(Code::InvalidArgument), Failure::Final);
         assert_eq!(Failure::of(Code::DataLoss), Failure::Final);
+    }
+
+    #[tokio::test]
+    async fn a_dns_name_stands_for_every_address_it_resolves_to() {
+        let fleet = Fleet::connect(&["dns://localhost:50999"])
+            .await
+            .expect("localhost resolves");
+        let mut want: Vec<String> = tokio::net::lookup_host("localhost:50999")
+            .await
+            .expect("lookup")
+            .map(|a| format!("http://{a}"))
+            .collect();
+        want.sort();
+        want.dedup();
+        let mut got: Vec<String> = fleet.nodes().iter().map(|n| n.url.clone()).collect();
+        got.sort();
+        assert!(!got.is_empty());
+        assert_eq!(got, want);
+        assert!(Fleet::connect(&["dns://no-such-host.invalid:1"]).await.is_err());
     }
 
     #[tokio::test]
