@@ -180,12 +180,13 @@ impl Fleet {
     /// The node serving `url`, connecting (lazily) to a new one.
     pub(crate) fn node(&self, url: &str) -> Result<Arc<Node>> {
         let key = http_url(url)?;
-        if let Some(n) = self.nodes().into_iter().find(|n| n.url == key) {
+        let known = |nodes: &[Arc<Node>]| nodes.iter().find(|n| n.url == key).cloned();
+        if let Some(n) = known(&self.nodes.read().unwrap_or_else(|p| p.into_inner())) {
             return Ok(n);
         }
         let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = nodes.iter().find(|n| n.url == key) {
-            return Ok(Arc::clone(n));
+        if let Some(n) = known(&nodes) {
+            return Ok(n);
         }
         let node = Arc::new(Node::connect(url)?);
         nodes.push(Arc::clone(&node));

@@ -243,15 +243,6 @@ impl Stream for ShardStream {
     }
 }
 
-/// What a shard's ticket says about resuming it.
-enum Resume {
-    /// A row-wise shard: resumed from its first undelivered row on any holder.
-    Shard(Box<ShardTicket>),
-    /// A whole query (or a ticket of another server): only run again from the start, and
-    /// only while nothing has been delivered.
-    FromStart,
-}
-
 /// Streams one endpoint into `tx`: on the least busy server holding it, moving to another
 /// holder after a failure and resuming from the first undelivered row. Transient failures
 /// are retried up to `max_retries` times with jittered backoff; a server that refuses the
@@ -279,18 +270,26 @@ async fn run_endpoint(
         Ok(_) => return fail(ClientError::Invalid(format!("endpoint {index} has no server"))).await,
         Err(e) => return fail(e).await,
     };
-    let resume = match ShardTicket::decode(&ticket.ticket) {
-        Ok(t) if t.shard.is_some() => Resume::Shard(Box::new(t)),
-        _ => Resume::FromStart,
-    };
-    let (shard, expect_trailer) = match ShardTicket::decode(&ticket.ticket) {
-        Ok(t) => (
+    let decoded = ShardTicket::decode(&ticket.ticket).ok();
+    let (shard, expect_trailer) = match &decoded {
+        Some(t) => (
             t.shard
                 .as_ref()
                 .map_or_else(|| "the whole query".to_owned(), |s| s.label()),
             t.request.stats,
         ),
-        Err(_) => (format!("endpoint {index}"), false),
+        None => (format!("endpoint {index}"), false),
+    };
+    // A row-wise shard is resumed from its first undelivered row on any holder; a whole query
+    // (or a ticket of another server) only runs again from the start, while nothing was
+    // delivered.
+    let resumable = decoded.filter(|t| t.shard.is_some());
+    let give_up = |status: tonic::Status, attempts: usize, servers: Vec<String>| ClientError::Stream {
+        endpoint: index,
+        shard: shard.clone(),
+        attempts,
+        servers,
+        status: Box::new(status),
     };
     // Rows of the endpoint delivered (or skipped) so far, and where to stop.
     let mut delivered = segment.skip;
@@ -308,17 +307,17 @@ async fn run_endpoint(
         let Some(node) = candidates.first().cloned() else {
             return fail(ClientError::NoServer {
                 endpoint: index,
-                shard,
+                shard: shard.clone(),
                 refusals: refused.iter().map(|(u, why)| format!("{u}: {why}")).collect(),
             })
             .await;
         };
-        let bytes = match &resume {
-            Resume::Shard(t) if delivered > 0 => {
-                let mut t = (**t).clone();
-                t.skip_rows += delivered;
-                t.encode()
+        let bytes = match &resumable {
+            Some(t) if delivered > 0 => ShardTicket {
+                skip_rows: t.skip_rows + delivered,
+                ..t.clone()
             }
+            .encode(),
             _ => ticket.ticket.clone(),
         };
         tried.push(node.url.clone());
@@ -347,7 +346,7 @@ async fn run_endpoint(
                     // Ended cleanly, short of its count: never a short epoch.
                     return fail(ClientError::ShortShard {
                         endpoint: index,
-                        shard,
+                        shard: shard.clone(),
                         delivered,
                         planned,
                     })
@@ -360,16 +359,7 @@ async fn run_endpoint(
             Err(Fetch::Status(status)) => status,
         };
         match Failure::of(status.code()) {
-            Failure::Final => {
-                return fail(ClientError::Stream {
-                    endpoint: index,
-                    shard,
-                    attempts: attempts + 1,
-                    servers: tried,
-                    status: Box::new(status),
-                })
-                .await;
-            }
+            Failure::Final => return fail(give_up(status, attempts + 1, tried)).await,
             Failure::Elsewhere => {
                 tracing::warn!(shard, server = %node.url, %status, "server cannot serve the shard; asking another");
                 refused.push((node.url.clone(), status.message().to_owned()));
@@ -378,7 +368,7 @@ async fn run_endpoint(
             Failure::Transient => {}
         }
         node.failed(options.retry_backoff);
-        if matches!(resume, Resume::FromStart) && delivered > 0 {
+        if resumable.is_none() && delivered > 0 {
             return fail(ClientError::NotResumable {
                 delivered,
                 status: Box::new(status),
@@ -391,14 +381,7 @@ async fn run_endpoint(
             backoff = options.retry_backoff;
         }
         if attempts >= options.max_retries {
-            return fail(ClientError::Stream {
-                endpoint: index,
-                shard,
-                attempts: attempts + 1,
-                servers: tried,
-                status: Box::new(status),
-            })
-            .await;
+            return fail(give_up(status, attempts + 1, tried)).await;
         }
         attempts += 1;
         totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
