@@ -392,3 +392,127 @@ fn loader_column_types_follow_the_schema_not_the_batch() {
     assert!(Column::is_tensor(schema.field(0)));
     assert!(!Column::is_tensor(schema.field(1)));
 }
+
+/// Each epoch is planned when it starts: a file added while an epoch runs joins the next one
+/// (the running epoch reads exactly the files it was planned on), a file removed leaves the
+/// next one, and a mid-epoch state saved before the change is refused rather than resumed on
+/// other shards. Growth is picked up on request (the `refresh` action), with no restart.
+#[test]
+fn datasets_that_grow_change_the_next_epoch_only() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // No polling within the test: only `refresh` re-lists the data root.
+    let config = pushdown_server::ServerConfig {
+        catalog_refresh: std::time::Duration::from_secs(3600),
+        ..small_shards()
+    };
+    let fx = runtime.block_on(Fixture::new(config, |root| {
+        write_images(root, 256); // part-00000: ids 0..256
+    }));
+    let more = tempfile::tempdir().expect("scratch");
+    write_images(more.path(), 512); // part-00001: ids 256..512
+    let images = fx.root.path().join("images");
+    let versions = |fx: &Fixture| {
+        runtime
+            .block_on(fx.client.refresh())
+            .expect("refresh")
+            .into_iter()
+            .flat_map(|(_, v)| v)
+            .map(|v| (v.dataset, v.version, v.files))
+            .collect::<Vec<_>>()
+    };
+    let before = versions(&fx);
+    assert_eq!(before.len(), 1);
+    assert_eq!((before[0].0.as_str(), before[0].2), ("images", 1));
+
+    let servers = vec![fx.running.url()];
+    let o = LoaderOptions {
+        batch_size: Some(32),
+        shuffle_buffer: Some(100),
+        seed: 5,
+        epochs: 3,
+        ..LoaderOptions::default()
+    };
+    let source = || LoaderSource::Sql("SELECT id, label FROM images".into());
+    let mut l = Loader::new(&servers, source(), o.clone()).expect("loader");
+    assert_eq!(l.epoch_len(), (256, 8));
+    let mut epochs: Vec<Vec<i64>> = vec![Vec::new(); 3];
+    for batch in l.by_ref().take(2) {
+        epochs[0].extend(ids(&batch.expect("batch")));
+    }
+    let mid_epoch = l.state();
+    assert_ne!(
+        mid_epoch.version, 0,
+        "a mid-epoch state names the shards' version"
+    );
+
+    std::fs::copy(
+        more.path().join("images/part-00001.parquet"),
+        images.join("part-00001.parquet"),
+    )
+    .expect("add a file");
+    let grown = versions(&fx);
+    assert_eq!(grown[0].2, 2);
+    assert_ne!(
+        grown[0].1, before[0].1,
+        "the dataset's version changes with its files"
+    );
+
+    let mut boundary = None;
+    while let Some(batch) = l.next() {
+        let batch = batch.expect("batch");
+        epochs[batch.epoch as usize].extend(ids(&batch));
+        if batch.epoch == 1 && boundary.is_none() {
+            // The state after the first epoch, taken as the second epoch's first batch is out.
+            boundary = Some(batch.index);
+        }
+        if batch.epoch == 1 && l.state().batches == l.epoch_len().1 {
+            // The second epoch is over: remove the first file before the third is planned.
+            std::fs::remove_file(images.join("part-00000.parquet")).expect("remove a file");
+            assert_eq!(versions(&fx)[0].2, 1);
+        }
+    }
+    let sorted = |v: &[i64]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(
+        sorted(&epochs[0]),
+        (0..256).collect::<Vec<_>>(),
+        "the running epoch keeps its files"
+    );
+    assert_eq!(
+        sorted(&epochs[1]),
+        (0..512).collect::<Vec<_>>(),
+        "the next epoch has the new file"
+    );
+    assert_eq!(
+        sorted(&epochs[2]),
+        (256..512).collect::<Vec<_>>(),
+        "a removed file leaves"
+    );
+    assert_eq!(boundary, Some(0));
+
+    // Restoring the mid-epoch state: its shards are gone, so it is refused by name.
+    let mut restored = Loader::new(&servers, source(), o.clone()).expect("loader");
+    let err = restored.restore(mid_epoch).expect_err("the dataset changed");
+    assert!(err.to_string().contains("dataset changed"), "{err}");
+    // At an epoch boundary a state restores on what the servers list now.
+    let mut restored = Loader::new(&servers, source(), o).expect("loader");
+    restored
+        .restore(LoaderState {
+            epoch: 2,
+            batches: 0,
+            ..mid_epoch
+        })
+        .expect("restore at a boundary");
+    let third: Vec<i64> = restored.flat_map(|b| ids(&b.expect("batch"))).collect();
+    assert_eq!(
+        third, epochs[2],
+        "the same sequence as the loader that saw the change"
+    );
+}

@@ -263,6 +263,35 @@ impl PushdownClient {
         Ok(results.into_iter().map(|r| r.body).collect())
     }
 
+    /// Asks every server to list its data root now (files added or removed since its last
+    /// polling), so that the next [`Self::plan`] sees them. Returns each server's dataset
+    /// versions, by server.
+    pub async fn refresh(&self) -> Result<Vec<(String, Vec<pushdown_protocol::DatasetVersion>)>> {
+        futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let action = Action::new(ActionKind::Refresh.name(), bytes::Bytes::new());
+            let results: Vec<arrow_flight::Result> = async {
+                node.flight
+                    .clone()
+                    .do_action(action)
+                    .await?
+                    .into_inner()
+                    .try_collect()
+                    .await
+            }
+            .await
+            .map_err(|status| ClientError::server(&node.url, status))?;
+            let versions = results
+                .iter()
+                .map(|r| {
+                    pushdown_protocol::DatasetVersion::decode(&r.body)
+                        .map_err(|e| ClientError::Invalid(e.to_string()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((node.url.clone(), versions))
+        }))
+        .await
+    }
+
     /// Runs the server's `profile` action on the fragment of `request`.
     pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
         let bodies = self.action(ActionKind::Profile, request.encode()).await?;

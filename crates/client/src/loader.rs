@@ -12,10 +12,16 @@
 //!  `workers` blocking threads: client ops + tensors ── bounded queue of `prefetch` ──▶ next()
 //! ```
 //!
-//! Every choice is a function of (seed, epoch, rank, world size): never of timing, the
-//! number of streams in flight, or which server answered. So the state to resume from is
-//! just (epoch, batches delivered): a restored loader seeks to the window holding its next
-//! row (one window is re-read), permutes it the same way, and carries on.
+//! Every choice is a function of (dataset version, seed, epoch, rank, world size): never of
+//! timing, the number of streams in flight, or which server answered. So the state to resume
+//! from is just (epoch, batches delivered, the version the epoch was planned on): a restored
+//! loader seeks to the window holding its next row (one window is re-read), permutes it the
+//! same way, and carries on.
+//!
+//! Datasets grow and shrink while a job trains. Each epoch is planned when it starts: its
+//! shards pin the files and file versions the servers listed then, so an epoch never mixes
+//! versions (a file replaced under a running epoch fails it by name; a file added joins the
+//! next epoch), and the next epoch sees what the servers list by then.
 //!
 //! [`Prepared`] is that preparation and that sequence without the trainer's threads: `pushdown
 //! run` streams a [`Prepared`] as record batches, so one pipeline and seed give one sample
@@ -36,7 +42,7 @@ use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightInfo;
 use futures::{StreamExt, TryStreamExt};
 use pushdown_planner::{Pipeline, Step};
-use pushdown_protocol::{Compression, Query, ScanRequest};
+use pushdown_protocol::{Compression, Query, ScanRequest, ShardTicket};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -219,27 +225,41 @@ fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> 
 /// Where a loader is: the next batch is batch `batches` of epoch `epoch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoaderState {
-    /// Identifies the query, shards, seed, rank, world size and batching the state belongs to.
+    /// Identifies the query, seed, rank, world size and batching the state belongs to.
     pub fingerprint: u64,
     pub epoch: u64,
     pub batches: u64,
+    /// The shards `epoch` was planned on (files, versions, row groups), when `batches > 0`:
+    /// resuming mid-epoch needs that same dataset version. 0 at an epoch boundary.
+    pub version: u64,
 }
 
-const STATE_MAGIC: &[u8; 4] = b"PDL1";
+const STATE_MAGIC: &[u8; 4] = b"PDL2";
+const STATE_LEN: usize = 4 + 4 * 8;
 
 impl LoaderState {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = STATE_MAGIC.to_vec();
-        for v in [self.fingerprint, self.epoch, self.batches] {
+        for v in [self.fingerprint, self.epoch, self.batches, self.version] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let bad =
-            || ClientError::Invalid("not a pushdown loader state (expected 28 bytes starting PDL1)".into());
-        if bytes.len() != 28 || &bytes[..4] != STATE_MAGIC {
+        if bytes.starts_with(b"PDL1") {
+            return Err(ClientError::Invalid(
+                "a loader state saved by an older pushdown (PDL1, without the dataset version): \
+                 restart the epoch it was saved in"
+                    .into(),
+            ));
+        }
+        let bad = || {
+            ClientError::Invalid(format!(
+                "not a pushdown loader state (expected {STATE_LEN} bytes starting PDL2)"
+            ))
+        };
+        if bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC {
             return Err(bad());
         }
         let word = |i: usize| {
@@ -251,6 +271,7 @@ impl LoaderState {
             fingerprint: word(0),
             epoch: word(1),
             batches: word(2),
+            version: word(3),
         })
     }
 }
@@ -277,11 +298,10 @@ impl LoaderStats {
 #[derive(Debug)]
 struct Shared {
     client: PushdownClient,
-    info: FlightInfo,
-    /// Rows each endpoint streams (after the filter). `None`: not counted, which is allowed
-    /// only when rank 0 of 1 reads every endpoint whole (no `drop_last`), or for a query that
-    /// is not row-wise.
-    counts: Option<Vec<u64>>,
+    /// The query the servers plan, each epoch.
+    request: ScanRequest,
+    /// Whether each shard's rows are counted (ranks, `drop_last`, resuming).
+    counted: bool,
     steps: RowSteps,
     batch_size: usize,
     window: usize,
@@ -291,12 +311,90 @@ struct Shared {
     compression: Compression,
 }
 
+/// The query planned on one version of its dataset: the shards the servers listed, and their
+/// rows.
+#[derive(Debug)]
+struct Shards {
+    info: FlightInfo,
+    /// Rows each endpoint streams (after the filter). `None`: not counted, which is allowed
+    /// only when rank 0 of 1 reads every endpoint whole (no `drop_last`), or for a query that
+    /// is not row-wise.
+    counts: Option<Vec<u64>>,
+    /// A hash of the shard tickets (dataset, file, file version, row groups, rows): what the
+    /// sample sequence depends on of the dataset.
+    version: u64,
+}
+
+impl Shards {
+    fn new(info: FlightInfo, counts: Option<Vec<u64>>) -> Self {
+        let mut h = Fnv::new();
+        let mut field = |bytes: &[u8]| {
+            h.eat(&(bytes.len() as u64).to_le_bytes());
+            h.eat(bytes);
+        };
+        for endpoint in &info.endpoint {
+            let ticket = endpoint.ticket.as_ref().map_or(&[][..], |t| &t.ticket[..]);
+            // The shard, not the request: the codec is in the request, and no part of the
+            // sample sequence.
+            match ShardTicket::decode(ticket) {
+                Ok(ShardTicket { shard: Some(s), .. }) => {
+                    field(s.dataset.as_bytes());
+                    field(s.file.as_bytes());
+                    field(&s.row_groups.start.to_le_bytes());
+                    field(&s.row_groups.end.to_le_bytes());
+                    field(&s.rows.to_le_bytes());
+                    field(&s.version.size.to_le_bytes());
+                    field(s.version.hash.as_bytes());
+                }
+                _ => field(ticket),
+            }
+        }
+        // 0 means "no version" in a state.
+        let version = h.finish().max(1);
+        Self {
+            info,
+            counts,
+            version,
+        }
+    }
+}
+
+impl Shared {
+    /// Plans the query again on what the servers list now. Shards planned before keep their
+    /// counts (a ticket names its file version: same ticket, same rows).
+    async fn replan(&self, previous: &Shards) -> Result<Shards> {
+        let info = self.client.plan(&self.request).await?;
+        if info.schema != previous.info.schema {
+            return Err(ClientError::Invalid(
+                "the dataset's schema changed since the query was planned: prepare it again".into(),
+            ));
+        }
+        let counts = if self.counted {
+            let known: std::collections::HashMap<&[u8], u64> = match &previous.counts {
+                Some(counts) => previous
+                    .info
+                    .endpoint
+                    .iter()
+                    .zip(counts)
+                    .filter_map(|(e, c)| Some((&e.ticket.as_ref()?.ticket[..], *c)))
+                    .collect(),
+                None => Default::default(),
+            };
+            Some(count_rows(&self.client, &info, &known).await?)
+        } else {
+            None
+        };
+        Ok(Shards::new(info, counts))
+    }
+}
+
 /// A query planned and ready to stream as the loader's sample sequence: connected, its ops
 /// placed, its shards known (and counted where ranks or resuming need it), its client steps
 /// bound. [`Loader`] and `pushdown run` are both built on it.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     shared: Arc<Shared>,
+    shards: Arc<Shards>,
 }
 
 impl Prepared {
@@ -304,9 +402,26 @@ impl Prepared {
     /// join) is streamed whole, in the server's order: it cannot be sharded over ranks or
     /// shuffled by window.
     pub async fn new(client: PushdownClient, source: LoaderSource, options: LoaderOptions) -> Result<Self> {
+        let (shared, shards) = prepare(client, source, options, false).await?;
         Ok(Self {
-            shared: Arc::new(prepare(client, source, options, false).await?),
+            shared: Arc::new(shared),
+            shards: Arc::new(shards),
         })
+    }
+
+    /// The same query planned on what the servers list now (files added or removed since),
+    /// for the next epoch.
+    pub async fn replan(&self) -> Result<Self> {
+        Ok(Self {
+            shared: Arc::clone(&self.shared),
+            shards: Arc::new(self.shared.replan(&self.shards).await?),
+        })
+    }
+
+    /// Identifies the shards this plan reads (a hash of their files, file versions and row
+    /// groups).
+    pub fn version(&self) -> u64 {
+        self.shards.version
     }
 
     /// The schema of the batches, after the client steps.
@@ -321,7 +436,7 @@ impl Prepared {
 
     /// The servers' estimate of what the query scans.
     pub fn estimate(&self) -> Option<PlanEstimate> {
-        plan_estimate(&self.shared.info)
+        plan_estimate(&self.shards.info)
     }
 
     /// How the servers compress the streams.
@@ -331,16 +446,17 @@ impl Prepared {
 
     /// Shard streams (endpoints) per epoch.
     pub fn endpoints(&self) -> usize {
-        self.shared.info.endpoint.len()
+        self.shards.info.endpoint.len()
     }
 
     /// Batches `first..` of `epoch`, in order, with the client steps applied on `workers`
     /// blocking threads. `totals` receives what the streams cost when the epoch ends.
     pub fn epoch(&self, epoch: u64, first: u64, totals: Arc<std::sync::Mutex<StreamTotals>>) -> EpochBatches {
         let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
-        let shared = Arc::clone(&self.shared);
+        let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
         let producer = tokio::spawn(async move {
-            if let Err(e) = produce(shared, epoch, first, tx.clone(), |batch, _, _| Ok(batch), totals).await {
+            let finish = |batch, _, _| Ok(batch);
+            if let Err(e) = produce(shared, shards, epoch, first, tx.clone(), finish, totals).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -377,6 +493,9 @@ impl Drop for EpochBatches {
 pub struct Loader {
     runtime: Option<tokio::runtime::Runtime>,
     shared: Arc<Shared>,
+    /// The plan of epoch `shards_epoch` (planned when that epoch started).
+    shards: Arc<Shards>,
+    shards_epoch: u64,
     epoch: u64,
     batches: u64,
     rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
@@ -406,11 +525,11 @@ impl Loader {
             .build()
             .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
-        let shared = runtime.block_on(async move {
+        let (shared, shards) = runtime.block_on(async move {
             let client = PushdownClient::connect(&servers).await?;
             prepare(client, source, options, true).await
         })?;
-        if shared.counts.is_none() {
+        if shards.counts.is_none() {
             return Err(ClientError::Invalid(
                 "the loader needs a row-wise query (projection and filter over one dataset): \
                  it shuffles and resumes by shard"
@@ -420,6 +539,8 @@ impl Loader {
         Ok(Self {
             runtime: Some(runtime),
             shared: Arc::new(shared),
+            shards: Arc::new(shards),
+            shards_epoch: 0,
             epoch: 0,
             batches: 0,
             rx: None,
@@ -435,9 +556,10 @@ impl Loader {
         self.shared.steps.schema()
     }
 
-    /// Rows each rank gets per epoch, and batches per epoch.
+    /// Rows each rank gets per epoch, and batches per epoch, as the current (or last) epoch was
+    /// planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
-        let n: u64 = self.shared.counts.iter().flatten().sum();
+        let n: u64 = self.shards.counts.iter().flatten().sum();
         let (rows, _) = rank_range(n, &self.shared.options);
         (
             rows,
@@ -446,14 +568,18 @@ impl Loader {
     }
 
     pub fn state(&self) -> LoaderState {
+        let mid_epoch = self.batches > 0 && self.shards_epoch == self.epoch;
         LoaderState {
             fingerprint: self.shared.fingerprint,
             epoch: self.epoch,
             batches: self.batches,
+            version: if mid_epoch { self.shards.version } else { 0 },
         }
     }
 
     /// Continues from `state`: the next batch is the one the saved loader would have given.
+    /// Mid-epoch, that needs the shards the epoch was planned on: a dataset changed since is
+    /// refused by name (restore at an epoch boundary instead, which plans on the new version).
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
         if state.fingerprint != self.shared.fingerprint {
             return Err(ClientError::Invalid(
@@ -461,10 +587,33 @@ impl Loader {
             ));
         }
         self.stop_producer();
+        if state.batches > 0 {
+            if self.shards.version != state.version {
+                let replanned = self.block_on_replan()?;
+                if replanned.version != state.version {
+                    return Err(ClientError::Invalid(format!(
+                        "the dataset changed since the state was saved in epoch {}: its shards were \
+                         version {:016x}, the servers now list version {:016x}; resuming mid-epoch \
+                         needs the same files, so restore at the start of an epoch",
+                        state.epoch, state.version, replanned.version
+                    )));
+                }
+                self.shards = Arc::new(replanned);
+            }
+            self.shards_epoch = state.epoch;
+        }
         self.epoch = state.epoch;
         self.batches = state.batches;
         self.failed = false;
         Ok(())
+    }
+
+    fn block_on_replan(&self) -> Result<Shards> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ClientError::Invalid("the loader is shut down".into()))?;
+        runtime.block_on(self.shared.replan(&self.shards))
     }
 
     pub fn stats(&self) -> LoaderStats {
@@ -480,20 +629,38 @@ impl Loader {
         }
     }
 
-    fn start_producer(&mut self) {
+    /// Starts producing the current epoch, planning it first if it is a new one.
+    fn start_producer(&mut self) -> Result<()> {
+        if self.shards_epoch != self.epoch {
+            self.shards = Arc::new(self.block_on_replan()?);
+            self.shards_epoch = self.epoch;
+        }
         let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
-        let shared = Arc::clone(&self.shared);
+        let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
         let (epoch, first) = (self.epoch, self.batches);
-        let Some(runtime) = &self.runtime else { return };
+        let Some(runtime) = &self.runtime else {
+            return Err(ClientError::Invalid("the loader is shut down".into()));
+        };
         let handle = runtime.spawn(async move {
             let to_tensors =
                 |batch: RecordBatch, epoch, index| Ok(TensorBatch::from_record_batch(&batch, epoch, index));
-            if let Err(e) = produce(shared, epoch, first, tx.clone(), to_tensors, Arc::default()).await {
+            if let Err(e) = produce(
+                shared,
+                shards,
+                epoch,
+                first,
+                tx.clone(),
+                to_tensors,
+                Arc::default(),
+            )
+            .await
+            {
                 let _ = tx.send(Err(e)).await;
             }
         });
         self.rx = Some(rx);
         self.producer = Some(handle);
+        Ok(())
     }
 }
 
@@ -509,8 +676,11 @@ impl Iterator for Loader {
             if self.epoch >= self.shared.options.epochs as u64 {
                 return None;
             }
-            if self.rx.is_none() {
-                self.start_producer();
+            if self.rx.is_none()
+                && let Err(e) = self.start_producer()
+            {
+                self.failed = true;
+                return Some(Err(e));
             }
             let rx = self.rx.as_mut()?;
             let start = Instant::now();
@@ -555,7 +725,7 @@ async fn prepare(
     source: LoaderSource,
     options: LoaderOptions,
     count: bool,
-) -> Result<Shared> {
+) -> Result<(Shared, Shards)> {
     if options.world_size == 0 || options.rank >= options.world_size {
         return Err(ClientError::Invalid(format!(
             "rank {} is not in 0..{}",
@@ -619,8 +789,9 @@ async fn prepare(
                 .into(),
         ));
     }
-    let counts = if row_wise && (count || options.world_size > 1 || options.drop_last) {
-        Some(count_rows(&client, &info).await?)
+    let counted = row_wise && (count || options.world_size > 1 || options.drop_last);
+    let counts = if counted {
+        Some(count_rows(&client, &info, &Default::default()).await?)
     } else {
         None
     };
@@ -630,51 +801,68 @@ async fn prepare(
     };
     let schema = Arc::new(info.clone().try_decode_schema()?);
     let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
-    let fingerprint = fingerprint(
-        &request,
-        counts.as_deref().unwrap_or(&[]),
-        &options,
-        batch_size,
-        window,
-    );
-    Ok(Shared {
+    let fingerprint = fingerprint(&request, &options, batch_size, window);
+    let compression = request.compression;
+    let shared = Shared {
         client,
-        info,
-        counts,
+        request,
+        counted,
         steps,
         batch_size,
         window,
         options,
         fingerprint,
         plan,
-        compression: request.compression,
-    })
-}
-
-/// The rows each endpoint of `info` streams, counted by the servers (the `count` action).
-async fn count_rows(client: &PushdownClient, info: &FlightInfo) -> Result<Vec<u64>> {
-    futures::stream::iter(info.endpoint.iter().map(|e| client.count(e)))
-        .buffered(16)
-        .try_collect()
-        .await
-}
-
-/// FNV-1a over what the sample sequence depends on: stable across processes and versions.
-fn fingerprint(request: &ScanRequest, counts: &[u64], o: &LoaderOptions, batch: usize, window: usize) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        compression,
     };
+    Ok((shared, Shards::new(info, counts)))
+}
+
+/// The rows each endpoint of `info` streams, counted by the servers (the `count` action),
+/// except those `known` by ticket.
+async fn count_rows(
+    client: &PushdownClient,
+    info: &FlightInfo,
+    known: &std::collections::HashMap<&[u8], u64>,
+) -> Result<Vec<u64>> {
+    futures::stream::iter(info.endpoint.iter().map(|e| async move {
+        match e.ticket.as_ref().and_then(|t| known.get(&t.ticket[..])) {
+            Some(rows) => Ok(*rows),
+            None => client.count(e).await,
+        }
+    }))
+    .buffered(16)
+    .try_collect()
+    .await
+}
+
+/// FNV-1a: stable across processes and versions (unlike `std`'s hasher).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn eat(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// What the sample sequence depends on, but the dataset's version (that is [`Shards`]'s).
+fn fingerprint(request: &ScanRequest, o: &LoaderOptions, batch: usize, window: usize) -> u64 {
+    let mut h = Fnv::new();
     // The codec does not change the samples, and the planner's choice of it depends on
     // timings: a state must restore whatever codec the restoring process picks.
     let mut request = request.clone();
     request.compression = Compression::default();
-    eat(&request.encode());
-    for c in counts {
-        eat(&c.to_le_bytes());
-    }
+    h.eat(&request.encode());
     for v in [
         o.seed,
         o.rank as u64,
@@ -683,9 +871,9 @@ fn fingerprint(request: &ScanRequest, counts: &[u64], o: &LoaderOptions, batch: 
         window as u64,
         u64::from(o.drop_last),
     ] {
-        eat(&v.to_le_bytes());
+        h.eat(&v.to_le_bytes());
     }
-    h
+    h.finish()
 }
 
 /// Rows per rank and the first of rank `r`'s rows in the (wrapping) epoch sequence.
@@ -748,6 +936,7 @@ fn batch_key(shared: &Shared, epoch: u64, batch: u64) -> u64 {
 /// index)` on a worker thread; adds what the streams cost to `totals` at the end.
 async fn produce<T: Send + 'static>(
     shared: Arc<Shared>,
+    shards: Arc<Shards>,
     epoch: u64,
     first: u64,
     tx: mpsc::Sender<Result<T>>,
@@ -755,11 +944,11 @@ async fn produce<T: Send + 'static>(
     totals: Arc<std::sync::Mutex<StreamTotals>>,
 ) -> Result<()> {
     let (b, s) = (shared.batch_size as u64, shared.window as u64);
-    let order = shard_order(shared.options.seed, epoch, shared.info.endpoint.len());
+    let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
     let skip = first * b;
     let mut window = skip / s;
     let mut drop_rows = (skip - window * s) as usize;
-    let (segments, total_batches): (Vec<Segment>, u64) = match &shared.counts {
+    let (segments, total_batches): (Vec<Segment>, u64) = match &shards.counts {
         Some(counts) => {
             let n: u64 = counts.iter().sum();
             let (per_rank, rank_start) = rank_range(n, &shared.options);
@@ -772,7 +961,7 @@ async fn produce<T: Send + 'static>(
             let segments = parts
                 .into_iter()
                 .map(|(shard, skip, take)| Segment {
-                    endpoint: shared.info.endpoint[shard].clone(),
+                    endpoint: shards.info.endpoint[shard].clone(),
                     index: shard,
                     skip,
                     take: Some(take),
@@ -791,7 +980,7 @@ async fn produce<T: Send + 'static>(
             let segments = order
                 .iter()
                 .map(|&shard| Segment {
-                    endpoint: shared.info.endpoint[shard].clone(),
+                    endpoint: shards.info.endpoint[shard].clone(),
                     index: shard,
                     skip: 0,
                     take: None,
@@ -802,7 +991,7 @@ async fn produce<T: Send + 'static>(
     };
     let mut options = shared.options.stream.clone();
     options.order = Order::Sequential;
-    let mut stream = ShardStream::segments(shared.client.clone(), &shared.info, segments, options)?;
+    let mut stream = ShardStream::segments(shared.client.clone(), &shards.info, segments, options)?;
     let schema = stream.schema();
 
     let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window
@@ -1018,9 +1207,12 @@ mod tests {
             fingerprint: 7,
             epoch: 2,
             batches: 31,
+            version: 0xfeed,
         };
         assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
-        assert!(LoaderState::from_bytes(b"PDL1").is_err());
-        assert!(LoaderState::from_bytes(&[0u8; 28]).is_err());
+        assert!(LoaderState::from_bytes(b"PDL2").is_err());
+        assert!(LoaderState::from_bytes(&[0u8; STATE_LEN]).is_err());
+        let old = LoaderState::from_bytes(&[&b"PDL1"[..], &[0u8; 24]].concat()).expect_err("old");
+        assert!(old.to_string().contains("older pushdown"), "{old}");
     }
 }

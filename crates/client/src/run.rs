@@ -78,7 +78,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     }
     loader.epochs = loader.epochs.max(1);
     let client = PushdownClient::connect(&options.servers).await?;
-    let prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
+    let mut prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
     let mut writer = match &options.out {
         Some(path) => {
             let file = std::fs::File::create(path)
@@ -95,6 +95,10 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let (mut rows, mut batches) = (0u64, 0u64);
     let mut waited = Duration::ZERO;
     for epoch in 0..loader.epochs as u64 {
+        // Each epoch reads what the servers list when it starts (files added join the next).
+        if epoch > 0 {
+            prepared = prepared.replan().await?;
+        }
         let mut stream = prepared.epoch(epoch, 0, Arc::clone(&totals));
         loop {
             let asked = Instant::now();

@@ -374,15 +374,17 @@ pub enum ActionKind {
     Profile,
     Count,
     Tokenizer,
+    Refresh,
 }
 
 impl ActionKind {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Health,
         Self::Explain,
         Self::Profile,
         Self::Count,
         Self::Tokenizer,
+        Self::Refresh,
     ];
 
     /// The `DoAction` type string.
@@ -393,6 +395,7 @@ impl ActionKind {
             Self::Profile => "profile",
             Self::Count => "count",
             Self::Tokenizer => "tokenizer",
+            Self::Refresh => "refresh",
         }
     }
 
@@ -414,6 +417,11 @@ impl ActionKind {
             Self::Tokenizer => {
                 "Body: a dataset name. Returns the dataset's tokenizer.json, for client-side `tokenize`"
             }
+            Self::Refresh => {
+                "No body. Lists the data root now (files added, removed or rewritten) instead of at the \
+                 next polling interval; returns one pushdown.v1.DatasetVersion per dataset, in \
+                 ListFlights order"
+            }
         }
     }
 
@@ -431,6 +439,7 @@ impl std::fmt::Display for ActionKind {
 /// The `app_metadata` of a `ListFlights` answer: a dataset's version.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DatasetVersion {
+    pub dataset: String,
     /// A hash of every file's path and version: changes when a file is added, removed or
     /// rewritten.
     pub version: String,
@@ -441,6 +450,7 @@ pub struct DatasetVersion {
 impl DatasetVersion {
     pub fn encode(&self) -> Bytes {
         proto::DatasetVersion {
+            dataset: self.dataset.clone(),
             version: self.version.clone(),
             files: self.files,
             broken_files: self.broken_files,
@@ -455,6 +465,7 @@ impl DatasetVersion {
             source,
         })?;
         Ok(Self {
+            dataset: m.dataset,
             version: m.version,
             files: m.files,
             broken_files: m.broken_files,

@@ -227,14 +227,7 @@ impl PushdownService {
                     .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
                     .with_total_records(d.num_rows() as i64)
                     .with_total_bytes(d.num_bytes() as i64)
-                    .with_app_metadata(
-                        pushdown_protocol::DatasetVersion {
-                            version: d.version(),
-                            files: d.files.len() as u64,
-                            broken_files: d.broken.len() as u64,
-                        }
-                        .encode(),
-                    );
+                    .with_app_metadata(dataset_version(d).encode());
                 Ok(info)
             })
             .collect()
@@ -301,6 +294,14 @@ impl PushdownService {
                     .on_cpu("count", async move { state.engine.count(&ticket).await })
                     .await?;
                 Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
+            }
+            ActionKind::Refresh => {
+                self.state.engine.catalog().refresh().await?;
+                let datasets = self.state.engine.catalog().snapshot();
+                Ok(datasets
+                    .values()
+                    .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
+                    .collect())
             }
             ActionKind::Tokenizer => {
                 let name = std::str::from_utf8(&action.body).map_err(|_| {
@@ -428,6 +429,16 @@ async fn produce(
             .await;
     }
     Ok(completed)
+}
+
+/// A dataset's version as `ListFlights` and the `refresh` action report it.
+fn dataset_version(d: &crate::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
+    pushdown_protocol::DatasetVersion {
+        dataset: d.name.clone(),
+        version: d.version(),
+        files: d.files.len() as u64,
+        broken_files: d.broken.len() as u64,
+    }
 }
 
 fn flight_error_to_status(e: FlightError) -> Status {

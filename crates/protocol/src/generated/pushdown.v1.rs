@@ -210,6 +210,9 @@ pub struct DatasetVersion {
     /// Files the catalog found unreadable (requests over the dataset fail naming them).
     #[prost(uint64, tag = "3")]
     pub broken_files: u64,
+    /// The dataset's name (set in `refresh` answers; ListFlights names it in the descriptor).
+    #[prost(string, tag = "4")]
+    pub dataset: ::prost::alloc::string::String,
 }
 /// The answer to the `count` action: the rows the ticket's DoGet would stream.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
