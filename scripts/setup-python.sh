@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv with what the Python tests need (pyarrow's own Flight client, pytest, moto).
+# Creates .venv with what the Python tests need (pyarrow's own Flight client, pytest, boto3).
 # Idempotent: reinstalls only when tests/python/requirements.txt changed.
 # `--bench` also installs what the benchmark harness uses (DuckDB, matplotlib).
 set -euo pipefail

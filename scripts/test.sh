@@ -25,4 +25,5 @@ cargo test --locked --workspace
 step "python interop (pyarrow.flight)"
 cargo build --locked --workspace
 scripts/setup-python.sh
-PUSHDOWN_BIN="$target/debug/pushdown" .venv/bin/python -m pytest -q tests/python
+s3_server=$(scripts/setup-s3.sh)
+PUSHDOWN_BIN="$target/debug/pushdown" PUSHDOWN_S3_SERVER="$s3_server" .venv/bin/python -m pytest -q tests/python

@@ -4,7 +4,7 @@
 //! Contenders, each running the whole workload to the end:
 //!
 //! * **pushdown**: a server process on the far side of the link, the planner's placement;
-//! * **no pushdown**: the datasets in a real S3-compatible server (moto) on the far side;
+//! * **no pushdown**: the datasets in a real S3-compatible server (s3s-fs) on the far side;
 //!   the trainer runs the same engine itself, fetching Parquet byte ranges over the link
 //!   (column chunks it needs, row groups the statistics keep: a good `pyarrow.dataset`
 //!   loader);
@@ -12,7 +12,7 @@
 //!   filters and transforms;
 //! * **local**: the same engine in the trainer on local files: no network, no IPC.
 //!
-//! The server (or moto) is pinned to CPU 0, the trainer (this process) to CPU 1.
+//! The server (or the S3 server) is pinned to CPU 0, the trainer (this process) to CPU 1.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -367,11 +367,11 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
         Kind::Netns => "10.233.0.2:50552".parse()?,
         _ => "127.0.0.1:50552".parse()?,
     };
-    let moto = S3Server::start(s3_addr, link.namespace(), Some("0"))?;
+    let store_server = S3Server::start(s3_addr, link.namespace(), Some("0"))?;
     let datasets: Vec<&str> = workloads().iter().map(|w| w.name).collect();
-    moto.upload(&data.root, &datasets)?;
+    store_server.upload(&data.root, &datasets).await?;
     // Through the pacing proxy, S3 is not shaped: the no-pushdown contender needs a real link.
-    let s3 = in_process_server(moto.store()?).await?;
+    let s3 = in_process_server(store_server.store()?).await?;
     let local = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?).await?;
 
     let mut cells = Vec::new();
@@ -394,11 +394,11 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
         cell.compression = Some(placed.1.to_string());
         cells.push(cell);
         if link.kind != Kind::Proxy {
-            let moto_far = Far {
-                pid: Some(moto.pid()),
+            let store_far = Far {
+                pid: Some(store_server.pid()),
                 link: &link,
             };
-            cells.push(measure(options, name, NO_PUSHDOWN, moto_far, || in_process(&s3, &all)).await?);
+            cells.push(measure(options, name, NO_PUSHDOWN, store_far, || in_process(&s3, &all)).await?);
         }
         cells.push(
             measure(options, name, FULL_ROW, far(), || {

@@ -1,5 +1,7 @@
-//! A real S3-compatible server (moto, from the project's Python environment) holding a copy
-//! of the datasets: where a trainer without pushdown fetches its Parquet from.
+//! A real S3-compatible server holding a copy of the datasets: where a trainer without
+//! pushdown fetches its Parquet from. s3s-fs (`scripts/setup-s3.sh`), a compiled Rust server
+//! that keeps objects as files and checks SigV4 signatures: its CPU per request is a real
+//! store's order, not a Python mock's (which would make the no-pushdown contender look slow).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,47 +10,55 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 pub const BUCKET: &str = "bench";
 const KEY: &str = "bench";
+const SECRET: &str = "bench-secret";
 
-/// Uploads the datasets' Parquet files and tokenizers with boto3.
-const UPLOAD: &str = r#"
-import os, sys, boto3
-s3 = boto3.client("s3", endpoint_url=sys.argv[1], aws_access_key_id="bench",
-                  aws_secret_access_key="bench", region_name="us-east-1")
-s3.create_bucket(Bucket="bench")
-root = sys.argv[2]
-for d in sys.argv[3:]:
-    for f in sorted(os.listdir(os.path.join(root, d))):
-        if f.endswith(".parquet") or f == "tokenizer.json":
-            s3.upload_file(os.path.join(root, d, f), "bench", d + "/" + f)
-"#;
-
-/// The project's virtual environment (made by `scripts/setup-python.sh`).
+/// The project's virtual environment (made by `scripts/setup-python.sh --bench`).
 pub fn venv() -> Result<PathBuf> {
     let venv = std::env::current_dir()?.join(".venv/bin");
-    if !venv.join("moto_server").exists() {
+    if !venv.join("python").exists() {
         bail!(
-            "{} has no moto_server: run scripts/setup-python.sh first",
+            "{} has no python: run scripts/setup-python.sh --bench first",
             venv.display()
         );
     }
     Ok(venv)
 }
 
-/// A `moto_server` child process.
+/// The s3s-fs binary: `$PUSHDOWN_S3_SERVER`, else where `scripts/setup-s3.sh` installs it.
+fn binary() -> Result<PathBuf> {
+    let path = match std::env::var_os("PUSHDOWN_S3_SERVER") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/pushdown/tools/bin/s3s-fs"),
+    };
+    if !path.exists() {
+        bail!(
+            "no S3 server at {}: run scripts/setup-s3.sh first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// An `s3s-fs` child process over a scratch directory.
 #[derive(Debug)]
 pub struct S3Server {
     child: Child,
+    root: PathBuf,
     pub endpoint: String,
 }
 
 impl S3Server {
-    /// Starts moto on `addr`, in `namespace` when given, pinned to `cpus`.
+    /// Starts the server on `addr`, in `namespace` when given, pinned to `cpus`.
     pub fn start(addr: SocketAddr, namespace: Option<&str>, cpus: Option<&str>) -> Result<Self> {
-        let venv = venv()?;
+        let root = std::env::temp_dir().join(format!("pushdown-bench-s3-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join(BUCKET)).context("creating the S3 server's root")?;
         let mut argv: Vec<String> = Vec::new();
         if let Some(ns) = namespace {
             argv.extend(["ip", "netns", "exec", ns].map(String::from));
@@ -56,13 +66,21 @@ impl S3Server {
         if let Some(c) = cpus {
             argv.extend(["taskset", "-c", c].map(String::from));
         }
-        argv.push(venv.join("moto_server").to_string_lossy().into_owned());
-        argv.extend([
-            "-H".to_owned(),
-            addr.ip().to_string(),
-            "-p".to_owned(),
-            addr.port().to_string(),
-        ]);
+        argv.push(binary()?.to_string_lossy().into_owned());
+        argv.extend(
+            [
+                "--host",
+                &addr.ip().to_string(),
+                "--port",
+                &addr.port().to_string(),
+                "--access-key",
+                KEY,
+                "--secret-key",
+                SECRET,
+                &root.to_string_lossy(),
+            ]
+            .map(String::from),
+        );
         let child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdout(Stdio::null())
@@ -71,6 +89,7 @@ impl S3Server {
             .with_context(|| format!("starting {}", argv.join(" ")))?;
         let server = Self {
             child,
+            root,
             endpoint: format!("http://{addr}"),
         };
         for _ in 0..300 {
@@ -79,28 +98,31 @@ impl S3Server {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        bail!("moto did not start on {addr}")
+        bail!("the S3 server did not start on {addr}")
     }
 
     pub fn pid(&self) -> String {
         self.child.id().to_string()
     }
 
-    /// Copies `datasets` (folders of `root`) into the bucket.
-    pub fn upload(&self, root: &Path, datasets: &[&str]) -> Result<()> {
-        let out = Command::new(venv()?.join("python"))
-            .arg("-c")
-            .arg(UPLOAD)
-            .arg(&self.endpoint)
-            .arg(root)
-            .args(datasets)
-            .output()
-            .context("running the upload script")?;
-        if !out.status.success() {
-            bail!(
-                "uploading to moto: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+    /// Copies `datasets` (folders of `root`: Parquet files and tokenizers) into the bucket,
+    /// through the S3 API.
+    pub async fn upload(&self, root: &Path, datasets: &[&str]) -> Result<()> {
+        let store = self.store()?;
+        for d in datasets {
+            let mut names: Vec<String> = std::fs::read_dir(root.join(d))
+                .with_context(|| format!("listing {}", root.join(d).display()))?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|f| f.ends_with(".parquet") || f == "tokenizer.json")
+                .collect();
+            names.sort();
+            for f in names {
+                let bytes = std::fs::read(root.join(d).join(&f))?;
+                store
+                    .put(&ObjectPath::from(format!("{d}/{f}")), bytes.into())
+                    .await
+                    .with_context(|| format!("uploading {d}/{f}"))?;
+            }
         }
         Ok(())
     }
@@ -113,7 +135,7 @@ impl S3Server {
             .with_bucket_name(BUCKET)
             .with_region("us-east-1")
             .with_access_key_id(KEY)
-            .with_secret_access_key(KEY)
+            .with_secret_access_key(SECRET)
             .build()?;
         Ok(Arc::new(store))
     }
@@ -123,5 +145,6 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
     }
 }

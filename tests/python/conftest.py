@@ -3,7 +3,9 @@
 import json
 import os
 import pathlib
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -26,27 +28,67 @@ def write_corpus(root):
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
-@pytest.fixture(scope="session")
-def moto():
-    """A real S3-compatible server (moto) on loopback: its boto3 client and the environment
-    that points `pushdown serve` at it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+S3_SERVER = os.environ.get("PUSHDOWN_S3_SERVER") or str(
+    pathlib.Path.home() / ".cache" / "pushdown" / "tools" / "bin" / "s3s-fs")
+S3_KEY, S3_SECRET = "pushdown-test", "pushdown-test-secret"
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-    client = boto3.client("s3", endpoint_url=endpoint, **creds)
-    env = {
-        "AWS_ENDPOINT": endpoint,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }
-    yield client, env
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """s3s-fs (scripts/setup-s3.sh) on loopback: a real S3-compatible server that keeps objects
+    as files under `root` and checks every request's SigV4 signature."""
+
+    def __init__(self, root):
+        if not os.access(S3_SERVER, os.X_OK):
+            pytest.fail(f"no S3 server at {S3_SERVER}: run scripts/setup-s3.sh")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [S3_SERVER, "--host", "127.0.0.1", "--port", str(self.port),
+             "--access-key", S3_KEY, "--secret-key", S3_SECRET, str(root)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"s3s-fs did not start on port {self.port}")
+                time.sleep(0.05)
+
+    def env(self, secret=S3_SECRET):
+        """The environment that points `pushdown serve` (object_store's AWS_* variables) here."""
+        return {
+            "AWS_ENDPOINT": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=S3_KEY,
+                            aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def s3server(tmp_path_factory):
+    """One S3 server for the session; tests use their own buckets."""
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    yield server
     server.stop()
 
 

@@ -5,7 +5,6 @@ through the Python `Loader`."""
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -13,16 +12,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BIN, generate
+from conftest import BIN, free_port, generate
 
 # Thumbnails keep each server busy for a while per shard, so faults land mid-epoch.
 SQL = "SELECT id, label, thumbnail(image, 16) AS t FROM images WHERE label < 900"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Node:

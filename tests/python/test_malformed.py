@@ -63,7 +63,7 @@ def upload_tree(s3, root, bucket, prefix):
 
 
 @pytest.fixture(params=["local", "s3"])
-def backend(request, moto, tmp_path):
+def backend(request, s3server, tmp_path):
     """Where the data root lives: (place(root) -> data URL, copy(src_dir, dataset), env)."""
     if request.param == "local":
         data = tmp_path / "root"
@@ -77,7 +77,7 @@ def backend(request, moto, tmp_path):
             shutil.copytree(src, data / dataset)
 
         return place, copy, {}
-    s3, env = moto
+    s3, env = s3server.client(), s3server.env()
     bucket = f"corpus-{request.node.name.replace('_', '-').replace('[', '-').strip(']')}"[:60].lower()
     s3.create_bucket(Bucket=bucket)
 

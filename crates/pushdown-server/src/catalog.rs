@@ -227,7 +227,7 @@ impl Catalog {
         let unchanged = match self.store.head(&file.meta.location).await {
             Ok(now) => same_version(&now, &file.meta),
             Err(object_store::Error::NotFound { .. }) => false,
-            Err(e) => return Err(ServerError::Storage(e)),
+            Err(e) => return Err(ServerError::storage(e)),
         };
         if !unchanged {
             tracing::info!(dataset, file = %file.path, "file changed since it was listed; listing again");
@@ -248,7 +248,7 @@ impl Catalog {
             .store
             .list_with_delimiter(None)
             .await
-            .map_err(ServerError::Storage)?;
+            .map_err(ServerError::storage)?;
         let mut datasets = BTreeMap::new();
         let mut listed = HashSet::new();
         for folder in listing.common_prefixes {
@@ -302,7 +302,7 @@ impl Catalog {
             })
             .try_collect()
             .await
-            .map_err(ServerError::Storage)?;
+            .map_err(ServerError::storage)?;
         if objects.is_empty() {
             return Ok(None);
         }

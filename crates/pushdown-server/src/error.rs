@@ -78,8 +78,14 @@ pub enum ServerError {
     #[error("query failed: {0}")]
     Query(#[source] DataFusionError),
 
+    /// The store failed; may succeed on retry. (Its message already holds its causes.)
     #[error("storage error: {0}")]
-    Storage(#[source] object_store::Error),
+    Storage(object_store::Error),
+
+    /// The store refused the server's credentials: an operator's error, the same on retry
+    /// (another server's credentials may work).
+    #[error("{0}")]
+    StorageDenied(String),
 
     #[error("internal error: {0}")]
     Internal(String),
@@ -105,10 +111,54 @@ impl From<DataFusionError> for ServerError {
                 _ => ServerError::Query(e),
             },
             DataFusionError::ResourcesExhausted(msg) => ServerError::Overloaded(msg.clone()),
+            DataFusionError::ObjectStore(store) => match denied(store) {
+                Some(reason) => ServerError::StorageDenied(reason),
+                None => ServerError::Query(e),
+            },
             DataFusionError::NotImplemented(msg) => ServerError::BadQuery(format!("not supported: {msg}")),
             _ => ServerError::Query(e),
         }
     }
+}
+
+impl ServerError {
+    /// A failure of the store: credentials it refuses are named as such (retrying will not
+    /// help), anything else may be transient.
+    pub fn storage(e: object_store::Error) -> Self {
+        match denied(&e) {
+            Some(reason) => ServerError::StorageDenied(reason),
+            None => ServerError::Storage(e),
+        }
+    }
+}
+
+/// Whether `e` is the store refusing the server's credentials, and then what to tell the
+/// operator. S3 stores report a refused signature or key as a generic error carrying the
+/// HTTP status and the S3 error code.
+fn denied(e: &object_store::Error) -> Option<String> {
+    const CODES: [&str; 6] = [
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+        "AccessDenied",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+    ];
+    let text = e.to_string();
+    let code = CODES.iter().find(|c| text.contains(*c)).copied();
+    let by_kind = matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    );
+    let by_status = text.contains("403 Forbidden") || text.contains("401 Unauthorized");
+    if code.is_none() && !by_kind && !by_status {
+        return None;
+    }
+    Some(format!(
+        "the object store refused this server's credentials ({}): check AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY (or the role the server runs as); the store said: {text}",
+        code.unwrap_or("access denied")
+    ))
 }
 
 impl ServerError {
@@ -212,6 +262,7 @@ impl From<ServerError> for Status {
             ServerError::CorruptData(_) => (Code::DataLoss, true),
             ServerError::Query(_) => (Code::Internal, true),
             ServerError::Storage(_) => (Code::Unavailable, true),
+            ServerError::StorageDenied(_) => (Code::FailedPrecondition, true),
             ServerError::Internal(_) => (Code::Internal, true),
         };
         if internal {
@@ -254,6 +305,7 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::CorruptData(_)
             | ServerError::Query(_)
             | ServerError::Storage(_)
+            | ServerError::StorageDenied(_)
             | ServerError::Internal(_),
         ) => "error",
     }

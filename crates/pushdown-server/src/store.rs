@@ -32,7 +32,7 @@ pub fn open_store(data: &str) -> Result<Arc<dyn ObjectStore>> {
         let root = std::fs::canonicalize(data)
             .map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
         let store =
-            object_store::local::LocalFileSystem::new_with_prefix(root).map_err(ServerError::Storage)?;
+            object_store::local::LocalFileSystem::new_with_prefix(root).map_err(ServerError::storage)?;
         return Ok(Arc::new(store));
     }
     let url = url::Url::parse(data).map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
@@ -41,10 +41,10 @@ pub fn open_store(data: &str) -> Result<Arc<dyn ObjectStore>> {
             let store = object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .build()
-                .map_err(ServerError::Storage)?;
+                .map_err(ServerError::storage)?;
             (Box::new(store), Path::from(url.path()))
         }
-        _ => object_store::parse_url(&url).map_err(ServerError::Storage)?,
+        _ => object_store::parse_url(&url).map_err(ServerError::storage)?,
     };
     if prefix.as_ref().is_empty() {
         Ok(Arc::from(store))
