@@ -10,6 +10,7 @@
 //! and replaces its own section of `benches/RESULTS.md`.
 
 mod compare;
+mod fleet;
 mod link;
 mod placement;
 mod process;
@@ -45,6 +46,12 @@ enum Command {
     /// Pushdown against no pushdown (Parquet from S3), a full-row service, local files and
     /// DuckDB, on images, clicks, text and TPC-H lineitem, over loopback, 1 and 10 Gbit/s links (and 100 Mbit/s, supplementary).
     Compare {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Samples/s with 1, 2 and 4 servers (CPU-bound and link-bound), and what a killed or
+    /// stalled server costs a running epoch.
+    Fleet {
         #[command(flatten)]
         options: Options,
     },
@@ -179,6 +186,14 @@ pub async fn connect(url: &str) -> Result<PushdownClient> {
         .context(format!("connecting to {url}")))
 }
 
+/// The machine's cores (not `available_parallelism`: the harness pins itself to one).
+fn cores() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -189,11 +204,7 @@ fn machine() -> String {
                 .map(|s| s.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    // Not `available_parallelism`: the harness pins itself to one core.
-    let cores = std::fs::read_to_string("/proc/cpuinfo")
-        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
-        .unwrap_or(0);
-    format!("{cores} cores ({cpu}), Linux {}", std::env::consts::ARCH)
+    format!("{} cores ({cpu}), Linux {}", cores(), std::env::consts::ARCH)
 }
 
 /// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in `path`,
@@ -222,6 +233,7 @@ fn main() -> Result<()> {
     let (suite, options) = match args.command {
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
+        Command::Fleet { options } => ("fleet", options.resolve()),
         Command::Serve { .. } => unreachable!("serve returned above"),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
@@ -232,6 +244,15 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let data = datasets(&options)?;
+        if suite == "fleet" {
+            let command = format!(
+                "cargo run --release -p pushdown-benches --bin harness -- fleet{}",
+                if options.quick { " --quick" } else { "" }
+            );
+            let body = fleet::suite(&options, &data, &command).await?;
+            println!("{body}");
+            return write_section(&options.results, "fleet", &body);
+        }
         if suite == "compare" {
             let command = format!(
                 "cargo run --release -p pushdown-benches --bin harness -- compare{}",

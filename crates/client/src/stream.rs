@@ -295,6 +295,7 @@ async fn run_endpoint(
     let mut delivered = segment.skip;
     let end = segment.take.map(|t| segment.skip + t);
     let mut attempts = 0usize;
+    // The servers asked, each once, in the order first asked.
     let mut tried: Vec<String> = Vec::new();
     // Servers that refused this shard, and why: never asked again for it.
     let mut refused: Vec<(String, String)> = Vec::new();
@@ -320,7 +321,9 @@ async fn run_endpoint(
             .encode(),
             _ => ticket.ticket.clone(),
         };
-        tried.push(node.url.clone());
+        if !tried.contains(&node.url) {
+            tried.push(node.url.clone());
+        }
         let before = delivered;
         let outcome = {
             let _busy = node.busy();
