@@ -46,6 +46,8 @@ struct Run {
     /// Seconds from the fault to the end, and the longest wait between batches after it.
     after_fault: Option<(f64, f64)>,
     server_cpu: f64,
+    /// This process: the loader, and the pacing proxies of link-bound runs.
+    trainer_cpu: f64,
     link_bytes: u64,
 }
 
@@ -148,7 +150,8 @@ async fn run(fleet: &mut Fleet, sql: &str, fault: Fault) -> Result<Run> {
     };
     let prepared = Prepared::new(client, LoaderSource::Sql(sql.into()), options).await?;
     let total: u64 = prepared.estimate().map_or(0, |e| e.rows_upper_bound);
-    let (cpu0, bytes0) = (fleet.cpu(), fleet.link_bytes());
+    let me = std::process::id().to_string();
+    let (cpu0, bytes0, mine0) = (fleet.cpu(), fleet.link_bytes(), cpu_seconds(&me).unwrap_or(0.0));
     let totals = Arc::new(Mutex::new(Default::default()));
     let mut stream = prepared.epoch(0, 0, totals);
     let start = Instant::now();
@@ -185,6 +188,7 @@ async fn run(fleet: &mut Fleet, sql: &str, fault: Fault) -> Result<Run> {
         ids,
         after_fault: fault_at.map(|t| (t.elapsed().as_secs_f64(), gap)),
         server_cpu: fleet.cpu() - cpu0,
+        trainer_cpu: cpu_seconds(&me).unwrap_or(0.0) - mine0,
         link_bytes: fleet.link_bytes() - bytes0,
     })
 }
@@ -235,7 +239,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         ),
     ] {
         out += &format!("### {title}\n\n");
-        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---|\n";
+        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | trainer CPU busy (of 1 core) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---:|---|\n";
         let mut base: Option<Run> = None;
         for n in [1usize, 2, 4] {
             eprintln!("fleet: {title}: {n} server(s)");
@@ -250,10 +254,11 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 None => "–".into(),
             };
             out += &format!(
-                "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {link} | {} |\n",
+                "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {:.0}% | {link} | {} |\n",
                 r.rate(),
                 100.0 * speedup / n as f64,
                 100.0 * r.server_cpu / (r.elapsed * n as f64),
+                100.0 * r.trainer_cpu / r.elapsed,
                 if r.ids == b.ids { "yes" } else { "**no**" },
             );
         }

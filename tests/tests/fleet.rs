@@ -434,6 +434,60 @@ fn servers_holding_different_files_give_the_sequence_of_one_holding_all() {
             assert_eq!(locations, vec![holder.as_str()], "{file}");
         }
     });
+
+    // A server that dies: the next plan (the next epoch) goes on without it only when the
+    // others hold every file it offered; else it fails naming the server and the files.
+    let request = ScanRequest::new(Query::Sql(SQL.into()));
+    let shards = |info: &arrow_flight::FlightInfo| -> Vec<Vec<u8>> {
+        info.endpoint
+            .iter()
+            .map(|e| e.ticket.as_ref().expect("ticket").ticket.to_vec())
+            .collect()
+    };
+    let mut b = b;
+    rt.block_on(async {
+        let halves = PushdownClient::connect(&[url(&a), url(&b)])
+            .await
+            .expect("client");
+        let all = PushdownClient::connect(&[url(&a), url(&b), url(&one)])
+            .await
+            .expect("client");
+        halves.plan(&request).await.expect("both halves answer");
+        let before = all.plan(&request).await.expect("all answer");
+        let b_url = url(&b);
+        b.kill();
+        let after = all.plan(&request).await.expect("`one` holds b's files");
+        assert_eq!(shards(&after), shards(&before), "the same shards, nothing lost");
+        assert!(
+            after
+                .endpoint
+                .iter()
+                .all(|e| e.location.iter().all(|l| l.uri != b_url)),
+            "the dead server is not a location"
+        );
+        match halves.plan(&request).await {
+            Err(pushdown_client::ClientError::Unreachable {
+                server, files: named, ..
+            }) => {
+                assert_eq!(server, b_url);
+                let mut b_files: Vec<String> = files
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % 2 == 1)
+                    .map(|(_, f)| format!("images/{}", f.file_name().expect("name").to_string_lossy()))
+                    .collect();
+                b_files.sort();
+                assert_eq!(named, b_files);
+            }
+            other => panic!("expected Unreachable naming b's files, got {other:?}"),
+        }
+        // A client that never heard from it knows nothing of its files: the plan fails.
+        let fresh = PushdownClient::connect(&[url(&a), b_url.clone()])
+            .await
+            .expect("client");
+        let err = fresh.plan(&request).await.expect_err("b was never heard from");
+        assert!(err.to_string().contains(&b_url), "{err}");
+    });
 }
 
 #[test]

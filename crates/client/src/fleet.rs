@@ -16,7 +16,7 @@
 //! No coordinator: each client computes the same plan from the servers' answers, so the
 //! sample sequence depends on the files and their versions, never on which servers hold them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -80,6 +80,9 @@ pub(crate) struct Node {
     failures: AtomicU32,
     /// Not chosen before this instant while others can be.
     resting_until: Mutex<Option<Instant>>,
+    /// The files (dataset, path) it offered in its last row-wise plan: whether a plan made
+    /// while it is unreachable can do without it.
+    offered: Mutex<Option<BTreeSet<(String, String)>>>,
 }
 
 impl Node {
@@ -105,6 +108,7 @@ impl Node {
             active: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
             resting_until: Mutex::new(None),
+            offered: Mutex::new(None),
         })
     }
 
@@ -126,6 +130,24 @@ impl Node {
         *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
+    pub(crate) fn set_offered(&self, files: BTreeSet<(String, String)>) {
+        *self.offered.lock().unwrap_or_else(|p| p.into_inner()) = Some(files);
+    }
+
+    /// The files it last offered that none of `others` offers now; `None` when it never
+    /// answered a row-wise plan (nothing is known of its files).
+    pub(crate) fn held_alone(&self, others: &BTreeSet<(String, String)>) -> Option<Vec<String>> {
+        let offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            offered
+                .as_ref()?
+                .iter()
+                .filter(|f| !others.contains(*f))
+                .map(|(d, f)| format!("{d}/{f}"))
+                .collect(),
+        )
+    }
+
     fn resting(&self, now: Instant) -> bool {
         self.resting_until
             .lock()
@@ -143,10 +165,13 @@ impl Drop for Busy {
     }
 }
 
-/// Every server the client knows: those it was given, and any an endpoint names.
+/// Every server the client knows: those it was given, those its DNS names resolve to, and
+/// any an endpoint names.
 #[derive(Debug, Default)]
 pub(crate) struct Fleet {
     nodes: RwLock<Vec<Arc<Node>>>,
+    /// `dns://name:port` URLs given, resolved again at each [`Self::rediscover`].
+    names: Vec<String>,
 }
 
 impl Fleet {
@@ -156,7 +181,7 @@ impl Fleet {
         if urls.is_empty() {
             return Err(ClientError::Invalid("at least one server URL is needed".into()));
         }
-        let fleet = Self::default();
+        let mut fleet = Self::default();
         for url in urls {
             let url = url.as_ref();
             match url.strip_prefix("dns://") {
@@ -164,6 +189,7 @@ impl Fleet {
                     for resolved in resolve(url, name).await? {
                         fleet.node(&resolved)?;
                     }
+                    fleet.names.push(url.to_owned());
                 }
                 None => {
                     fleet.node(url)?;
@@ -171,6 +197,25 @@ impl Fleet {
             }
         }
         Ok(fleet)
+    }
+
+    /// Resolves the DNS names again: servers that joined behind them join the fleet (a
+    /// scaled-up Service). Servers that left stay known; they fail, rest, and are left out of
+    /// plans while unreachable. A name that no longer resolves keeps its last servers.
+    pub(crate) async fn rediscover(&self) {
+        for url in &self.names {
+            let name = url.trim_start_matches("dns://");
+            match resolve(url, name).await {
+                Ok(addrs) => {
+                    for a in addrs {
+                        if let Err(e) = self.node(&a) {
+                            tracing::warn!(%url, address = %a, error = %e, "ignoring a resolved address");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(%url, error = %e, "re-resolving failed; keeping the known servers"),
+            }
+        }
     }
 
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
@@ -222,6 +267,18 @@ impl Fleet {
         ranked.sort_by_key(|(resting, active, turn, _)| (*resting, *active, *turn));
         ranked.into_iter().map(|(.., node)| Arc::clone(node)).collect()
     }
+}
+
+/// The files (dataset, path) a row-wise plan's shards read; `None` for a whole query.
+pub(crate) fn files_of(info: &FlightInfo) -> Option<BTreeSet<(String, String)>> {
+    info.endpoint
+        .iter()
+        .map(|e| {
+            let ticket = ShardTicket::decode(&e.ticket.as_ref()?.ticket).ok()?;
+            let shard = ticket.shard?;
+            Some((shard.dataset, shard.file))
+        })
+        .collect()
 }
 
 /// `http://host:port` for a server URL (`grpc://` and `grpc+tcp://` are Flight's names for it).

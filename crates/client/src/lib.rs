@@ -106,6 +106,16 @@ pub enum ClientError {
     },
     #[error("servers disagree about `{file}`: {detail}")]
     ServersDisagree { file: String, detail: String },
+    #[error(
+        "server {server} is unreachable ({reason}) and no other server offers {}: planning \
+         without it would leave them out",
+        files.join(", ")
+    )]
+    Unreachable {
+        server: String,
+        files: Vec<String>,
+        reason: String,
+    },
     #[error(transparent)]
     Arrow(#[from] arrow::error::ArrowError),
     #[error(transparent)]
@@ -187,28 +197,76 @@ impl PushdownClient {
 
     /// Plans a request on every server and merges their answers: one endpoint per shard, in
     /// (dataset, file, row group) order, located on the servers that hold its file at the
-    /// planned version. Every server must answer (its files would be missing otherwise).
+    /// planned version. A server that cannot be reached is left out only when the others
+    /// offered every file it offered last time; else the plan fails naming it. DNS names are
+    /// resolved again first (servers that joined are asked too).
     pub async fn plan(&self, request: &ScanRequest) -> Result<FlightInfo> {
+        self.fleet.rediscover().await;
         let descriptor = FlightDescriptor::new_cmd(request.encode());
-        let answers = futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| {
+        let replies = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
             let descriptor = descriptor.clone();
             async move {
                 let mut attempt = 0;
                 loop {
                     match node.flight.clone().get_flight_info(descriptor.clone()).await {
-                        Ok(info) => return Ok((Arc::clone(&node), info.into_inner())),
+                        Ok(info) => {
+                            node.succeeded();
+                            return Ok((Arc::clone(&node), info.into_inner()));
+                        }
                         Err(status)
                             if attempt < PLAN_RETRIES && Failure::of(status.code()) == Failure::Transient =>
                         {
                             attempt += 1;
                             tokio::time::sleep(Duration::from_millis(100) * attempt).await;
                         }
-                        Err(status) => return Err(ClientError::server(&node.url, status)),
+                        Err(status) => return Err((node, status)),
                     }
                 }
             }
         }))
-        .await?;
+        .await;
+        // A server that answers with an error fails the plan (the query's error, or the
+        // server's). One that cannot be reached is left out of the plan only when the others
+        // offer every file it offered in its last plan: nothing is lost, and a dead server
+        // does not stop the next epoch. Otherwise the plan fails naming it and those files.
+        let mut answers = Vec::new();
+        let mut unreachable = Vec::new();
+        for reply in replies {
+            match reply {
+                Ok(answer) => answers.push(answer),
+                Err((node, status)) if Failure::of(status.code()) == Failure::Transient => {
+                    node.failed(Duration::from_millis(100));
+                    unreachable.push((node, status));
+                }
+                Err((node, status)) => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        let offered: Vec<Option<std::collections::BTreeSet<(String, String)>>> =
+            answers.iter().map(|(_, info)| fleet::files_of(info)).collect();
+        let all: std::collections::BTreeSet<(String, String)> =
+            offered.iter().flatten().flatten().cloned().collect();
+        for (node, status) in unreachable {
+            match node.held_alone(&all) {
+                Some(alone) if alone.is_empty() && !answers.is_empty() => tracing::warn!(
+                    server = %node.url,
+                    error = %status.message(),
+                    "a server is unreachable: planning without it (the others hold its files)"
+                ),
+                Some(files) if !files.is_empty() => {
+                    return Err(ClientError::Unreachable {
+                        server: node.url.clone(),
+                        files,
+                        reason: status.message().to_owned(),
+                    });
+                }
+                _ => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        for ((node, _), files) in answers.iter().zip(offered) {
+            if let Some(files) = files {
+                node.set_offered(files);
+            }
+        }
         fleet::merge(answers)
     }
 

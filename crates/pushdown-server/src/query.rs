@@ -607,6 +607,14 @@ fn pruning_predicate(
     let Some(filter) = conjunction(scan.filters.iter().cloned()) else {
         return Ok(None);
     };
+    // NaN rows are invisible to float statistics (see `table`): no pruning by them.
+    let names = scan
+        .filter_columns
+        .iter()
+        .map(|&c| dataset.schema.field(c).name().as_str());
+    if crate::table::reads_floats(&dataset.schema, names) {
+        return Ok(None);
+    }
     // Pruning only saves work: a filter that cannot be turned into one prunes nothing.
     let df_schema = DFSchema::try_from_qualified_schema(scan.table.clone(), &dataset.schema)?;
     let physical = match ctx.create_physical_expr(filter, &df_schema) {

@@ -7,11 +7,18 @@
 //! statistics and bloom filters, pages by the page index, filters pushed into the decoder
 //! when the request asks for it. Files are never split by byte range, so a shard's output
 //! order is deterministic.
+//!
+//! **Floating-point filters are not pruned by statistics.** Parquet's min/max exclude NaN
+//! (the spec says so), while DataFusion orders NaN above every number: `f > 0.25` holds for
+//! a NaN row, yet a row group whose numbers stay below 0.25 is skipped, and its NaN rows are
+//! silently lost (apache/datafusion#15812, open in 55.2). A scan whose filters read a float
+//! column turns statistics, page-index and bloom-filter pruning off, so such a query gives
+//! the same rows whatever the files' row groups. Filters over other types prune as before.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::config::TableParquetOptions;
@@ -86,7 +93,7 @@ impl TableProvider for ShardTable {
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let files = self.partitioned_files();
@@ -104,8 +111,14 @@ impl TableProvider for ShardTable {
             .chunks(per_group)
             .map(|c| FileGroup::new(c.to_vec()))
             .collect();
-        let source =
-            ParquetSource::new(Arc::clone(&self.schema)).with_table_parquet_options(self.options.clone());
+        let mut options = self.options.clone();
+        let columns = filters.iter().flat_map(|f| f.column_refs());
+        if reads_floats(&self.schema, columns.map(|c| c.name.as_str())) {
+            options.global.pruning = false;
+            options.global.enable_page_index = false;
+            options.global.bloom_filter_on_read = false;
+        }
+        let source = ParquetSource::new(Arc::clone(&self.schema)).with_table_parquet_options(options.clone());
         let config = FileScanConfigBuilder::new(self.store_url.clone(), Arc::new(source))
             .with_file_groups(groups)
             .with_projection_indices(projection.cloned())?
@@ -113,7 +126,7 @@ impl TableProvider for ShardTable {
             .build();
         // Through `ParquetFormat` so footers come from the runtime's metadata cache.
         ParquetFormat::default()
-            .with_options(self.options.clone())
+            .with_options(options)
             .create_physical_plan(state, config)
             .await
     }
@@ -126,4 +139,25 @@ impl TableProvider for ShardTable {
         // filter pushdown is on, evaluates them in the decoder.
         Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
     }
+}
+
+/// Whether any of `columns` is floating-point (or holds floats, in a list or struct): its
+/// statistics cannot rule NaN rows out (see the module docs).
+pub(crate) fn reads_floats<'a>(schema: &Schema, columns: impl IntoIterator<Item = &'a str>) -> bool {
+    fn floats(t: &arrow::datatypes::DataType) -> bool {
+        use arrow::datatypes::DataType;
+        match t {
+            t if t.is_floating() => true,
+            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+                floats(f.data_type())
+            }
+            DataType::Struct(fields) => fields.iter().any(|f| floats(f.data_type())),
+            DataType::Dictionary(_, v) => floats(v),
+            _ => false,
+        }
+    }
+    columns
+        .into_iter()
+        .filter_map(|c| schema.field_with_name(c).ok())
+        .any(|f| floats(f.data_type()))
 }
