@@ -98,12 +98,6 @@ impl ServerProcess {
         self.child.id().to_string()
     }
 
-    /// SIGKILL: the process dies at once, mid-stream.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(&self.pid()).unwrap_or(f64::NAN)
     }

@@ -261,7 +261,7 @@ fn loader_options() -> LoaderOptions {
         seed: 11,
         stream: StreamOptions {
             concurrency: 3,
-            buffered_batches: 1,
+            buffered_bytes: 1,
             max_retries: 6,
             retry_backoff: Duration::from_millis(50),
             stall_timeout: Duration::from_millis(1500),

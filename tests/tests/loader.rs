@@ -81,7 +81,7 @@ fn the_sequence_depends_on_the_seed_alone() {
         o.compression = compression;
         o.stream = StreamOptions {
             concurrency,
-            buffered_batches: 1,
+            buffered_bytes: 1,
             ..StreamOptions::default()
         };
         o.workers = concurrency;

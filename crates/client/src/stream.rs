@@ -23,8 +23,11 @@ use crate::{ClientError, PushdownClient, Result};
 pub struct StreamOptions {
     /// Shard streams in flight at once.
     pub concurrency: usize,
-    /// Batches buffered per in-flight stream before it waits (back-pressure).
-    pub buffered_batches: usize,
+    /// Bytes (in Arrow memory) each in-flight stream may read ahead of the consumer before
+    /// it waits (back-pressure); at least one batch. With [`Order::Sequential`] only the
+    /// head shard is being consumed: the others keep their servers and links busy only as
+    /// far as this lets them run ahead.
+    pub buffered_bytes: usize,
     /// Times a shard's stream is resumed after transient failures (on any of its servers)
     /// before its error is returned.
     pub max_retries: usize,
@@ -64,7 +67,7 @@ impl Default for StreamOptions {
     fn default() -> Self {
         Self {
             concurrency: 4,
-            buffered_batches: 2,
+            buffered_bytes: 32 << 20,
             max_retries: 3,
             retry_backoff: Duration::from_millis(100),
             stall_timeout: Duration::from_secs(30),
@@ -96,8 +99,52 @@ impl std::ops::AddAssign for StreamTotals {
 }
 
 struct Active {
-    rx: mpsc::Receiver<Result<RecordBatch>>,
+    rx: mpsc::UnboundedReceiver<Result<Held>>,
     _task: AbortOnDrop,
+}
+
+/// A batch read ahead, holding its share of its stream's read-ahead budget until consumed.
+struct Held {
+    batch: RecordBatch,
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// One stream's side of its read-ahead: batches wait for room in a byte budget (KiB
+/// permits), so a stream runs ahead of the consumer by bytes, not by batches of any size.
+#[derive(Clone)]
+struct Buffer {
+    tx: mpsc::UnboundedSender<Result<Held>>,
+    budget: Arc<tokio::sync::Semaphore>,
+    kib: u32,
+}
+
+impl Buffer {
+    fn new(bytes: usize) -> (Self, mpsc::UnboundedReceiver<Result<Held>>) {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Arc::new(tokio::sync::Semaphore::new(kib as usize));
+        (Self { tx, budget, kib }, rx)
+    }
+
+    /// Waits for room, then hands `batch` over; `false` once the consumer is gone.
+    async fn push(&self, batch: RecordBatch) -> bool {
+        let need = u32::try_from(batch.get_array_memory_size().div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.kib);
+        let Ok(permit) = Arc::clone(&self.budget).acquire_many_owned(need).await else {
+            return false;
+        };
+        self.tx
+            .send(Ok(Held {
+                batch,
+                _budget: permit,
+            }))
+            .is_ok()
+    }
+
+    fn fail(&self, e: ClientError) {
+        let _ = self.tx.send(Err(e));
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -110,9 +157,9 @@ impl Drop for AbortOnDrop {
 
 /// The record batches of every endpoint of a FlightInfo.
 ///
-/// At most `concurrency` shards stream at once, each into a channel of
-/// `buffered_batches`; the consumer takes one batch from each in-flight shard in turn (in
-/// endpoint order), so the output order is a function of the shards' contents alone.
+/// At most `concurrency` shards stream at once, each reading up to `buffered_bytes` ahead;
+/// the consumer takes one batch from each in-flight shard in turn (in endpoint order), or
+/// shard after shard, so the output order is a function of the shards' contents alone.
 /// Dropping the stream aborts every request in flight.
 pub struct ShardStream {
     client: PushdownClient,
@@ -186,7 +233,7 @@ impl ShardStream {
         let Some(segment) = self.pending.pop_front() else {
             return;
         };
-        let (tx, rx) = mpsc::channel(self.options.buffered_batches.max(1));
+        let (tx, rx) = Buffer::new(self.options.buffered_bytes);
         let task = tokio::spawn(run_endpoint(
             self.client.clone(),
             segment,
@@ -216,7 +263,8 @@ impl Stream for ShardStream {
                 return Poll::Ready(None);
             };
             match front.rx.poll_recv(cx) {
-                Poll::Ready(Some(Ok(batch))) => {
+                Poll::Ready(Some(Ok(held))) => {
+                    let batch = held.batch;
                     // Round-robin: this shard goes to the back of the line.
                     if self.options.order == Order::RoundRobin
                         && let Some(a) = self.active.pop_front()
@@ -251,16 +299,14 @@ impl Stream for ShardStream {
 async fn run_endpoint(
     client: PushdownClient,
     segment: Segment,
-    tx: mpsc::Sender<Result<RecordBatch>>,
+    tx: Buffer,
     options: StreamOptions,
     totals: Arc<Mutex<StreamTotals>>,
 ) {
     let index = segment.index;
     let fail = |e: ClientError| {
         let tx = tx.clone();
-        async move {
-            let _ = tx.send(Err(e)).await;
-        }
+        async move { tx.fail(e) }
     };
     let Some(ticket) = segment.endpoint.ticket.clone() else {
         return fail(ClientError::Invalid(format!("endpoint {index} has no ticket"))).await;
@@ -428,7 +474,7 @@ async fn fetch(
     node: &Node,
     index: usize,
     ticket: bytes::Bytes,
-    tx: &mpsc::Sender<Result<RecordBatch>>,
+    tx: &Buffer,
     totals: &Arc<Mutex<StreamTotals>>,
     progress: Progress<'_>,
 ) -> Result<(), Fetch> {
@@ -503,7 +549,7 @@ async fn fetch(
                     }
                 }
                 let rows = batch.num_rows() as u64;
-                if tx.send(Ok(batch)).await.is_err() {
+                if !tx.push(batch).await {
                     return Err(Fetch::ConsumerGone);
                 }
                 *delivered += rows;
