@@ -112,6 +112,21 @@ impl Node {
         })
     }
 
+    /// Runs `action` here, collecting its results.
+    pub(crate) async fn action(
+        &self,
+        action: arrow_flight::Action,
+    ) -> Result<Vec<arrow_flight::Result>, tonic::Status> {
+        use futures::TryStreamExt;
+        self.flight
+            .clone()
+            .do_action(action)
+            .await?
+            .into_inner()
+            .try_collect()
+            .await
+    }
+
     /// Marks a stream in flight until the guard drops.
     pub(crate) fn busy(self: &Arc<Self>) -> Busy {
         self.active.fetch_add(1, Ordering::Relaxed);

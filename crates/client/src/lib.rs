@@ -327,17 +327,10 @@ impl PushdownClient {
     pub async fn refresh(&self) -> Result<Vec<(String, Vec<pushdown_protocol::DatasetVersion>)>> {
         futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
             let action = Action::new(ActionKind::Refresh.name(), bytes::Bytes::new());
-            let results: Vec<arrow_flight::Result> = async {
-                node.flight
-                    .clone()
-                    .do_action(action)
-                    .await?
-                    .into_inner()
-                    .try_collect()
-                    .await
-            }
-            .await
-            .map_err(|status| ClientError::server(&node.url, status))?;
+            let results = node
+                .action(action)
+                .await
+                .map_err(|status| ClientError::server(&node.url, status))?;
             let versions = results
                 .iter()
                 .map(|r| {
@@ -369,16 +362,7 @@ impl PushdownClient {
         let mut last = None;
         for node in Fleet::ranked(&self.fleet.holders(endpoint)?, 0) {
             let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
-            let got: Result<Vec<arrow_flight::Result>, tonic::Status> = async {
-                node.flight
-                    .clone()
-                    .do_action(action)
-                    .await?
-                    .into_inner()
-                    .try_collect()
-                    .await
-            }
-            .await;
+            let got = node.action(action).await;
             match got {
                 Ok(results) => {
                     let body = results
