@@ -260,3 +260,49 @@ async fn streams_fan_out_with_bounded_concurrency() {
         assert!(stream.totals().bytes_received > 0);
     }
 }
+
+/// The codec of every record batch message of the stream `descriptor` plans to.
+async fn codecs(fx: &Fixture, descriptor: FlightDescriptor) -> Vec<Option<arrow::ipc::CompressionType>> {
+    let mut raw = pushdown_tests::raw_client(fx.running.url()).await;
+    let info = raw.get_flight_info(descriptor).await.expect("info").into_inner();
+    let mut out = Vec::new();
+    for endpoint in info.endpoint {
+        let ticket = endpoint.ticket.expect("ticket");
+        let mut stream = raw.do_get(ticket).await.expect("do_get").into_inner();
+        while let Some(data) = stream.next().await {
+            let data = data.expect("data");
+            let Ok(message) = arrow::ipc::root_as_message(&data.data_header) else {
+                continue;
+            };
+            if let Some(batch) = message.header_as_record_batch() {
+                out.push(batch.compression().map(|c| c.codec()));
+            }
+        }
+    }
+    out
+}
+
+/// A plain Flight client (pyarrow's `do_get` with SQL text or a path) cannot choose a codec:
+/// on loopback it gets uncompressed streams, since compressing only costs both sides CPU. A
+/// client that asks for one gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_clients_on_loopback_get_uncompressed_streams() {
+    let fx = Fixture::images(300).await;
+    let sql = "SELECT id, label FROM images WHERE label < 500";
+    for descriptor in [
+        FlightDescriptor::new_cmd(sql.as_bytes().to_vec()),
+        FlightDescriptor::new_path(vec!["images".into()]),
+    ] {
+        let got = codecs(&fx, descriptor).await;
+        assert!(!got.is_empty());
+        assert!(got.iter().all(Option::is_none), "{got:?}");
+    }
+    let mut request = ScanRequest::new(Query::Sql(sql.into()));
+    request.compression = pushdown_protocol::Compression::Zstd;
+    let got = codecs(&fx, FlightDescriptor::new_cmd(request.encode())).await;
+    assert!(!got.is_empty());
+    assert!(
+        got.iter().all(|c| *c == Some(arrow::ipc::CompressionType::ZSTD)),
+        "{got:?}"
+    );
+}

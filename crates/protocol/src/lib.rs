@@ -515,14 +515,20 @@ impl ScanRequest {
     /// practically never decodes as a message with a query (it would need a valid nested
     /// message of exactly the right length), and when it does not, it is taken as SQL.
     pub fn decode_command(bytes: &[u8]) -> Result<Self> {
+        Self::decode_command_origin(bytes).map(|(request, _)| request)
+    }
+
+    /// [`Self::decode_command`], and whether the command was plain SQL text (a client that
+    /// could not say how it wants the stream compressed) rather than a `ScanRequest`.
+    pub fn decode_command_origin(bytes: &[u8]) -> Result<(Self, bool)> {
         if let Ok(message) = proto::ScanRequest::decode(bytes)
             && message.query.is_some()
             && let Ok(request) = from_proto::scan_request(message)
         {
-            return Ok(request);
+            return Ok((request, false));
         }
         match std::str::from_utf8(bytes) {
-            Ok(text) if !text.trim().is_empty() => Ok(Self::new(Query::Sql(text.to_owned()))),
+            Ok(text) if !text.trim().is_empty() => Ok((Self::new(Query::Sql(text.to_owned())), true)),
             _ => Err(ProtocolError::UnrecognizedCommand),
         }
     }

@@ -1,5 +1,6 @@
 //! The Arrow Flight service: catalog, planning and streaming over gRPC.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -55,15 +56,24 @@ impl PushdownService {
 
     /// A descriptor as a request: a command (ScanRequest or SQL) or a path `[dataset]`.
     fn request_of(descriptor: &FlightDescriptor) -> Result<ScanRequest> {
+        Self::request_and_origin(descriptor).map(|(request, _)| request)
+    }
+
+    /// [`Self::request_of`], and whether the client could not choose the stream's codec (SQL
+    /// text or a path: what plain Flight clients such as pyarrow send).
+    fn request_and_origin(descriptor: &FlightDescriptor) -> Result<(ScanRequest, bool)> {
         match DescriptorType::try_from(descriptor.r#type) {
             Ok(DescriptorType::Cmd) => {
-                ScanRequest::decode_command(&descriptor.cmd).map_err(ServerError::BadCommand)
+                ScanRequest::decode_command_origin(&descriptor.cmd).map_err(ServerError::BadCommand)
             }
             Ok(DescriptorType::Path) => match descriptor.path.as_slice() {
-                [dataset] => Ok(ScanRequest::new(Query::Fragment(Fragment {
-                    dataset: dataset.clone(),
-                    ..Fragment::default()
-                }))),
+                [dataset] => Ok((
+                    ScanRequest::new(Query::Fragment(Fragment {
+                        dataset: dataset.clone(),
+                        ..Fragment::default()
+                    })),
+                    true,
+                )),
                 other => Err(ServerError::BadRequest(format!(
                     "a path descriptor names one dataset, got {} elements",
                     other.len()
@@ -90,8 +100,18 @@ impl PushdownService {
         }
     }
 
-    async fn flight_info(&self, descriptor: FlightDescriptor) -> Result<FlightInfo> {
-        let request = Self::request_of(&descriptor)?;
+    /// Plans a descriptor for the client at `peer`. A client that could not choose a codec
+    /// gets uncompressed streams when it is on this host (loopback: compressing only costs
+    /// both sides CPU), else zstd (a network between them).
+    async fn flight_info(
+        &self,
+        descriptor: FlightDescriptor,
+        peer: Option<SocketAddr>,
+    ) -> Result<FlightInfo> {
+        let (mut request, plain) = Self::request_and_origin(&descriptor)?;
+        if plain && peer.is_some_and(|p| p.ip().is_loopback()) {
+            request.compression = Compression::None;
+        }
         let planned = self.state.engine.plan(&request).await?;
         self.state
             .metrics
@@ -507,7 +527,8 @@ impl FlightService for PushdownService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let result = self.contained(self.flight_info(request.into_inner())).await;
+        let peer = request.remote_addr();
+        let result = self.contained(self.flight_info(request.into_inner(), peer)).await;
         Ok(Response::new(self.finish("get_flight_info", result)?))
     }
 
@@ -516,8 +537,9 @@ impl FlightService for PushdownService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
         // Planning is quick: the answer is always complete.
+        let peer = request.remote_addr();
         let descriptor = request.into_inner();
-        let result = self.contained(self.flight_info(descriptor.clone())).await;
+        let result = self.contained(self.flight_info(descriptor.clone(), peer)).await;
         let info = self.finish("poll_flight_info", result)?;
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
