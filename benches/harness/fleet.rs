@@ -127,7 +127,7 @@ fn signal(pid: &str, sig: &str) -> Result<()> {
     Ok(())
 }
 
-async fn run(fleet: &mut Fleet, sql: &str, fault: Fault) -> Result<Run> {
+async fn run(fleet: &Fleet, sql: &str, fault: Fault) -> Result<Run> {
     let urls = fleet.urls();
     for url in &urls {
         crate::connect(url).await?;
@@ -208,10 +208,10 @@ async fn run(fleet: &mut Fleet, sql: &str, fault: Fault) -> Result<Run> {
 
 /// The best (fastest) of `reps` runs over a fresh fleet of `n`.
 async fn best(data: &std::path::Path, n: usize, rate: Option<u64>, sql: &str, reps: usize) -> Result<Run> {
-    let mut fleet = Fleet::start(data, n, rate).await?;
+    let fleet = Fleet::start(data, n, rate).await?;
     let mut best: Option<Run> = None;
     for _ in 0..reps {
-        let r = run(&mut fleet, sql, Fault::None).await?;
+        let r = run(&fleet, sql, Fault::None).await?;
         if best.as_ref().is_none_or(|b| r.elapsed < b.elapsed) {
             best = Some(r);
         }
@@ -293,8 +293,8 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         ("SIGSTOP one server (stall timeout 2 s)", Fault::Stall(at)),
     ] {
         eprintln!("fleet: recovery: {name}");
-        let mut fleet = Fleet::start(&images, 3, Some(LINK_RATE_BITS)).await?;
-        let r = run(&mut fleet, LINK_SQL, fault).await?;
+        let fleet = Fleet::start(&images, 3, Some(LINK_RATE_BITS)).await?;
+        let r = run(&fleet, LINK_SQL, fault).await?;
         let (_, gap) = r.after_fault.unwrap_or((0.0, 0.0));
         out += &format!(
             "| {name} | {:.2} | {:+.2} | {:+.2} | {gap:.2} s | {} | {} |\n",
@@ -303,6 +303,33 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             clean.elapsed / 3.0,
             r.rows,
             if r.ids == clean.ids { "yes" } else { "**no**" },
+        );
+    }
+    out += "\n";
+
+    out += "### One server core shared by several trainers (CPU-bound query, 1 server, 1 thread)\n\n";
+    out += "| trainers | samples/s, all trainers | samples/s per trainer (slowest–fastest) | server CPU busy | sequences = a lone trainer's |\n|---:|---:|---:|---:|---|\n";
+    let fleet = Fleet::start(&images, 1, None).await?;
+    let alone = run(&fleet, CPU_SQL, Fault::None).await?;
+    for k in [1usize, 2, 4] {
+        eprintln!("fleet: {k} trainer(s) sharing one server core");
+        let cpu0 = fleet.cpu();
+        let start = Instant::now();
+        let runs = futures::future::try_join_all((0..k).map(|_| run(&fleet, CPU_SQL, Fault::None))).await?;
+        let wall = start.elapsed().as_secs_f64();
+        let rows: u64 = runs.iter().map(|r| r.rows).sum();
+        let (slow, fast) = runs.iter().fold((f64::MAX, 0f64), |(lo, hi), r| {
+            (lo.min(r.rate()), hi.max(r.rate()))
+        });
+        out += &format!(
+            "| {k} | {:.0} | {slow:.0}–{fast:.0} | {:.0}% | {} |\n",
+            rows as f64 / wall,
+            100.0 * (fleet.cpu() - cpu0) / wall,
+            if runs.iter().all(|r| r.ids == alone.ids) {
+                "yes"
+            } else {
+                "**no**"
+            },
         );
     }
     out += "\n";
