@@ -129,7 +129,11 @@ async fn a_ticket_resumes_from_an_offset() {
 }
 
 async fn fetch_ticket(fx: &Fixture, ticket: bytes::Bytes) -> Vec<arrow::record_batch::RecordBatch> {
-    let mut client = pushdown_tests::raw_client(fx.running.url()).await;
+    fetch_from(fx.running.url(), ticket).await
+}
+
+async fn fetch_from(url: String, ticket: bytes::Bytes) -> Vec<arrow::record_batch::RecordBatch> {
+    let mut client = pushdown_tests::raw_client(url).await;
     let stream = client
         .do_get(arrow_flight::Ticket::new(ticket))
         .await
@@ -304,5 +308,65 @@ async fn plain_clients_on_loopback_get_uncompressed_streams() {
     assert!(
         got.iter().all(|c| *c == Some(arrow::ipc::CompressionType::ZSTD)),
         "{got:?}"
+    );
+}
+
+/// A lone stream decodes its shard's row groups on several cores at once, yet streams them in
+/// the order one core would: the same rows in the same order, and the same tail from a
+/// resume offset, as a server with one CPU thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
+    let config = |threads| pushdown_server::ServerConfig {
+        cpu_threads: threads,
+        batch_size: 16,
+        ..pushdown_server::ServerConfig::default()
+    };
+    let wide = Fixture::new(config(4), |root| {
+        pushdown_tests::write_images(root, 600);
+    })
+    .await;
+    let store = pushdown_server::open_store(&wide.root.path().to_string_lossy()).expect("store");
+    let narrow = pushdown_server::Server::builder(store)
+        .config(config(1))
+        .open()
+        .await
+        .expect("server")
+        .spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("spawn");
+    let request = ScanRequest::new(Query::Sql(
+        "SELECT id, label, thumbnail(image, 4) AS t FROM images WHERE label % 3 <> 0".into(),
+    ));
+    let info = wide.client.plan(&request).await.expect("plan");
+    assert!(!info.endpoint.is_empty());
+    let mut widest = 0;
+    for endpoint in &info.endpoint {
+        let bytes = endpoint.ticket.as_ref().expect("ticket").ticket.clone();
+        let ticket = ShardTicket::decode(&bytes).expect("ticket");
+        let shard = ticket.shard.as_ref().expect("shard");
+        widest = widest.max(shard.row_groups.len());
+        let many = fetch_from(wide.running.url(), bytes.clone()).await;
+        let one = fetch_from(narrow.url(), bytes.clone()).await;
+        let ids = |batches: &[arrow::record_batch::RecordBatch]| -> Vec<i64> {
+            batches
+                .iter()
+                .flat_map(|b| {
+                    let c = b.column_by_name("id").expect("id");
+                    arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(c)
+                        .values()
+                        .to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(ids(&many), ids(&one), "{}", shard.label());
+        assert_eq!(rows(&many), rows(&one));
+        let mut resumed = ticket.clone();
+        resumed.skip_rows = 37;
+        let tail = fetch_from(wide.running.url(), resumed.encode()).await;
+        assert_eq!(rows(&tail), rows(&one)[37..].to_vec());
+    }
+    assert!(
+        widest >= 4,
+        "shards of several row groups, each decoded on its own core"
     );
 }

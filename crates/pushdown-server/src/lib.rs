@@ -201,11 +201,12 @@ impl Server {
         &self,
         ticket: &pushdown_protocol::ShardTicket,
     ) -> Result<datafusion::physical_plan::SendableRecordBatchStream> {
-        let opened = self.state.engine.open(ticket).await?;
-        Ok(datafusion::physical_plan::execute_stream(
-            opened.plan,
-            opened.ctx.task_ctx(),
-        )?)
+        let opened = self
+            .state
+            .engine
+            .open(ticket, self.state.config.cpu_threads)
+            .await?;
+        Ok(crate::query::ordered_stream(opened.plan, opened.ctx.task_ctx())?)
     }
 
     pub fn builder(store: Arc<dyn ObjectStore>) -> ServerBuilder {
@@ -397,7 +398,7 @@ mod tests {
             request.filter_pushdown = pushdown;
             let planned = server.state.engine.plan(&request).await.expect("plan");
             let ticket = planned.tickets().remove(0);
-            let opened = server.state.engine.open(&ticket).await.expect("open");
+            let opened = server.state.engine.open(&ticket, 1).await.expect("open");
             let source = parquet_source(&opened.plan).expect("a parquet scan");
             let o = &source.table_parquet_options().global;
             assert!(o.pruning, "row-group pruning by statistics");

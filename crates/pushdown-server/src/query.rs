@@ -19,6 +19,7 @@
 //! `CREATE EXTERNAL TABLE`, file-path tables) is refused before planning.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -166,6 +167,9 @@ impl Engine {
             .with_information_schema(false);
         let options = config.options_mut();
         options.execution.parquet = self.parquet_options(false).global;
+        // Each partition reads its own file group, never a sibling's (DataFusion lets an idle
+        // partition steal files by default): a shard's row-group ranges are emitted in order.
+        options.execution.enable_file_stream_work_stealing = false;
         options.sql_parser.enable_ident_normalization = true;
         SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
     }
@@ -291,9 +295,11 @@ impl Engine {
         })
     }
 
-    /// `DoGet`: checks the ticket against the catalog and builds its physical plan.
-    pub async fn open(&self, ticket: &ShardTicket) -> Result<Opened> {
-        let (ctx, df, row_groups) = self.dataframe_for(ticket).await?;
+    /// `DoGet`: checks the ticket against the catalog and builds its physical plan. A shard
+    /// is read as up to `parallelism` contiguous row-group ranges, decoded at once and
+    /// emitted in order (see [`ordered_stream`]): one stream can use several cores.
+    pub async fn open(&self, ticket: &ShardTicket, parallelism: usize) -> Result<Opened> {
+        let (ctx, df, row_groups) = self.dataframe_for(ticket, parallelism).await?;
         let plan = df.create_physical_plan().await?;
         Ok(Opened {
             plan,
@@ -305,7 +311,7 @@ impl Engine {
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket) -> Result<u64> {
-        let (_ctx, df, _) = self.dataframe_for(ticket).await?;
+        let (_ctx, df, _) = self.dataframe_for(ticket, 1).await?;
         let n = df
             .count()
             .await
@@ -314,7 +320,11 @@ impl Engine {
     }
 
     /// The ticket's query as a DataFrame over its shard (or the whole catalog), checked.
-    async fn dataframe_for(&self, ticket: &ShardTicket) -> Result<(SessionContext, DataFrame, u64)> {
+    async fn dataframe_for(
+        &self,
+        ticket: &ShardTicket,
+        parallelism: usize,
+    ) -> Result<(SessionContext, DataFrame, u64)> {
         let datasets = self.catalog.datasets().await?;
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
@@ -348,11 +358,12 @@ impl Engine {
                         file.num_row_groups()
                     )));
                 }
-                let ctx = self.session(1);
+                let parts = split_range(shard.row_groups.clone(), parallelism);
+                let ctx = self.session(parts.len());
                 let table = ShardTable::new(
                     Arc::clone(&dataset.schema),
                     self.store_url.clone(),
-                    vec![(file.clone(), Some(shard.row_groups.clone()))],
+                    parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
                     self.parquet_options(pushdown),
                 );
                 ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
@@ -393,6 +404,69 @@ impl Engine {
                 Ok((ctx, df, row_groups))
             }
         }
+    }
+}
+
+/// `range` cut into at most `parts` contiguous, non-empty ranges of near-equal length, in
+/// order.
+fn split_range(range: Range<u32>, parts: usize) -> Vec<Range<u32>> {
+    let len = range.end.saturating_sub(range.start);
+    let parts = (parts.max(1) as u32).min(len.max(1));
+    (0..parts)
+        .map(|i| {
+            let start = range.start + len * i / parts;
+            let end = range.start + len * (i + 1) / parts;
+            start..end
+        })
+        .filter(|r| !r.is_empty() || len == 0)
+        .collect()
+}
+
+/// The plan's partitions one after another, as if one partition had read them all: each
+/// partition decodes ahead on its own task (a shard cut into row-group ranges uses several
+/// cores), and nothing of partition `i + 1` is emitted before partition `i` ends. So a
+/// stream's rows, and the offsets it resumes from, do not depend on the parallelism.
+pub fn ordered_stream(
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: Arc<datafusion::execution::TaskContext>,
+) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
+    use futures::StreamExt;
+    let n = datafusion::physical_plan::ExecutionPlanProperties::output_partitioning(&plan).partition_count();
+    if n <= 1 {
+        return datafusion::physical_plan::execute_stream(plan, ctx);
+    }
+    let schema = plan.schema();
+    let mut receivers = Vec::with_capacity(n);
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut partition = plan.execute(i, Arc::clone(&ctx))?;
+        // Two batches ahead per partition: enough to keep its core busy, bounded memory.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tasks.push(AbortOnDrop(tokio::spawn(async move {
+            while let Some(item) = partition.next().await {
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        })));
+        receivers.push(tokio_stream::wrappers::ReceiverStream::new(rx));
+    }
+    let stream = futures::stream::iter(receivers).flatten().map(move |item| {
+        // The stream owns the partitions' tasks: dropping it stops them.
+        let _owner = &tasks;
+        item
+    });
+    Ok(Box::pin(
+        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream),
+    ))
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -783,5 +857,19 @@ mod metric_tests {
         assert!(!names.bytes_scanned.is_empty(), "{names:?}");
         assert!(!names.rows_pruned_by_filter.is_empty(), "{names:?}");
         assert_eq!(names.row_groups_pruned.len(), 3, "{names:?}");
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_range;
+
+    #[test]
+    fn ranges_split_into_contiguous_near_equal_parts() {
+        assert_eq!(split_range(0..8, 4), vec![0..2, 2..4, 4..6, 6..8]);
+        assert_eq!(split_range(3..10, 3), vec![3..5, 5..7, 7..10]);
+        assert_eq!(split_range(2..4, 8), vec![2..3, 3..4]);
+        assert_eq!(split_range(5..6, 1), vec![5..6]);
+        assert_eq!(split_range(0..5, 0), vec![0..5]);
     }
 }

@@ -14,7 +14,6 @@ use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
-use datafusion::physical_plan::execute_stream;
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
 use pushdown_protocol::{ActionKind, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket};
@@ -164,7 +163,11 @@ impl PushdownService {
         let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
-        let opened = self.state.engine.open(&ticket).await?;
+        // The CPU threads shared among the streams running now: a lone reader (pyarrow taking
+        // endpoints one by one) decodes its shard on every core; many readers one core each.
+        let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
+        let parallelism = (self.state.config.cpu_threads / running.max(1)).max(1);
+        let opened = self.state.engine.open(&ticket, parallelism).await?;
         let span = tracing::info_span!(
             "stream",
             dataset = ticket.shard.as_ref().map(|s| s.dataset.as_str()),
@@ -368,7 +371,8 @@ async fn produce(
     let deadline = state.config.request_timeout;
     let plan = Arc::clone(&opened.plan);
     let schema = plan.schema();
-    let batches = execute_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
+    let batches =
+        crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
 
     let shard = ticket.shard.clone();
     let rows_sent = Arc::new(AtomicU64::new(0));
