@@ -244,31 +244,22 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let data = datasets(&options)?;
-        if suite == "fleet" {
-            let command = format!(
-                "cargo run --release -p pushdown-benches --bin harness -- fleet{}",
-                if options.quick { " --quick" } else { "" }
-            );
-            let body = fleet::suite(&options, &data, &command).await?;
+        let command = format!(
+            "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
+            if options.quick { " --quick" } else { "" }
+        );
+        if suite == "fleet" || suite == "compare" {
+            let body = if suite == "fleet" {
+                fleet::suite(&options, &data, &command).await?
+            } else {
+                compare::suite(&options, &data, &command).await?
+            };
             println!("{body}");
-            return write_section(&options.results, "fleet", &body);
-        }
-        if suite == "compare" {
-            let command = format!(
-                "cargo run --release -p pushdown-benches --bin harness -- compare{}",
-                if options.quick { " --quick" } else { "" }
-            );
-            let body = compare::suite(&options, &data, &command).await?;
-            println!("{body}");
-            return write_section(&options.results, "compare", &body);
+            return write_section(&options.results, suite, &body);
         }
         let rates: &[u64] = &[100_000_000, 1_000_000_000];
         let cells = placement::measure(&options, &data, rates).await?;
         let (table, ok) = placement::report(&cells);
-        let command = format!(
-            "cargo run --release -p pushdown-benches --bin harness -- placement{}",
-            if options.quick { " --quick" } else { "" }
-        );
         let sizes: Vec<String> = data
             .rows
             .iter()

@@ -492,10 +492,9 @@ impl Drop for EpochBatches {
 /// no prepared batch is ready; the network and client ops run on the loader's own threads.
 pub struct Loader {
     runtime: Option<tokio::runtime::Runtime>,
-    shared: Arc<Shared>,
-    /// The plan of epoch `shards_epoch` (planned when that epoch started).
-    shards: Arc<Shards>,
-    shards_epoch: u64,
+    /// The query as planned for epoch `planned_epoch` (when that epoch started).
+    prepared: Prepared,
+    planned_epoch: u64,
     epoch: u64,
     batches: u64,
     rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
@@ -538,9 +537,11 @@ impl Loader {
         }
         Ok(Self {
             runtime: Some(runtime),
-            shared: Arc::new(shared),
-            shards: Arc::new(shards),
-            shards_epoch: 0,
+            prepared: Prepared {
+                shared: Arc::new(shared),
+                shards: Arc::new(shards),
+            },
+            planned_epoch: 0,
             epoch: 0,
             batches: 0,
             rx: None,
@@ -553,27 +554,31 @@ impl Loader {
 
     /// The schema of the batches' columns.
     pub fn schema(&self) -> SchemaRef {
-        self.shared.steps.schema()
+        self.prepared.shared.steps.schema()
     }
 
     /// Rows each rank gets per epoch, and batches per epoch, as the current (or last) epoch was
     /// planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
-        let n: u64 = self.shards.counts.iter().flatten().sum();
-        let (rows, _) = rank_range(n, &self.shared.options);
+        let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
+        let (rows, _) = rank_range(n, &self.prepared.shared.options);
         (
             rows,
-            batches_in(rows, self.shared.batch_size as u64, self.shared.options.drop_last),
+            batches_in(
+                rows,
+                self.prepared.shared.batch_size as u64,
+                self.prepared.shared.options.drop_last,
+            ),
         )
     }
 
     pub fn state(&self) -> LoaderState {
-        let mid_epoch = self.batches > 0 && self.shards_epoch == self.epoch;
+        let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
         LoaderState {
-            fingerprint: self.shared.fingerprint,
+            fingerprint: self.prepared.shared.fingerprint,
             epoch: self.epoch,
             batches: self.batches,
-            version: if mid_epoch { self.shards.version } else { 0 },
+            version: if mid_epoch { self.prepared.version() } else { 0 },
         }
     }
 
@@ -581,26 +586,28 @@ impl Loader {
     /// Mid-epoch, that needs the shards the epoch was planned on: a dataset changed since is
     /// refused by name (restore at an epoch boundary instead, which plans on the new version).
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
-        if state.fingerprint != self.shared.fingerprint {
+        if state.fingerprint != self.prepared.shared.fingerprint {
             return Err(ClientError::Invalid(
                 "the state belongs to another query, seed, rank, world size or batching".into(),
             ));
         }
         self.stop_producer();
         if state.batches > 0 {
-            if self.shards.version != state.version {
+            if self.prepared.version() != state.version {
                 let replanned = self.block_on_replan()?;
-                if replanned.version != state.version {
+                if replanned.version() != state.version {
                     return Err(ClientError::Invalid(format!(
                         "the dataset changed since the state was saved in epoch {}: its shards were \
                          version {:016x}, the servers now list version {:016x}; resuming mid-epoch \
                          needs the same files, so restore at the start of an epoch",
-                        state.epoch, state.version, replanned.version
+                        state.epoch,
+                        state.version,
+                        replanned.version()
                     )));
                 }
-                self.shards = Arc::new(replanned);
+                self.prepared = replanned;
             }
-            self.shards_epoch = state.epoch;
+            self.planned_epoch = state.epoch;
         }
         self.epoch = state.epoch;
         self.batches = state.batches;
@@ -608,12 +615,12 @@ impl Loader {
         Ok(())
     }
 
-    fn block_on_replan(&self) -> Result<Shards> {
+    fn block_on_replan(&self) -> Result<Prepared> {
         let runtime = self
             .runtime
             .as_ref()
             .ok_or_else(|| ClientError::Invalid("the loader is shut down".into()))?;
-        runtime.block_on(self.shared.replan(&self.shards))
+        runtime.block_on(self.prepared.replan())
     }
 
     pub fn stats(&self) -> LoaderStats {
@@ -631,12 +638,15 @@ impl Loader {
 
     /// Starts producing the current epoch, planning it first if it is a new one.
     fn start_producer(&mut self) -> Result<()> {
-        if self.shards_epoch != self.epoch {
-            self.shards = Arc::new(self.block_on_replan()?);
-            self.shards_epoch = self.epoch;
+        if self.planned_epoch != self.epoch {
+            self.prepared = self.block_on_replan()?;
+            self.planned_epoch = self.epoch;
         }
-        let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
-        let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
+        let (tx, rx) = mpsc::channel(self.prepared.shared.options.prefetch.max(1));
+        let (shared, shards) = (
+            Arc::clone(&self.prepared.shared),
+            Arc::clone(&self.prepared.shards),
+        );
         let (epoch, first) = (self.epoch, self.batches);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Invalid("the loader is shut down".into()));
@@ -673,7 +683,7 @@ impl Iterator for Loader {
             return None;
         }
         loop {
-            if self.epoch >= self.shared.options.epochs as u64 {
+            if self.epoch >= self.prepared.shared.options.epochs as u64 {
                 return None;
             }
             if self.rx.is_none()

@@ -442,13 +442,13 @@ pub fn ordered_stream(
         let mut partition = plan.execute(i, Arc::clone(&ctx))?;
         // Two batches ahead per partition: enough to keep its core busy, bounded memory.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        tasks.push(AbortOnDrop(tokio::spawn(async move {
+        tasks.push(crate::runtime::TaskGuard::spawn_here(async move {
             while let Some(item) = partition.next().await {
                 if tx.send(item).await.is_err() {
                     return;
                 }
             }
-        })));
+        }));
         receivers.push(tokio_stream::wrappers::ReceiverStream::new(rx));
     }
     let stream = futures::stream::iter(receivers).flatten().map(move |item| {
@@ -459,15 +459,6 @@ pub fn ordered_stream(
     Ok(Box::pin(
         datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream),
     ))
-}
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Refuses anything but one read-only query; returns the datasets it names.

@@ -60,6 +60,16 @@ impl<T> Drop for TaskGuard<T> {
     }
 }
 
+impl<T: Send + 'static> TaskGuard<T> {
+    /// Runs `task` on the runtime this is called from, owned by the guard.
+    pub fn spawn_here<F>(task: F) -> Self
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        TaskGuard(tokio::spawn(task))
+    }
+}
+
 impl<T> TaskGuard<T> {
     /// Waits for the task; a panic in it becomes an error.
     pub async fn join(mut self) -> Result<T, tokio::task::JoinError> {
