@@ -14,6 +14,7 @@
 //!
 //! The server (or the S3 server) is pinned to CPU 0, the trainer (this process) to CPU 1.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,8 +89,11 @@ pub const PUSHDOWN: &str = "pushdown";
 const SLOW_LINK_BITS: u64 = 100_000_000;
 /// Epochs per pushdown run: one connection and one `GetFlightInfo` serve them all.
 const EPOCHS_PER_RUN: usize = 4;
-pub const NO_PUSHDOWN: &str = "no pushdown (Parquet from S3)";
-pub const FULL_ROW: &str = "full-row service";
+/// Pushdown on a server beside the S3 server, reading from it (a server beside a gateway).
+pub const PUSHDOWN_S3: &str = "pushdown, server reading S3";
+pub const NO_PUSHDOWN: &str = "no pushdown: our engine, S3";
+pub const NO_PUSHDOWN_PYARROW: &str = "no pushdown: pyarrow.dataset, S3";
+pub const FINISHED: &str = "finished batches (tf.data service style)";
 pub const LOCAL: &str = "local (no network)";
 
 /// One contender on one workload and link.
@@ -101,9 +105,13 @@ pub struct Cell {
     pub contender: &'static str,
     pub samples: u64,
     pub samples_per_s: f64,
+    pub secs: f64,
     /// Counted on the link where there is one; else what the trainer received.
     pub wire_bytes: u64,
+    /// The far side's server process (pushdown's, or the finished-batch worker).
     pub server_cpu_s: Option<f64>,
+    /// The S3 server's.
+    pub store_cpu_s: Option<f64>,
     pub trainer_cpu_s: f64,
     pub server_peak_rss: Option<u64>,
     pub trainer_peak_rss: Option<u64>,
@@ -113,6 +121,8 @@ pub struct Cell {
     pub ops_pushed: Option<usize>,
     /// For pushdown: the stream codec the planner chose.
     pub compression: Option<String>,
+    /// The resource that bounds the cell, from what was measured ([`Cell::name_bottleneck`]).
+    pub bottleneck: String,
 }
 
 impl Cell {
@@ -128,9 +138,35 @@ impl Cell {
     }
 
     pub fn link_use(&self) -> Option<f64> {
-        let secs = self.samples as f64 / self.samples_per_s.max(1e-9);
         self.rate_bits
-            .map(|rate| self.wire_bytes as f64 * 8.0 / secs.max(1e-9) / rate as f64)
+            .map(|rate| self.wire_bytes as f64 * 8.0 / self.secs.max(1e-9) / rate as f64)
+    }
+
+    /// The busiest resource: the far core (the server and the S3 server share CPU 0), the
+    /// trainer's core, or the link, each as the fraction of the cell's time it was busy.
+    /// Below 70% nothing is saturated: the contender waits on round trips or its own
+    /// pipeline's structure (named "latency").
+    fn name_bottleneck(&self) -> String {
+        let secs = self.secs.max(1e-9);
+        let far = self.server_cpu_s.unwrap_or(0.0) + self.store_cpu_s.unwrap_or(0.0);
+        let far_name = match (self.server_cpu_s, self.store_cpu_s) {
+            (Some(_), Some(_)) => "far CPU (server + S3)",
+            (None, Some(_)) => "S3 server CPU",
+            _ => "server CPU",
+        };
+        let mut uses = vec![(far_name, far / secs), ("trainer CPU", self.trainer_cpu_s / secs)];
+        if let Some(link) = self.link_use() {
+            uses.push(("link", link));
+        }
+        let (name, busy) = uses
+            .into_iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or(("none", 0.0));
+        if busy < 0.7 {
+            format!("latency ({name} {:.0}%)", busy * 100.0)
+        } else {
+            format!("{name} {:.0}%", busy * 100.0)
+        }
     }
 }
 
@@ -140,11 +176,16 @@ struct Outcome {
     /// Bytes the trainer received (when the link cannot count them).
     received: u64,
     waited: Duration,
+    /// The run's own time (a contender in a child process leaves out its start-up).
+    elapsed: Duration,
+    /// CPU seconds of trainer-side child processes (the harness's own are counted apart).
+    child_cpu_s: f64,
 }
 
 /// Applies the trainer's row-wise steps (its ops and selects) to `batches` and counts the
 /// samples. The shuffle window and batching, which cost every contender the same, are left
-/// out of the contenders: that favours them, never us.
+/// out of the contenders: that favours them, never us (the finished-batch service, which
+/// shuffles and batches on the far side, is the exception, and pays for it there).
 async fn drive<S, E>(
     mut batches: S,
     plan: &Plan,
@@ -155,18 +196,7 @@ where
     S: Stream<Item = std::result::Result<RecordBatch, E>> + Unpin,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let row_steps: Vec<_> = plan
-        .client_steps
-        .iter()
-        .filter(|s| {
-            matches!(
-                s,
-                pushdown_planner::Step::Select { .. } | pushdown_planner::Step::Map(_)
-            )
-        })
-        .cloned()
-        .collect();
-    let steps = RowSteps::new(&row_steps, schema, 1, resources)?;
+    let steps = RowSteps::new(&row_steps(plan), schema, 1, resources)?;
     let (mut samples, mut waited) = (0u64, Duration::ZERO);
     for key in 0u64.. {
         let asked = Instant::now();
@@ -178,9 +208,24 @@ where
     Ok((samples, waited))
 }
 
+/// The plan's client steps that apply row by row (ops and selects).
+fn row_steps(plan: &Plan) -> Vec<pushdown_planner::Step> {
+    plan.client_steps
+        .iter()
+        .filter(|s| {
+            matches!(
+                s,
+                pushdown_planner::Step::Select { .. } | pushdown_planner::Step::Map(_)
+            )
+        })
+        .cloned()
+        .collect()
+}
+
 /// The same engine in this process over `server`'s store, everything the planner may push
 /// run here.
 async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
+    let start = Instant::now();
     let read0 = server.metrics().store_bytes_read.get();
     let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
     let (schema, batches) = pushdown_baselines::execute(server, &request).await?;
@@ -189,34 +234,61 @@ async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
         samples,
         received: server.metrics().store_bytes_read.get() - read0,
         waited,
+        elapsed: start.elapsed(),
+        child_cpu_s: 0.0,
     })
 }
 
-/// Every row and column from the server; the filter, the ops and the trainer's steps here.
-async fn full_row(client: &PushdownClient, link: &Link, workload: &Workload, plan: &Plan) -> Result<Outcome> {
-    let dataset = &workload.pipeline.dataset;
-    let mut request = ScanRequest::new(Query::Sql(format!("SELECT * FROM {dataset}")));
-    request.compression = Compression::for_link(link.rate_bytes());
-    let info = client.plan(&request).await?;
-    let stream = client.stream(&info, StreamOptions::default())?;
-    let totals = stream.totals_handle();
-    let input_schema = stream.schema();
-    let resources: Arc<dyn pushdown_ops::Resources> =
-        Arc::new(client.resources_for(workload.pipeline.steps(), dataset).await?);
-    let (schema, batches) = pushdown_baselines::evaluate(
-        &Query::Fragment(plan.fragment.clone()),
-        dataset,
-        input_schema,
-        stream,
-        Arc::clone(&resources),
-    )
-    .await?;
-    let (samples, waited) = drive(batches, plan, schema, resources).await?;
-    let received = totals.lock().unwrap_or_else(|p| p.into_inner()).bytes_received;
+/// `benches/python/pyarrow_dataset.py` in a child process (pinned with this one to the
+/// trainer's core): pyarrow.dataset over the S3 server, the pipeline's ops by
+/// `pushdown.Transform`. It runs epochs until `MIN_CELL_SECS` have passed.
+async fn pyarrow_dataset(host: SocketAddr, workload: &Workload) -> Result<Outcome> {
+    let venv = crate::s3::venv()?;
+    let script = std::env::current_dir()?.join("benches/python/pyarrow_dataset.py");
+    let mut command = std::process::Command::new(venv.join("python"));
+    command
+        .arg(script)
+        .args(["--endpoint", &host.to_string()])
+        .args(["--bucket", crate::s3::BUCKET])
+        .args(["--key", crate::s3::KEY])
+        .args(["--secret", crate::s3::SECRET])
+        .args(["--workload", workload.name])
+        .args(["--pipeline", &serde_json::to_string(&workload.pipeline)?])
+        .args(["--min-secs", &crate::MIN_CELL_SECS.to_string()]);
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await?
+        .context("running benches/python/pyarrow_dataset.py")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "pyarrow.dataset contender failed (PUSHDOWN_PY_PROFILE=release scripts/setup-python.sh --bench installs it): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("the contender's JSON line")?;
+    let secs = |k: &str| v[k].as_f64().with_context(|| format!("{k} in {v}"));
     Ok(Outcome {
-        samples,
-        received,
-        waited,
+        samples: v["samples"].as_u64().context("samples")?,
+        received: v["received"].as_u64().context("received")?,
+        waited: Duration::from_secs_f64(secs("waited")?),
+        elapsed: Duration::from_secs_f64(secs("secs")?),
+        child_cpu_s: secs("cpu_s")?,
+    })
+}
+
+/// The finished-batch service's trainer: reads `EPOCHS_PER_RUN` epochs of finished batches.
+async fn finished_batches(addr: SocketAddr, link: &Link, workload: &Workload) -> Result<Outcome> {
+    let pipeline = workload.pipeline.clone();
+    let compression = Compression::for_link(link.rate_bytes());
+    let received = tokio::task::spawn_blocking(move || {
+        crate::finished::receive(addr, &pipeline, 1, EPOCHS_PER_RUN, compression)
+    })
+    .await??;
+    Ok(Outcome {
+        samples: received.samples,
+        received: received.bytes,
+        waited: received.waited,
+        elapsed: received.elapsed,
+        child_cpu_s: 0.0,
     })
 }
 
@@ -244,6 +316,7 @@ async fn pushdown(
     workload: &Workload,
     (pushed, compression): (usize, Compression),
 ) -> Result<Outcome> {
+    let start = Instant::now();
     let report = run(&RunOptions {
         loader: LoaderOptions {
             link: one_core_each(link.rate_bytes()),
@@ -264,12 +337,16 @@ async fn pushdown(
         samples: report.rows,
         received: report.totals.bytes_received,
         waited: report.waited,
+        elapsed: start.elapsed(),
+        child_cpu_s: 0.0,
     })
 }
 
-/// A server process on the far side of `link` (or none), and how to account for it.
+/// The far side of `link`, and what to account there: a server process (pushdown's, or the
+/// finished-batch worker), the S3 server, both (they share the far core), or neither.
 struct Far<'a> {
-    pid: Option<String>,
+    server: Option<String>,
+    store: Option<String>,
     link: &'a Link,
 }
 
@@ -287,92 +364,158 @@ where
 {
     let mut best: Option<Cell> = None;
     for _ in 0..options.reps_resolved {
-        if let Some(pid) = &far.pid {
+        for pid in far.server.iter().chain(&far.store) {
             reset_peak_rss(pid);
         }
         reset_peak_rss("self");
-        let server_cpu = || far.pid.as_deref().and_then(cpu_seconds);
-        let (wire0, server0, trainer0) = (far.link.bytes(), server_cpu(), cpu_seconds("self"));
-        let start = Instant::now();
+        let cpu = |pid: &Option<String>| pid.as_deref().and_then(cpu_seconds);
+        let (wire0, server0, store0, trainer0) = (
+            far.link.bytes(),
+            cpu(&far.server),
+            cpu(&far.store),
+            cpu_seconds("self"),
+        );
         let mut outcome = Outcome {
             samples: 0,
             received: 0,
             waited: Duration::ZERO,
+            elapsed: Duration::ZERO,
+            child_cpu_s: 0.0,
         };
-        while start.elapsed().as_secs_f64() < crate::MIN_CELL_SECS {
+        while outcome.elapsed.as_secs_f64() < crate::MIN_CELL_SECS {
             let o = once()
                 .await
                 .with_context(|| format!("{workload}: {contender} over {}", far.link.describe()))?;
             outcome.samples += o.samples;
             outcome.received += o.received;
             outcome.waited += o.waited;
+            outcome.elapsed += o.elapsed;
+            outcome.child_cpu_s += o.child_cpu_s;
         }
-        let secs = start.elapsed().as_secs_f64();
+        let secs = outcome.elapsed.as_secs_f64();
         let wire_bytes = match (far.link.bytes(), wire0) {
             (Some(b), Some(a)) => b - a,
             _ => outcome.received,
         };
-        let cell = Cell {
+        let delta = |pid: &Option<String>, before: Option<f64>| cpu(pid).zip(before).map(|(b, a)| b - a);
+        let mut cell = Cell {
             workload,
             link: far.link.describe(),
             rate_bits: far.link.rate_bits,
             contender,
             samples: outcome.samples,
             samples_per_s: outcome.samples as f64 / secs,
+            secs,
             wire_bytes,
-            server_cpu_s: server_cpu().zip(server0).map(|(b, a)| b - a),
-            trainer_cpu_s: cpu_seconds("self").zip(trainer0).map_or(f64::NAN, |(b, a)| b - a),
-            server_peak_rss: far.pid.as_deref().and_then(peak_rss),
+            server_cpu_s: delta(&far.server, server0),
+            store_cpu_s: delta(&far.store, store0),
+            trainer_cpu_s: cpu_seconds("self").zip(trainer0).map_or(f64::NAN, |(b, a)| b - a)
+                + outcome.child_cpu_s,
+            server_peak_rss: far.server.as_deref().and_then(peak_rss),
             trainer_peak_rss: peak_rss("self"),
             waited: outcome.waited.as_secs_f64() / secs,
             ops_pushed: None,
             compression: None,
+            bottleneck: String::new(),
         };
+        cell.bottleneck = cell.name_bottleneck();
         if best.as_ref().is_none_or(|b| cell.samples_per_s > b.samples_per_s) {
             best = Some(cell);
         }
     }
     let cell = best.context("no repetitions")?;
     eprintln!(
-        "  {:7} {:24} {:30} {:>10.0} samples/s  {:>10} on the wire",
+        "  {:8} {:24} {:45} {:>10.0} samples/s  {:>10} on the wire  {}",
         cell.workload,
         cell.link,
         cell.contender,
         cell.samples_per_s,
-        pushdown_client::run::bytes(cell.wire_bytes)
+        pushdown_client::run::bytes(cell.wire_bytes),
+        cell.bottleneck
     );
     Ok(cell)
 }
 
-async fn in_process_server(store: Arc<dyn object_store::ObjectStore>) -> Result<Server> {
+/// The engine in this process with one CPU thread; `reads_in_flight` row-group ranges read
+/// at once (8 for S3, as `pushdown serve` does: a trainer's loader tuned for S3 keeps
+/// requests in flight).
+async fn in_process_server(
+    store: Arc<dyn object_store::ObjectStore>,
+    reads_in_flight: usize,
+) -> Result<Server> {
     let config = ServerConfig {
         cpu_threads: 1,
+        store_reads_in_flight: reads_in_flight,
         ..ServerConfig::default()
     };
     Ok(Server::builder(store).config(config).open().await?)
 }
 
+/// Where a far-side process of `link` listens: `port` in the namespace, else any loopback port.
+fn far_listen(link: &Link, port: u16) -> String {
+    match link.kind {
+        Kind::Netns => format!("10.233.0.2:{port}"),
+        _ => "127.0.0.1:0".to_owned(),
+    }
+}
+
 /// Every contender on every workload over `link`.
 pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result<Vec<Cell>> {
-    let server = ServerProcess::start(&data.root, link.server_listen(), 1, link.namespace(), Some("0"))?;
+    let ns = link.namespace();
+    let server = ServerProcess::start(&data.root, &far_listen(&link, 50551), 1, ns, Some("0"))?;
     let link = match link.kind {
         Kind::Proxy => Link::proxy(link.rate_bits.unwrap_or(0), server.addr).await?,
         _ => link,
     };
     let url = link.client_url(server.addr);
     let client = crate::connect(&url).await?;
+    // The pacing proxy forwards to one server: the contenders that need more (S3, the
+    // finished-batch worker) run over real links only.
+    let real_link = link.kind != Kind::Proxy;
 
-    // The same files in S3 on the far side.
-    let s3_addr: std::net::SocketAddr = match link.kind {
+    // The same files in S3 on the far side; a pushdown server beside it reading from it; the
+    // finished-batch worker.
+    let s3_addr: SocketAddr = match link.kind {
         Kind::Netns => "10.233.0.2:50552".parse()?,
         _ => "127.0.0.1:50552".parse()?,
     };
-    let store_server = S3Server::start(s3_addr, link.namespace(), Some("0"))?;
+    let store_server = S3Server::start(s3_addr, ns, Some("0"))?;
     let datasets: Vec<&str> = workloads().iter().map(|w| w.name).collect();
     store_server.upload(&data.root, &datasets).await?;
-    // Through the pacing proxy, S3 is not shaped: the no-pushdown contender needs a real link.
-    let s3 = in_process_server(store_server.store()?).await?;
-    let local = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?).await?;
+    let s3 = in_process_server(store_server.store()?, 8).await?;
+    let local = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?, 1).await?;
+    let (beside_s3, worker) = if real_link {
+        let beside = ServerProcess::start_with(
+            "serve",
+            &format!("s3://{}", crate::s3::BUCKET),
+            &far_listen(&link, 50553),
+            1,
+            ns,
+            Some("0"),
+            &store_server.env(),
+        )?;
+        let worker = ServerProcess::start_with(
+            "finished",
+            &data.root.to_string_lossy(),
+            &far_listen(&link, 50554),
+            1,
+            ns,
+            Some("0"),
+            &[],
+        )?;
+        (Some(beside), Some(worker))
+    } else {
+        (None, None)
+    };
+    let beside_url = beside_s3.as_ref().map(|p| link.client_url(p.addr));
+    let beside_client = match &beside_url {
+        Some(u) => Some(crate::connect(u).await?),
+        None => None,
+    };
+    let worker_addr = match &worker {
+        Some(w) => Some(far_addr(&link, w.addr)?),
+        None => None,
+    };
 
     let mut cells = Vec::new();
     for workload in workloads() {
@@ -381,40 +524,72 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
         let all = pushdown_planner::plan_limited(&workload.pipeline, &schema, usize::MAX)?;
         let w = &workload;
         let name = workload.name;
-        let far = || Far {
-            pid: Some(server.pid()),
+        let far = |server: Option<&ServerProcess>, store: bool| Far {
+            server: server.map(ServerProcess::pid),
+            store: store.then(|| store_server.pid()),
             link: &link,
         };
         let placed = placement(&client, &link, w).await?;
-        let mut cell = measure(options, name, PUSHDOWN, far(), || {
+        let mut cell = measure(options, name, PUSHDOWN, far(Some(&server), false), || {
             pushdown(&url, &link, w, placed)
         })
         .await?;
         cell.ops_pushed = Some(placed.0);
         cell.compression = Some(placed.1.to_string());
         cells.push(cell);
-        if link.kind != Kind::Proxy {
-            let store_far = Far {
-                pid: Some(store_server.pid()),
-                link: &link,
-            };
-            cells.push(measure(options, name, NO_PUSHDOWN, store_far, || in_process(&s3, &all)).await?);
-        }
-        cells.push(
-            measure(options, name, FULL_ROW, far(), || {
-                full_row(&client, &link, w, &all)
+        if let (Some(beside), Some(beside_url), Some(beside_client)) =
+            (&beside_s3, &beside_url, &beside_client)
+        {
+            let placed = placement(beside_client, &link, w).await?;
+            let mut cell = measure(options, name, PUSHDOWN_S3, far(Some(beside), true), || {
+                pushdown(beside_url, &link, w, placed)
             })
-            .await?,
-        );
+            .await?;
+            cell.ops_pushed = Some(placed.0);
+            cell.compression = Some(placed.1.to_string());
+            cells.push(cell);
+        }
+        if real_link {
+            cells.push(
+                measure(options, name, NO_PUSHDOWN, far(None, true), || {
+                    in_process(&s3, &all)
+                })
+                .await?,
+            );
+            match measure(options, name, NO_PUSHDOWN_PYARROW, far(None, true), || {
+                pyarrow_dataset(s3_addr, w)
+            })
+            .await
+            {
+                Ok(cell) => cells.push(cell),
+                Err(e) => eprintln!("  {name}: the pyarrow.dataset contender skipped: {e:#}"),
+            }
+        }
+        if let (Some(worker), Some(addr)) = (&worker, worker_addr) {
+            cells.push(
+                measure(options, name, FINISHED, far(Some(worker), false), || {
+                    finished_batches(addr, &link, w)
+                })
+                .await?,
+            );
+        }
         if link.kind == Kind::Loopback {
-            let none = Far {
-                pid: None,
-                link: &link,
-            };
-            cells.push(measure(options, name, LOCAL, none, || in_process(&local, &all)).await?);
+            cells.push(
+                measure(options, name, LOCAL, far(None, false), || {
+                    in_process(&local, &all)
+                })
+                .await?,
+            );
         }
     }
     Ok(cells)
+}
+
+/// The address a trainer reaches a far-side process listening on `addr` at.
+fn far_addr(link: &Link, addr: SocketAddr) -> Result<SocketAddr> {
+    let url = link.client_url(addr);
+    let host = url.strip_prefix("http://").unwrap_or(&url);
+    host.parse().with_context(|| format!("far address {host:?}"))
 }
 
 /// Peak RSS of a server process serving `streams` concurrent streams of every column of the
@@ -549,18 +724,24 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             (1_000_000_000, "1 Gbit/s"),
             (SLOW_LINK_BITS, "100 Mbit/s (supplementary)"),
         ] {
-            let (Some(pd), Some(np)) = (find(Some(rate), PUSHDOWN), find(Some(rate), NO_PUSHDOWN)) else {
+            // Against the faster of the two no-pushdown loaders.
+            let np = [NO_PUSHDOWN, NO_PUSHDOWN_PYARROW]
+                .into_iter()
+                .filter_map(|c| find(Some(rate), c))
+                .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+            let (Some(pd), Some(np)) = (find(Some(rate), PUSHDOWN), np) else {
                 continue;
             };
             // Bytes per sample: cells run for different numbers of epochs.
             let ratio = np.bytes_per_sample() / pd.bytes_per_sample().max(1e-9);
             let needed = 0.8 * ratio * np.samples_per_s;
             targets.push(Target {
-                what: format!("{}: pushdown at {label} ≥ 0.8 × (no-pushdown bytes ÷ pushdown bytes, per sample) × no-pushdown samples/s", w.name),
+                what: format!("{}: pushdown at {label} ≥ 0.8 × (no-pushdown bytes ÷ pushdown bytes, per sample) × no-pushdown samples/s (the faster no-pushdown loader)", w.name),
                 measured: format!(
-                    "{:.0} samples/s (link use: pushdown {}, no pushdown {})",
+                    "{:.0} samples/s (link use: pushdown {}, {} {})",
                     pd.samples_per_s,
                     pd.link_use_text(),
+                    np.contender,
                     np.link_use_text()
                 ),
                 needed: format!("{needed:.0} (= 0.8 × {ratio:.2} × {:.0})", np.samples_per_s),
@@ -620,36 +801,43 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
          Command: `{command}`  \nMachine: {}; the server (or the S3 server) pinned to CPU 0 with one thread, the trainer to CPU 1.  \n\
          Data: {}.  \nEach cell runs the workload to the end (again, until it has run ≥ 1.5 s); samples/s is the best of {} run(s); bytes are counted on the link \
          (loopback: what the trainer received, or read from the store); \"waited\" is the fraction of the trainer's time spent \
-         waiting for data.\n\n",
+         waiting for data; \"bottleneck\" is the busiest of the far core (server and S3 server share CPU 0), the trainer's core and the link, \
+         busy for that fraction of the cell's time (below 70%: \"latency\", nothing saturated).\n\n\
+         Contenders: **pushdown** (the planner's placement; a server over local files, and a server beside the S3 server reading from it); \
+         **no pushdown** from S3 (s3s-fs, SigV4 checked, objects on disk) with projection, statistics pruning and concurrent range reads: \
+         this project's engine in the trainer, and `pyarrow.dataset` (pre-buffered coalesced reads, 4 files and 16 batches read ahead, \
+         the ops by `pushdown.Transform`: the same kernels); **finished batches**, tf.data service's design: the whole pipeline, \
+         augmentation, shuffle and batching included, on the far core, finished tensors over the link; **local**: the engine on local files.\n\n",
         crate::machine(),
         sizes.join(", "),
         options.reps_resolved,
     );
     for w in workloads() {
         out.push_str(&format!("### {}\n\n", w.name));
-        out.push_str("| link | contender | samples | samples/s | bytes on the wire | bytes per sample | link use | server CPU s | trainer CPU s | server peak RSS | trainer peak RSS | waited |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        let opt_bytes = |b: Option<u64>| b.map_or("–".to_owned(), pushdown_client::run::bytes);
+        out.push_str("| link | contender | samples/s | bytes per sample | link use | server CPU s | S3 server CPU s | trainer CPU s | waited | bottleneck | server peak RSS |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+        let opt_secs = |s: Option<f64>| s.map_or("–".to_owned(), |s| format!("{s:.2}"));
         for c in cells.iter().filter(|c| c.workload == w.name) {
             out.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {} | {:.2} | {} | {} | {:.0}% |\n",
+                "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {:.2} | {:.0}% | {} | {} |\n",
                 c.link,
                 match (c.ops_pushed, &c.compression) {
                     (Some(k), Some(codec)) => format!("{} ({k} op(s) on the server, {codec})", c.contender),
                     _ => c.contender.to_owned(),
                 },
-                c.samples,
                 c.samples_per_s,
-                pushdown_client::run::bytes(c.wire_bytes),
                 c.bytes_per_sample(),
                 c.link_use_text(),
-                c.server_cpu_s.map_or("–".to_owned(), |s| format!("{s:.2}")),
+                opt_secs(c.server_cpu_s),
+                opt_secs(c.store_cpu_s),
                 c.trainer_cpu_s,
-                opt_bytes(c.server_peak_rss),
-                opt_bytes(c.trainer_peak_rss),
-                c.waited * 100.0
+                c.waited * 100.0,
+                c.bottleneck,
+                c.server_peak_rss
+                    .map_or("–".to_owned(), pushdown_client::run::bytes),
             ));
         }
         out.push('\n');
+        out.push_str(&summary(&cells, w.name));
     }
     out.push_str("### Targets\n\n| target | measured | needed | |\n|---|---:|---:|---|\n");
     for t in &targets {
@@ -668,6 +856,50 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         out.push_str("(Plots need matplotlib: `scripts/setup-python.sh --bench`.)\n\n");
     }
     Ok(out)
+}
+
+/// Per link: pushdown against the fastest other contender that crosses the link, in words.
+fn summary(cells: &[Cell], workload: &str) -> String {
+    let mut out = String::new();
+    let mut links: Vec<(&str, Option<u64>)> = Vec::new();
+    for c in cells.iter().filter(|c| c.workload == workload) {
+        if !links.iter().any(|(l, _)| *l == c.link) {
+            links.push((&c.link, c.rate_bits));
+        }
+    }
+    for (link, _) in links {
+        let here: Vec<&Cell> = cells
+            .iter()
+            .filter(|c| c.workload == workload && c.link == link)
+            .collect();
+        let Some(pd) = here.iter().find(|c| c.contender == PUSHDOWN) else {
+            continue;
+        };
+        let Some(best) = here
+            .iter()
+            .filter(|c| ![PUSHDOWN, PUSHDOWN_S3, LOCAL].contains(&c.contender))
+            .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+        else {
+            continue;
+        };
+        let ratio = pd.samples_per_s / best.samples_per_s.max(1e-9);
+        out.push_str(&format!(
+            "* {link}: pushdown {} the best other contender, {} ({ratio:.2}×); pushdown bound by {}, {} by {}.\n",
+            if ratio >= 1.05 {
+                "beats"
+            } else if ratio > 0.95 {
+                "ties"
+            } else {
+                "loses to"
+            },
+            best.contender,
+            pd.bottleneck,
+            best.contender,
+            best.bottleneck,
+        ));
+    }
+    out.push('\n');
+    out
 }
 
 fn dataset_rows(data: &Datasets, name: &str) -> u64 {
@@ -691,7 +923,7 @@ fn plot(json: &Path, dir: &Path) -> bool {
 /// The same scan by the server's engine in this process (no Flight, no IPC): separates the
 /// engine's speed from the transport's. Rows in the dataset per second.
 async fn engine_scan(data: &Datasets, workload: &Workload, rows_in: u64, reps: usize) -> Result<f64> {
-    let server = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?).await?;
+    let server = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?, 1).await?;
     let request = ScanRequest::new(Query::Sql(workload.scan.clone()));
     let mut best = 0.0f64;
     for _ in 0..reps.max(1) {

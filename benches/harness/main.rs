@@ -10,6 +10,7 @@
 //! and replaces its own section of `benches/RESULTS.md`.
 
 mod compare;
+mod finished;
 mod fleet;
 mod link;
 mod placement;
@@ -58,6 +59,17 @@ enum Command {
     /// Internal: a server for a benchmark (started by the harness, possibly in a namespace).
     #[command(hide = true)]
     Serve {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Internal: a worker that runs whole pipelines and streams finished batches (the
+    /// tf.data-service-style contender).
+    #[command(hide = true)]
+    Finished {
         #[arg(long)]
         data: PathBuf,
         #[arg(long)]
@@ -230,11 +242,19 @@ fn main() -> Result<()> {
     {
         return serve(&data, listen, threads);
     }
+    if let Command::Finished {
+        data,
+        listen,
+        threads,
+    } = args.command
+    {
+        return finished::serve(&data, listen, threads);
+    }
     let (suite, options) = match args.command {
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
         Command::Fleet { options } => ("fleet", options.resolve()),
-        Command::Serve { .. } => unreachable!("serve returned above"),
+        Command::Serve { .. } | Command::Finished { .. } => unreachable!("returned above"),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -293,6 +313,7 @@ fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()
         let store = pushdown_server::open_store(&data.to_string_lossy())?;
         let config = pushdown_server::ServerConfig {
             cpu_threads: threads,
+            store_reads_in_flight: pushdown_server::reads_in_flight_for(&data.to_string_lossy()),
             ..pushdown_server::ServerConfig::default()
         };
         let server = pushdown_server::Server::builder(store)

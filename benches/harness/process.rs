@@ -43,7 +43,7 @@ pub fn pin_self(cpus: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A `harness serve` child process.
+/// A `harness serve` (or `harness finished`) child process.
 #[derive(Debug)]
 pub struct ServerProcess {
     child: Child,
@@ -59,6 +59,28 @@ impl ServerProcess {
         namespace: Option<&str>,
         cpus: Option<&str>,
     ) -> Result<Self> {
+        Self::start_with(
+            "serve",
+            &data.to_string_lossy(),
+            listen,
+            threads,
+            namespace,
+            cpus,
+            &[],
+        )
+    }
+
+    /// Starts `harness <subcommand> --data <data> --listen <listen> --threads <threads>` (a
+    /// subcommand that prints `listening on ADDR` first), with `env` added to its environment.
+    pub fn start_with(
+        subcommand: &str,
+        data: &str,
+        listen: &str,
+        threads: usize,
+        namespace: Option<&str>,
+        cpus: Option<&str>,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let exe = std::env::current_exe().context("locating the harness binary")?;
         let mut argv: Vec<String> = Vec::new();
         if let Some(ns) = namespace {
@@ -69,9 +91,9 @@ impl ServerProcess {
         }
         argv.push(exe.to_string_lossy().into_owned());
         argv.extend([
-            "serve".to_owned(),
+            subcommand.to_owned(),
             "--data".to_owned(),
-            data.to_string_lossy().into_owned(),
+            data.to_owned(),
             "--listen".to_owned(),
             listen.to_owned(),
             "--threads".to_owned(),
@@ -79,6 +101,7 @@ impl ServerProcess {
         ]);
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -14,8 +14,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 pub const BUCKET: &str = "bench";
-const KEY: &str = "bench";
-const SECRET: &str = "bench-secret";
+pub const KEY: &str = "bench";
+pub const SECRET: &str = "bench-secret";
 
 /// The project's virtual environment (made by `scripts/setup-python.sh --bench`).
 pub fn venv() -> Result<PathBuf> {
@@ -125,6 +125,19 @@ impl S3Server {
             }
         }
         Ok(())
+    }
+
+    /// The environment a `pushdown serve --data s3://bench` needs to reach this server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec()
     }
 
     /// The bucket as an object store, the way a trainer reaches S3.

@@ -11,9 +11,14 @@ SQL = "SELECT id, label, caption FROM images WHERE label < 600"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    data = tmp_path_factory.mktemp("loader")
-    generate(data, rows=300)
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    generate(root, rows=300)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(data):
     served = Served(data)
     yield f"http://{served.addr}"
     served.stop()
@@ -138,3 +143,52 @@ def test_torch_dataset_is_optional(server):
     ds = IterableDataset([server], sql=SQL, batch_size=16, seed=1)
     batches = list(torch.utils.data.DataLoader(ds, batch_size=None))
     assert all(isinstance(b["id"], torch.Tensor) for b in batches)
+
+
+def test_transform_runs_the_servers_kernels_on_batches_read_elsewhere(server, data):
+    # The same pipeline through the Loader (ops on the server, no shuffle) and through a
+    # Transform over the Parquet files read by pyarrow: bit-identical pixels per id.
+    import pyarrow.dataset as pads
+
+    pipeline = {
+        "dataset": "images",
+        "steps": [
+            {"op": "filter", "expr": "label < 600"},
+            {"op": "map", "call": "decode_resize", "input": "image", "params": [16, 12], "output": "pixels"},
+            {"op": "map", "call": "hash_bucket", "input": "caption", "params": [97], "output": "bucket"},
+            {"op": "select", "columns": ["id", "pixels", "bucket"]},
+        ],
+    }
+    assert pushdown.Transform.filters(pipeline) == ["label < 600"]
+    served = {}
+    for batch in pushdown.Loader(server, pipeline=pipeline, batch_size=32):
+        for i, px, b in zip(batch["id"], batch["pixels"], batch["bucket"]):
+            served[int(i)] = (px.tobytes(), int(b))
+    ds = pads.dataset(str(data / "images"), format="parquet")
+    t = pushdown.Transform(pipeline)
+    local = {}
+    for k, batch in enumerate(ds.to_batches(columns=["id", "image", "caption", "label"],
+                                              filter=pads.field("label") < 600)):
+        out = t(batch, key=k)
+        assert out.schema.names == ["id", "pixels", "bucket"]
+        pixels = out.column("pixels").flatten().to_numpy(zero_copy_only=False)
+        width = len(pixels) // max(out.num_rows, 1)
+        for j, i in enumerate(out.column("id").to_pylist()):
+            local[i] = (pixels[j * width:(j + 1) * width].tobytes(), out.column("bucket")[j].as_py())
+    assert served and local == served
+
+    # Random ops draw from (seed, key): the same key repeats, another key differs.
+    flip = {"dataset": "images", "steps": [
+        {"op": "map", "call": "decode_resize", "input": "image", "params": [16, 12], "output": "pixels"},
+        {"op": "select", "columns": ["pixels"]},
+        {"op": "map", "call": "random_flip", "input": "pixels", "params": [0.5]},
+    ]}
+    batch = next(iter(ds.to_batches(columns=["image"], batch_size=64)))
+    t = pushdown.Transform(flip, seed=1)
+    assert t(batch, key=3).equals(t(batch, key=3))
+    assert not t(batch, key=3).equals(t(batch, key=4))
+
+    with pytest.raises(ValueError, match="not an Arrow IPC stream"):
+        t._inner.apply(b"nope", 0)
+    with pytest.raises(ValueError, match="pixels|image"):
+        t(pa.record_batch({"x": [1, 2]}), key=0)

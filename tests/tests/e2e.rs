@@ -325,15 +325,24 @@ async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
         pushdown_tests::write_images(root, 600);
     })
     .await;
-    let store = pushdown_server::open_store(&wide.root.path().to_string_lossy()).expect("store");
-    let narrow = pushdown_server::Server::builder(store)
-        .config(config(1))
-        .open()
-        .await
-        .expect("server")
-        .spawn("127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("spawn");
+    let spawn = |config| async {
+        let store = pushdown_server::open_store(&wide.root.path().to_string_lossy()).expect("store");
+        pushdown_server::Server::builder(store)
+            .config(config)
+            .open()
+            .await
+            .expect("server")
+            .spawn("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("spawn")
+    };
+    let narrow = spawn(config(1)).await;
+    // One core, four row-group ranges read at once (as over S3): the same order again.
+    let reads_ahead = spawn(pushdown_server::ServerConfig {
+        store_reads_in_flight: 4,
+        ..config(1)
+    })
+    .await;
     let request = ScanRequest::new(Query::Sql(
         "SELECT id, label, thumbnail(image, 4) AS t FROM images WHERE label % 3 <> 0".into(),
     ));
@@ -347,6 +356,8 @@ async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
         widest = widest.max(shard.row_groups.len());
         let many = fetch_from(wide.running.url(), bytes.clone()).await;
         let one = fetch_from(narrow.url(), bytes.clone()).await;
+        let ahead = fetch_from(reads_ahead.url(), bytes.clone()).await;
+        assert_eq!(rows(&ahead), rows(&one), "{}", shard.label());
         let ids = |batches: &[arrow::record_batch::RecordBatch]| -> Vec<i64> {
             batches
                 .iter()

@@ -170,6 +170,58 @@ fn a_restored_loader_continues_exactly() {
     assert_eq!(joined, whole);
 }
 
+/// Without a shuffle the loader is the shards' rows in the epoch's shard order, cut into
+/// batches (no window per row); a resume continues it exactly.
+#[test]
+fn without_a_shuffle_batches_are_the_shards_rows_in_order() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let unshuffled = || LoaderOptions {
+        shuffle_buffer: None,
+        ..options(5)
+    };
+    let whole = drain(&mut loader(&servers, unshuffled()), usize::MAX);
+    let per_epoch: Vec<i64> = whole[..whole.len() / 2].concat();
+    assert!(
+        whole[..whole.len() / 2]
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|b| b.len() == 32)
+    );
+    // Rows within each shard keep the file's order (ids ascend inside a shard); the shards
+    // come in the seed's order, so the epoch is a permutation of runs of ascending ids.
+    let mut sorted = per_epoch.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), per_epoch.len(), "every row once");
+    let descents = per_epoch.windows(2).filter(|w| w[1] < w[0]).count();
+    let info = s.runtime.block_on(async {
+        let client = pushdown_client::PushdownClient::connect(&servers)
+            .await
+            .expect("client");
+        client
+            .plan(&pushdown_protocol::ScanRequest::new(
+                pushdown_protocol::Query::Sql(SQL.into()),
+            ))
+            .await
+            .expect("plan")
+    });
+    assert!(
+        descents < info.endpoint.len(),
+        "{descents} descents over {} shards: rows moved inside a shard",
+        info.endpoint.len()
+    );
+    for k in [1, 3, whole.len() / 2 + 1] {
+        let mut first = loader(&servers, unshuffled());
+        let head = drain(&mut first, k);
+        let mut restored = loader(&servers, unshuffled());
+        restored.restore(first.state()).expect("restore");
+        let joined: Vec<Vec<i64>> = head.into_iter().chain(drain(&mut restored, usize::MAX)).collect();
+        assert_eq!(joined, whole, "resumed after {k} batches");
+    }
+}
+
 #[test]
 fn the_loader_refuses_queries_that_are_not_row_wise() {
     let s = setup(100);

@@ -88,6 +88,11 @@ struct LimitsArgs {
     /// Threads decoding, filtering and encoding (default: all cores).
     #[arg(long, env = "PUSHDOWN_CPU_THREADS")]
     cpu_threads: Option<usize>,
+    /// Row-group ranges read from the store at once, shared by the running streams
+    /// (default: 8 for an object store URL, whose round trips would bound a stream, 1 for
+    /// local files).
+    #[arg(long, env = "PUSHDOWN_STORE_READS_IN_FLIGHT")]
+    store_reads_in_flight: Option<usize>,
     /// Target compressed bytes of the projected columns per shard, in MiB.
     #[arg(long, env = "PUSHDOWN_SHARD_MIB", default_value_t = 64)]
     shard_mib: u64,
@@ -239,6 +244,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         memory_limit: args.limits.memory_mib << 20,
         request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
         cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
+        store_reads_in_flight: args
+            .limits
+            .store_reads_in_flight
+            .unwrap_or_else(|| pushdown_server::reads_in_flight_for(&args.storage.data)),
         shard_target_bytes: args.limits.shard_mib << 20,
         catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
         advertise: args.listen.advertise,

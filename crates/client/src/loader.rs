@@ -1027,7 +1027,14 @@ async fn produce<T: Send + 'static>(
         }
         // Full windows (or the last one) are permuted and queued for batching.
         while pending_rows >= shared.window || (done && pending_rows > 0) {
-            let take = pending_rows.min(shared.window);
+            // Without a shuffle every row is a window of its own, in order: all the rows
+            // pending are taken at once (the same order, without a window per row).
+            let unshuffled = shared.window == 1;
+            let take = if unshuffled {
+                pending_rows
+            } else {
+                pending_rows.min(shared.window)
+            };
             let parts = split_rows(&mut pending, take);
             pending_rows -= take;
             let mut order: Vec<(u32, u32)> = parts
@@ -1035,8 +1042,12 @@ async fn produce<T: Send + 'static>(
                 .enumerate()
                 .flat_map(|(p, b)| (0..b.num_rows() as u32).map(move |r| (p as u32, r)))
                 .collect();
-            order.shuffle(&mut window_rng(&shared, epoch, window));
-            window += 1;
+            if unshuffled {
+                window += take as u64;
+            } else {
+                order.shuffle(&mut window_rng(&shared, epoch, window));
+                window += 1;
+            }
             let d = drop_rows.min(order.len());
             drop_rows -= d;
             let order: VecDeque<(u32, u32)> = order.into_iter().skip(d).collect();

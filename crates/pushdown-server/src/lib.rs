@@ -54,7 +54,7 @@ pub use error::ServerError;
 pub use metrics::{Metrics, serve_metrics};
 pub use query::{Planned, Shape, dataframe};
 pub use service::PushdownService;
-pub use store::{InstrumentedStore, ReadRequest, open_store};
+pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
 pub use udf::{DatasetResources, udfs};
 
 use crate::error::Result;
@@ -81,6 +81,12 @@ pub struct ServerConfig {
     /// Threads of the CPU runtime (decode, filter, ops, encode); also the partitions of
     /// queries that are not row-wise.
     pub cpu_threads: usize,
+    /// Row-group ranges read at once by the streams running now, shared among them: a
+    /// store with long round trips (S3: tens of ms per request) is read at its bandwidth
+    /// only with several requests in flight, however few cores decode. A stream reads
+    /// `max(cpu_threads, store_reads_in_flight) / running streams` ranges at once (at least
+    /// one), emitted in order. See [`reads_in_flight_for`].
+    pub store_reads_in_flight: usize,
     /// The catalog is listed again when older than this.
     pub catalog_refresh: Duration,
     /// Target size of one Flight message.
@@ -102,6 +108,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(3600),
             memory_limit: 1 << 30,
             cpu_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            store_reads_in_flight: 1,
             catalog_refresh: Duration::from_secs(5),
             max_flight_data_bytes: 2 << 20,
             max_message_bytes: 64 << 20,
@@ -204,7 +211,13 @@ impl Server {
         let opened = self
             .state
             .engine
-            .open(ticket, self.state.config.cpu_threads)
+            .open(
+                ticket,
+                self.state
+                    .config
+                    .cpu_threads
+                    .max(self.state.config.store_reads_in_flight),
+            )
             .await?;
         Ok(crate::query::ordered_stream(opened.plan, opened.ctx.task_ctx())?)
     }

@@ -163,10 +163,12 @@ impl PushdownService {
         let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
-        // The CPU threads shared among the streams running now: a lone reader (pyarrow taking
-        // endpoints one by one) decodes its shard on every core; many readers one core each.
+        // The CPU threads (and reads in flight, for a remote store) shared among the streams
+        // running now: a lone reader (pyarrow taking endpoints one by one) decodes its shard
+        // on every core; many readers one core each.
         let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
-        let parallelism = (self.state.config.cpu_threads / running.max(1)).max(1);
+        let config = &self.state.config;
+        let parallelism = (config.cpu_threads.max(config.store_reads_in_flight) / running.max(1)).max(1);
         let opened = self.state.engine.open(&ticket, parallelism).await?;
         let span = tracing::info_span!(
             "stream",

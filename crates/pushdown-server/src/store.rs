@@ -53,6 +53,17 @@ pub fn open_store(data: &str) -> Result<Arc<dyn ObjectStore>> {
     }
 }
 
+/// [`crate::ServerConfig::store_reads_in_flight`] for a `--data` root: 1 for local files
+/// (a read costs microseconds; the cores are the limit), 8 for an object store URL (a
+/// request's round trip, not its bytes, would otherwise bound a stream).
+pub fn reads_in_flight_for(data: &str) -> usize {
+    if data.contains("://") && !data.starts_with("file://") {
+        8
+    } else {
+        1
+    }
+}
+
 /// One read made to the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadRequest {

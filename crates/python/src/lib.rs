@@ -7,6 +7,7 @@
 //! schema, `Column::is_tensor`), which the Python side reads with pyarrow. The GIL is
 //! released while the loader waits for data or plans.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, AsArray};
@@ -14,8 +15,12 @@ use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
     UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
+use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
-use pushdown_client::{Column, Link, Loader, LoaderOptions, LoaderSource, LoaderState, StreamOptions};
+use pushdown_client::{
+    Column, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps, StreamOptions,
+};
+use pushdown_planner::{Pipeline, Step};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -77,7 +82,7 @@ impl PyLoader {
         let source = match (sql, pipeline) {
             (Some(sql), None) => LoaderSource::Sql(sql),
             (None, Some(text)) => LoaderSource::Pipeline(
-                pushdown_planner::Pipeline::parse(&text).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                Pipeline::parse(&text).map_err(|e| PyValueError::new_err(e.to_string()))?,
             ),
             _ => return Err(PyValueError::new_err("give exactly one of sql= or pipeline=")),
         };
@@ -199,20 +204,115 @@ where
 fn arrow_ipc(py: Python<'_>, name: &str, array: &ArrayRef) -> PyResult<Py<PyAny>> {
     let field = arrow::datatypes::Field::new(name, array.data_type().clone(), true);
     let schema = Arc::new(arrow::datatypes::Schema::new(vec![field]));
-    let batch = arrow::record_batch::RecordBatch::try_new(Arc::clone(&schema), vec![Arc::clone(array)])
-        .map_err(runtime_error)?;
+    let batch = RecordBatch::try_new(schema, vec![Arc::clone(array)]).map_err(runtime_error)?;
+    Ok(PyBytes::new(py, &ipc_bytes(&batch)?).into_any().unbind())
+}
+
+/// `batch` as an Arrow IPC stream (its schema and the one batch).
+fn ipc_bytes(batch: &RecordBatch) -> PyResult<Vec<u8>> {
     let mut out = Vec::new();
-    {
-        let mut writer =
-            arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema).map_err(runtime_error)?;
-        writer.write(&batch).map_err(runtime_error)?;
-        writer.finish().map_err(runtime_error)?;
+    let mut writer =
+        arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).map_err(runtime_error)?;
+    writer.write(batch).map_err(runtime_error)?;
+    writer.finish().map_err(runtime_error)?;
+    drop(writer);
+    Ok(out)
+}
+
+/// A pipeline's row-wise steps (its op calls and selects, deterministic and random) over
+/// batches the caller reads itself. Use `pushdown.Transform`, which wraps it.
+#[pyclass(name = "_Transform", module = "pushdown._native")]
+struct PyTransform {
+    steps: Vec<Step>,
+    seed: u64,
+    resources: Arc<dyn pushdown_ops::Resources>,
+    /// Bound to the last batch's schema (bound again when a batch's differs).
+    bound: Mutex<Option<(arrow::datatypes::SchemaRef, Arc<RowSteps>)>>,
+}
+
+#[pymethods]
+impl PyTransform {
+    #[new]
+    #[pyo3(signature = (pipeline, seed=0, tokenizers=None))]
+    fn new(pipeline: &str, seed: u64, tokenizers: Option<HashMap<String, Vec<u8>>>) -> PyResult<Self> {
+        let pipeline = Pipeline::parse(pipeline).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // As on a server: the dataset's own tokenizer is the default.
+        let mut resources = pushdown_ops::Tokenizers::new(Some(pipeline.dataset.clone()));
+        for (name, json) in tokenizers.unwrap_or_default() {
+            let tokenizer = pushdown_ops::load_tokenizer(&json)
+                .map_err(|e| PyValueError::new_err(format!("tokenizer {name}: {e}")))?;
+            resources.insert(name, Arc::new(tokenizer));
+        }
+        let steps = pipeline
+            .steps()
+            .iter()
+            .filter(|s| matches!(s, Step::Map(_) | Step::Select { .. }))
+            .cloned()
+            .collect();
+        Ok(Self {
+            steps,
+            seed,
+            resources: Arc::new(resources),
+            bound: Mutex::new(None),
+        })
     }
-    Ok(PyBytes::new(py, &out).into_any().unbind())
+
+    /// The pipeline's filters, as SQL: the reader's to apply.
+    #[staticmethod]
+    fn filters(pipeline: &str) -> PyResult<Vec<String>> {
+        let pipeline = Pipeline::parse(pipeline).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(pipeline
+            .steps()
+            .iter()
+            .filter_map(|s| match s {
+                Step::Filter { expr } => Some(expr.clone()),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Applies the steps to the one batch of an Arrow IPC stream; returns the result as one.
+    /// `key` seeds the random ops (with the transform's seed): the same batch and key give
+    /// the same output.
+    fn apply<'py>(&self, py: Python<'py>, ipc: &[u8], key: u64) -> PyResult<Bound<'py, PyBytes>> {
+        let out = py.detach(|| -> PyResult<Vec<u8>> {
+            let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
+                .map_err(|e| PyValueError::new_err(format!("not an Arrow IPC stream: {e}")))?;
+            let batch = reader
+                .next()
+                .ok_or_else(|| PyValueError::new_err("the Arrow IPC stream holds no batch"))?
+                .map_err(|e| PyValueError::new_err(format!("reading the batch: {e}")))?;
+            let steps = {
+                let mut bound = self.bound.lock().unwrap_or_else(|p| p.into_inner());
+                match &*bound {
+                    Some((schema, steps)) if *schema == batch.schema() => Arc::clone(steps),
+                    _ => {
+                        let steps = Arc::new(
+                            RowSteps::new(
+                                &self.steps,
+                                batch.schema(),
+                                self.seed,
+                                Arc::clone(&self.resources),
+                            )
+                            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                        );
+                        *bound = Some((batch.schema(), Arc::clone(&steps)));
+                        steps
+                    }
+                }
+            };
+            let out = steps
+                .apply(batch, key)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            ipc_bytes(&out)
+        })?;
+        Ok(PyBytes::new(py, &out))
+    }
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
+    m.add_class::<PyTransform>()?;
     Ok(())
 }

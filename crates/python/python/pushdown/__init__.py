@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
-from ._native import _Loader
+from ._native import _Loader, _Transform
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "Transform"]
 
 
 def _arrow(ipc: bytes):
@@ -118,3 +118,47 @@ class Loader:
     def stats(self) -> Dict[str, float]:
         """Batches and rows delivered, and the fraction of time the consumer waited."""
         return dict(self._inner.stats())
+
+
+class Transform:
+    """A pipeline's per-row steps (its op calls and selects, deterministic and random) applied
+    to ``pyarrow.RecordBatch``es you read yourself, with the same kernels a server and the
+    ``Loader`` run.
+
+    For readers of your own (``pyarrow.dataset``, a feature store): the pipeline's filters,
+    shuffles and batching are not applied here. ``Transform.filters(pipeline)`` returns the
+    filters as SQL, for the reader to evaluate::
+
+        t = pushdown.Transform(pipeline, seed=0)
+        for i, batch in enumerate(scanner.to_batches()):
+            out = t(batch, key=i)   # the same batch and key give the same output
+
+    Tokenizers are given as ``{name: tokenizer.json bytes}``; as on a server, the one named
+    after the pipeline's dataset is the default (a server reads it from the dataset's
+    ``tokenizer.json``). Batches cross into Rust as Arrow IPC (one copy each way).
+    """
+
+    def __init__(
+        self,
+        pipeline: Union[str, Dict[str, Any]],
+        seed: int = 0,
+        tokenizers: Optional[Dict[str, bytes]] = None,
+    ) -> None:
+        if not isinstance(pipeline, str):
+            pipeline = json.dumps(pipeline)
+        self._inner = _Transform(pipeline, seed=seed, tokenizers=tokenizers)
+
+    @staticmethod
+    def filters(pipeline: Union[str, Dict[str, Any]]) -> list:
+        if not isinstance(pipeline, str):
+            pipeline = json.dumps(pipeline)
+        return list(_Transform.filters(pipeline))
+
+    def __call__(self, batch, key: int = 0):
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        out = self._inner.apply(sink.getvalue().to_pybytes(), key)
+        return pa.ipc.open_stream(out).read_next_batch()
