@@ -42,15 +42,7 @@ pub fn serve(data: &Path, listen: SocketAddr, threads: usize) -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = pushdown_server::open_store(&data.to_string_lossy())?;
-        let config = pushdown_server::ServerConfig {
-            cpu_threads: threads,
-            ..pushdown_server::ServerConfig::default()
-        };
-        let server = pushdown_server::Server::builder(store)
-            .config(config)
-            .open()
-            .await?;
+        let server = crate::open_server(data, threads).await?;
         // The reader, in this process: reached over this host's loopback.
         let reader = server.spawn("127.0.0.1:0".parse()?).await?;
         let reader_url = format!("http://{}", reader.addr());

@@ -58,25 +58,22 @@ enum Command {
     },
     /// Internal: a server for a benchmark (started by the harness, possibly in a namespace).
     #[command(hide = true)]
-    Serve {
-        #[arg(long)]
-        data: PathBuf,
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        #[arg(long, default_value_t = 1)]
-        threads: usize,
-    },
+    Serve(FarArgs),
     /// Internal: a worker that runs whole pipelines and streams finished batches (the
     /// tf.data-service-style contender).
     #[command(hide = true)]
-    Finished {
-        #[arg(long)]
-        data: PathBuf,
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        #[arg(long, default_value_t = 1)]
-        threads: usize,
-    },
+    Finished(FarArgs),
+}
+
+/// A far-side process of a benchmark: its data root, address and CPU threads.
+#[derive(Debug, clap::Args)]
+pub struct FarArgs {
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -234,27 +231,12 @@ fn write_section(path: &Path, name: &str, body: &str) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if let Command::Serve {
-        data,
-        listen,
-        threads,
-    } = args.command
-    {
-        return serve(&data, listen, threads);
-    }
-    if let Command::Finished {
-        data,
-        listen,
-        threads,
-    } = args.command
-    {
-        return finished::serve(&data, listen, threads);
-    }
     let (suite, options) = match args.command {
+        Command::Serve(far) => return serve(&far.data, far.listen, far.threads),
+        Command::Finished(far) => return finished::serve(&far.data, far.listen, far.threads),
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
         Command::Fleet { options } => ("fleet", options.resolve()),
-        Command::Serve { .. } | Command::Finished { .. } => unreachable!("returned above"),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -303,6 +285,22 @@ fn main() -> Result<()> {
     })
 }
 
+/// A server over `data` (a folder or an `s3://` URL) with `threads` CPU threads, reading
+/// from the store as `pushdown serve` would.
+pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server::Server> {
+    let data = data.to_string_lossy();
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: threads,
+        store_reads_in_flight: pushdown_server::reads_in_flight_for(&data),
+        ..pushdown_server::ServerConfig::default()
+    };
+    let store = pushdown_server::open_store(&data)?;
+    Ok(pushdown_server::Server::builder(store)
+        .config(config)
+        .open()
+        .await?)
+}
+
 /// `harness serve`: a server with `threads` CPU threads over `data`; prints its address.
 fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -310,17 +308,7 @@ fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = pushdown_server::open_store(&data.to_string_lossy())?;
-        let config = pushdown_server::ServerConfig {
-            cpu_threads: threads,
-            store_reads_in_flight: pushdown_server::reads_in_flight_for(&data.to_string_lossy()),
-            ..pushdown_server::ServerConfig::default()
-        };
-        let server = pushdown_server::Server::builder(store)
-            .config(config)
-            .open()
-            .await?;
-        let running = server.spawn(listen).await?;
+        let running = open_server(data, threads).await?.spawn(listen).await?;
         println!("listening on {}", running.addr());
         use std::io::Write;
         std::io::stdout().flush()?;
