@@ -83,6 +83,7 @@ async fn serve_one(socket: tokio::net::TcpStream, reader_url: &str, threads: usi
             Compression::None => None,
             Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
             Compression::Lz4 => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+            Compression::Adaptive => anyhow::bail!("the finished-batch worker takes a fixed codec"),
         })?;
     let mut writer =
         arrow::ipc::writer::StreamWriter::try_new_with_options(Vec::new(), &schema, write_options)?;

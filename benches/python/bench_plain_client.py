@@ -1,17 +1,19 @@
 """The plain client: pyarrow's own Flight client reading a query's endpoints one after another
 (no codec choice, no parallelism of its own) against DuckDB over the same local files, both
-with the same number of threads. Prints a Markdown table; best of 3 per cell.
+with the same number of threads. Prints a Markdown table (or, with --json, one JSON object
+per query); best of --reps per cell. `harness scan` runs it.
 
-    taskset -c 0,1 .venv/bin/python benches/python/bench_plain_client.py [THREADS] [DATA]
+    taskset -c 0,1 .venv/bin/python benches/python/bench_plain_client.py [--threads 2] [--data DIR] [--json]
 
-THREADS: the server's `--cpu-threads` and DuckDB's `threads` (default 2). DATA: a data root
-holding `lineitem/` (default target/bench-data/full, made by `harness compare`). The server is
+--threads: the server's `--cpu-threads` and DuckDB's `threads`. --data: a data root holding
+`clicks/` and `lineitem/` (default target/bench-data/full, made by the harness). The server is
 `$PUSHDOWN_BIN` (default the release build in $CARGO_TARGET_DIR or target/).
 """
 
+import argparse
+import json
 import os
 import subprocess
-import sys
 import time
 
 import duckdb
@@ -20,15 +22,18 @@ import pyarrow.flight as flight
 target = os.environ.get("CARGO_TARGET_DIR", "target")
 BIN = os.environ.get("PUSHDOWN_BIN", os.path.join(target, "release", "pushdown"))
 QUERIES = {
-    "projection": "SELECT l_orderkey, l_partkey, l_quantity, l_extendedprice, l_shipdate FROM lineitem",
-    "filter 25%": "SELECT l_orderkey, l_extendedprice, l_discount, l_shipmode, l_comment FROM lineitem "
+    # A wide table (41 columns): a third of its columns, then a quarter of its rows.
+    "clicks projection": "SELECT label, i1, i2, i3, i4, i5, i6, i7, c1, c2, c3, c4, c5, c6, day FROM clicks",
+    "clicks filter 27%": "SELECT label, i2, i3, i4, c1, c2, c3, c4, c5 FROM clicks WHERE i1 < 2",
+    "lineitem projection": "SELECT l_orderkey, l_partkey, l_quantity, l_extendedprice, l_shipdate FROM lineitem",
+    "lineitem filter 25%": "SELECT l_orderkey, l_extendedprice, l_discount, l_shipmode, l_comment FROM lineitem "
                   "WHERE l_quantity < 13",
-    "Q6 filter": "SELECT l_extendedprice, l_discount FROM lineitem WHERE l_shipdate >= DATE '1994-01-01' "
+    "lineitem Q6 filter": "SELECT l_extendedprice, l_discount FROM lineitem WHERE l_shipdate >= DATE '1994-01-01' "
                  "AND l_shipdate < DATE '1995-01-01' AND l_discount BETWEEN 0.05 AND 0.07 AND l_quantity < 24",
 }
 
 
-def best(run, reps=3):
+def best(run, reps):
     out = None
     for _ in range(reps):
         start = time.perf_counter()
@@ -38,8 +43,13 @@ def best(run, reps=3):
 
 
 def main():
-    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    data = sys.argv[2] if len(sys.argv) > 2 else "target/bench-data/full"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data", default="target/bench-data/full")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    threads, data = args.threads, args.data
     server = subprocess.Popen(
         [BIN, "serve", "--data", data, "--listen", "127.0.0.1:0", "--cpu-threads", str(threads)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -47,9 +57,11 @@ def main():
         client = flight.connect(f"grpc://{server.stdout.readline().split()[-1]}")
         con = duckdb.connect()
         con.execute(f"SET threads={threads}")
-        con.execute(f"CREATE VIEW lineitem AS SELECT * FROM read_parquet('{data}/lineitem/*.parquet')")
-        print(f"| query | rows | plain pyarrow, endpoints in order (s) | DuckDB local, {threads} threads (s) | ratio |")
-        print("|---|---:|---:|---:|---:|")
+        for dataset in ("clicks", "lineitem"):
+            con.execute(f"CREATE VIEW {dataset} AS SELECT * FROM read_parquet('{data}/{dataset}/*.parquet')")
+        if not args.json:
+            print(f"| query | rows | plain pyarrow, endpoints in order (s) | DuckDB local, {threads} threads (s) | ratio |")
+            print("|---|---:|---:|---:|---:|")
         for name, sql in QUERIES.items():
             def ours():
                 info = client.get_flight_info(flight.FlightDescriptor.for_command(sql.encode()))
@@ -58,9 +70,12 @@ def main():
             def theirs():
                 return con.sql(sql).to_arrow_table().num_rows
 
-            (a, n), (b, m) = best(ours), best(theirs)
+            (a, n), (b, m) = best(ours, args.reps), best(theirs, args.reps)
             assert n == m, f"{name}: {n} rows from the server, {m} from DuckDB"
-            print(f"| {name} | {n} | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
+            if args.json:
+                print(json.dumps({"query": name, "sql": sql, "rows": n, "plain_s": a, "duckdb_s": b}), flush=True)
+            else:
+                print(f"| {name} | {n} | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
     finally:
         server.terminate()
         server.wait()

@@ -13,10 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("PUSHDOWN_BIN", str(ROOT / "target" / "debug" / "pushdown"))
 
 
-def generate(data, rows=300):
+def generate(data, rows=300, row_group_rows=50, rows_per_file=150):
     subprocess.run(
         [BIN, "gen", "images", "--rows", str(rows), "--out", str(data),
-         "--row-group-rows", "50", "--rows-per-file", "150"],
+         "--row-group-rows", str(row_group_rows), "--rows-per-file", str(rows_per_file)],
         check=True, capture_output=True,
     )
 
@@ -93,7 +93,8 @@ def s3server(tmp_path_factory):
 
 
 class Served:
-    """`pushdown serve` in a subprocess; the address is read from its first stdout line."""
+    """`pushdown serve` in a subprocess; the address is read from its stdout (after the metrics
+    address, `self.metrics`, when `--metrics-listen` is among `args`)."""
 
     def __init__(self, data, env=None, args=()):
         self.proc = subprocess.Popen(
@@ -102,6 +103,10 @@ class Served:
             env={**os.environ, **(env or {})},
         )
         line = self.proc.stdout.readline()
+        self.metrics = None
+        if line.startswith("metrics on "):
+            self.metrics = line.split()[-1]
+            line = self.proc.stdout.readline()
         if not line.startswith("listening on "):
             self.proc.kill()
             raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")

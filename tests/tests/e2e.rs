@@ -311,6 +311,83 @@ async fn plain_clients_on_loopback_get_uncompressed_streams() {
     );
 }
 
+/// An adaptive stream (what a plain client off this host gets, or any client that asks)
+/// starts uncompressed and compresses once the client holds it back: here a client that
+/// takes a batch every 15 ms while the server could send far faster. The mix of codecs
+/// decodes to the same rows as an uncompressed stream. A server told to use one codec for
+/// plain clients (`plain_client_codec`, for peers behind a local proxy) uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_streams_compress_while_the_client_holds_them_back() {
+    use pushdown_protocol::Compression;
+    let config = pushdown_server::ServerConfig {
+        batch_size: 16,
+        shard_max_rows: 1 << 20,
+        plain_client_codec: Some(Compression::Adaptive),
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, 768);
+    })
+    .await;
+    let sql = "SELECT id, image FROM images";
+    // HTTP/2 windows of 64 KiB: the socket, not a megabyte of buffers, holds the stream back.
+    let channel = tonic::transport::Channel::from_shared(fx.running.url())
+        .expect("url")
+        .initial_stream_window_size(64 << 10)
+        .initial_connection_window_size(64 << 10)
+        .connect()
+        .await
+        .expect("connect");
+    let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    let info = raw
+        .get_flight_info(FlightDescriptor::new_cmd(sql.as_bytes().to_vec()))
+        .await
+        .expect("info")
+        .into_inner();
+    let (mut seen, mut messages) = (Vec::new(), Vec::new());
+    for endpoint in info.endpoint {
+        let mut stream = raw
+            .do_get(endpoint.ticket.expect("ticket"))
+            .await
+            .expect("do_get")
+            .into_inner();
+        while let Some(data) = stream.next().await {
+            let data = data.expect("data");
+            let message = arrow::ipc::root_as_message(&data.data_header).expect("IPC message");
+            if let Some(batch) = message.header_as_record_batch() {
+                seen.push(batch.compression().map(|c| c.codec()));
+                tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+            } else if !messages.is_empty() {
+                continue; // one schema for the decoder
+            }
+            messages.push(data);
+        }
+    }
+    assert!(seen.len() >= 40, "{} batches", seen.len());
+    assert_eq!(seen[0], None, "adaptive streams start uncompressed");
+    assert!(seen.iter().any(Option::is_some), "never compressed: {seen:?}");
+    let got = arrow_flight::utils::flight_data_to_batches(&messages).expect("decodes");
+    let plain = fx.local(sql).await;
+    assert_eq!(sorted_rows(&got), sorted_rows(&plain));
+
+    let mut fixed = pushdown_server::ServerConfig {
+        plain_client_codec: Some(Compression::Lz4),
+        ..pushdown_tests::small_shards()
+    };
+    fixed.batch_size = 100;
+    let fx = Fixture::new(fixed, |root| {
+        pushdown_tests::write_images(root, 300);
+    })
+    .await;
+    let got = codecs(&fx, FlightDescriptor::new_cmd(sql.as_bytes().to_vec())).await;
+    assert!(!got.is_empty());
+    assert!(
+        got.iter()
+            .all(|c| *c == Some(arrow::ipc::CompressionType::LZ4_FRAME)),
+        "{got:?}"
+    );
+}
+
 /// A lone stream decodes its shard's row groups on several cores at once, yet streams them in
 /// the order one core would: the same rows in the same order, and the same tail from a
 /// resume offset, as a server with one CPU thread.

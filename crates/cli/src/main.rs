@@ -71,6 +71,12 @@ struct ListenArgs {
     /// Location advertised in endpoints (grpc://host:port); default: none, meaning "this server".
     #[arg(long, env = "PUSHDOWN_ADVERTISE")]
     advertise: Option<String>,
+    /// Codec of the streams of clients that cannot choose one (pyarrow and other plain Flight
+    /// clients): none, lz4, zstd or adaptive (each batch compressed while the network, not
+    /// the server's CPU, holds the stream back). Default: none for peers on loopback,
+    /// adaptive for the rest; set it when a local proxy hides where clients are.
+    #[arg(long, env = "PUSHDOWN_PLAIN_CLIENT_CODEC")]
+    plain_client_codec: Option<pushdown_server::Compression>,
 }
 
 /// What one server may spend.
@@ -251,6 +257,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         shard_target_bytes: args.limits.shard_mib << 20,
         catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
         advertise: args.listen.advertise,
+        plain_client_codec: args.listen.plain_client_codec,
         ..defaults
     };
     let store = open_store(&args.storage.data)?;

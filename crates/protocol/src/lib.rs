@@ -118,6 +118,9 @@ pub enum Compression {
     #[default]
     Zstd,
     Lz4,
+    /// Each batch's codec chosen by the server from where the stream waits: compressed while
+    /// the socket holds the stream back, uncompressed while the server's CPU does.
+    Adaptive,
 }
 
 impl std::fmt::Display for Compression {
@@ -126,6 +129,7 @@ impl std::fmt::Display for Compression {
             Self::None => "none",
             Self::Zstd => "zstd",
             Self::Lz4 => "lz4",
+            Self::Adaptive => "adaptive",
         })
     }
 }
@@ -157,7 +161,10 @@ impl std::str::FromStr for Compression {
             "none" => Ok(Self::None),
             "zstd" => Ok(Self::Zstd),
             "lz4" => Ok(Self::Lz4),
-            other => Err(format!("unknown compression `{other}` (none, zstd or lz4)")),
+            "adaptive" => Ok(Self::Adaptive),
+            other => Err(format!(
+                "unknown compression `{other}` (none, zstd, lz4 or adaptive)"
+            )),
         }
     }
 }
@@ -575,6 +582,7 @@ mod to_proto {
                 Compression::None => proto::Compression::None,
                 Compression::Zstd => proto::Compression::Zstd,
                 Compression::Lz4 => proto::Compression::Lz4,
+                Compression::Adaptive => proto::Compression::Adaptive,
             } as i32,
             stats: r.stats,
             filter_pushdown: match r.filter_pushdown {
@@ -649,6 +657,7 @@ mod from_proto {
             Ok(proto::Compression::Unspecified | proto::Compression::Zstd) => Compression::Zstd,
             Ok(proto::Compression::None) => Compression::None,
             Ok(proto::Compression::Lz4) => Compression::Lz4,
+            Ok(proto::Compression::Adaptive) => Compression::Adaptive,
             Err(_) => return Err(invalid("ScanRequest", "compression", m.compression)),
         };
         let filter_pushdown = match proto::FilterPushdown::try_from(m.filter_pushdown) {

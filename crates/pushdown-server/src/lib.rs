@@ -28,6 +28,7 @@
 //! ```
 
 mod catalog;
+mod codec;
 mod error;
 mod metrics;
 mod profile;
@@ -52,6 +53,8 @@ use tokio::sync::Semaphore;
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
 pub use metrics::{Metrics, serve_metrics};
+/// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
+pub use pushdown_protocol::Compression;
 pub use query::{Planned, Shape, dataframe};
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
@@ -95,6 +98,11 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Location put in endpoints (`grpc://host:port`); none means "this server".
     pub advertise: Option<String>,
+    /// The codec of streams for clients that cannot choose one (SQL text or a path as the
+    /// descriptor: pyarrow, ADBC, any Flight client). None: uncompressed for peers on this
+    /// host, [`Compression::Adaptive`] for the rest. Set it where the peer address misleads
+    /// (behind a local proxy every peer is on loopback).
+    pub plain_client_codec: Option<pushdown_protocol::Compression>,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +121,7 @@ impl Default for ServerConfig {
             max_flight_data_bytes: 2 << 20,
             max_message_bytes: 64 << 20,
             advertise: None,
+            plain_client_codec: None,
         }
     }
 }

@@ -17,6 +17,11 @@ pub struct RequestLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodecLabels {
+    pub codec: &'static str,
+}
+
 /// A dataset at one version (an info metric: the value is the dataset's file count).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatasetLabels {
@@ -44,6 +49,7 @@ pub struct Metrics {
     pub unreadable_files_found: Counter,
     pub dataset_files: Family<DatasetLabels, Gauge>,
     pub panics_contained: Counter,
+    pub batches_sent: Family<CodecLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -73,6 +79,7 @@ impl Metrics {
             unreadable_files_found: Counter::default(),
             dataset_files: Family::default(),
             panics_contained: Counter::default(),
+            batches_sent: Family::default(),
         };
         registry.register(
             "unreadable_files",
@@ -112,6 +119,11 @@ impl Metrics {
             m.rows_scanned.clone(),
         );
         registry.register("rows_sent", "Rows sent to clients", m.rows_sent.clone());
+        registry.register(
+            "batches_sent",
+            "Record batches sent, by the codec of their IPC body (adaptive streams choose per batch)",
+            m.batches_sent.clone(),
+        );
         registry.register(
             "row_groups_scanned",
             "Row groups of the requested shards",
@@ -159,6 +171,16 @@ impl Metrics {
         self.requests
             .get_or_create(&RequestLabels { method, outcome })
             .inc();
+    }
+
+    pub(crate) fn record_batch(&self, codec: pushdown_protocol::Compression) {
+        let codec = match codec {
+            pushdown_protocol::Compression::None => "none",
+            pushdown_protocol::Compression::Lz4 => "lz4",
+            pushdown_protocol::Compression::Zstd => "zstd",
+            pushdown_protocol::Compression::Adaptive => "adaptive",
+        };
+        self.batches_sent.get_or_create(&CodecLabels { codec }).inc();
     }
 
     pub(crate) fn record_stream(&self, stats: &StreamStats) {

@@ -2,12 +2,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arrow::ipc::writer::IpcWriteOptions;
-use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
@@ -23,6 +20,7 @@ use tracing::Instrument;
 
 use crate::State;
 use crate::catalog::panic_message;
+use crate::codec::{Encoder, Governor};
 use crate::error::{Result, ServerError, outcome};
 use crate::query::{Shape, scan_stats};
 
@@ -101,15 +99,20 @@ impl PushdownService {
 
     /// Plans a descriptor for the client at `peer`. A client that could not choose a codec
     /// gets uncompressed streams when it is on this host (loopback: compressing only costs
-    /// both sides CPU), else zstd (a network between them).
+    /// both sides CPU), else adaptive ones: compressed while the network holds the stream
+    /// back, not while the server's CPU does.
     async fn flight_info(
         &self,
         descriptor: FlightDescriptor,
         peer: Option<SocketAddr>,
     ) -> Result<FlightInfo> {
         let (mut request, plain) = Self::request_and_origin(&descriptor)?;
-        if plain && peer.is_some_and(|p| p.ip().is_loopback()) {
-            request.compression = Compression::None;
+        if plain {
+            request.compression = self
+                .state
+                .config
+                .plain_client_codec
+                .unwrap_or_else(|| codec_for_plain_client(peer));
         }
         let planned = self.state.engine.plan(&request).await?;
         self.state
@@ -377,62 +380,55 @@ async fn produce(
         crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
 
     let shard = ticket.shard.clone();
-    let rows_sent = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&rows_sent);
     let mut skip = ticket.skip_rows;
-    // Output rows of the query so far (skipped ones included): where a failing value is, and
-    // the shard's whole output once the stream ends.
-    let output = Arc::new(AtomicU64::new(0));
-    let produced = Arc::clone(&output);
-    let batches = batches.filter_map(move |item| {
-        let out = match item {
-            Ok(batch) => {
-                let n = batch.num_rows() as u64;
-                produced.fetch_add(n, Ordering::Relaxed);
-                if skip >= n {
-                    skip -= n;
-                    None
-                } else if skip > 0 {
-                    let rest = batch.slice(skip as usize, (n - skip) as usize);
-                    skip = 0;
-                    Some(Ok(rest))
-                } else {
-                    Some(Ok(batch))
+    // Rows sent, and output rows of the query so far (skipped ones included): where a failing
+    // value is, and the shard's whole output once the stream ends.
+    let mut rows_sent = 0u64;
+    let mut output = 0u64;
+    let mut bytes_sent = 0u64;
+    let mut governor = Governor::new(ticket.request.compression);
+    let mut encoder = Encoder::new(state.config.max_flight_data_bytes)
+        .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
+    let stream_all = async {
+        let mut batches = std::pin::pin!(batches);
+        let schema_message = encoder.schema(&schema);
+        bytes_sent += schema_message.data_header.len() as u64;
+        if tx.send(Ok(schema_message)).await.is_err() {
+            return Ok(false);
+        }
+        let mut ready_since = Instant::now();
+        while let Some(item) = batches.next().await {
+            let batch =
+                item.map_err(|e| Status::from(ServerError::from_scan(e, shard.as_ref()).after_rows(output)))?;
+            let n = batch.num_rows() as u64;
+            output += n;
+            let batch = if skip >= n {
+                skip -= n;
+                continue;
+            } else if skip > 0 {
+                let rest = batch.slice(skip as usize, (n - skip) as usize);
+                skip = 0;
+                rest
+            } else {
+                batch
+            };
+            rows_sent += batch.num_rows() as u64;
+            let codec = governor.codec();
+            let messages = encoder
+                .batch(&batch, codec)
+                .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
+            let producing = ready_since.elapsed();
+            let sending_since = Instant::now();
+            for data in messages {
+                bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
+                if tx.send(Ok(data)).await.is_err() {
+                    tracing::debug!("client went away; stopping the stream");
+                    return Ok(false);
                 }
             }
-            Err(e) => Some(Err(FlightError::Tonic(Box::new(Status::from(
-                ServerError::from_scan(e, shard.as_ref()).after_rows(produced.load(Ordering::Relaxed)),
-            ))))),
-        };
-        if let Some(Ok(b)) = &out {
-            counted.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-        }
-        futures::future::ready(out)
-    });
-    let compression = match ticket.request.compression {
-        Compression::None => None,
-        Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
-        Compression::Lz4 => Some(arrow::ipc::CompressionType::LZ4_FRAME),
-    };
-    let options = IpcWriteOptions::default()
-        .try_with_compression(compression)
-        .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
-    let mut encoded = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
-        .with_options(options)
-        .with_dictionary_handling(DictionaryHandling::Resend)
-        .with_max_flight_data_size(state.config.max_flight_data_bytes)
-        .build(batches);
-
-    let mut bytes_sent = 0u64;
-    let stream_all = async {
-        while let Some(item) = encoded.next().await {
-            let data = item.map_err(flight_error_to_status)?;
-            bytes_sent += (data.data_header.len() + data.data_body.len() + data.app_metadata.len()) as u64;
-            if tx.send(Ok(data)).await.is_err() {
-                tracing::debug!("client went away; stopping the stream");
-                return Ok(false);
-            }
+            state.metrics.record_batch(codec);
+            ready_since = Instant::now();
+            governor.observe(producing, ready_since - sending_since);
         }
         Ok::<bool, Status>(true)
     };
@@ -442,8 +438,8 @@ async fn produce(
     };
 
     let mut stats = scan_stats(&plan);
-    stats.rows_sent = rows_sent.load(Ordering::Relaxed);
-    stats.rows_output = output.load(Ordering::Relaxed);
+    stats.rows_sent = rows_sent;
+    stats.rows_output = output;
     stats.bytes_sent = bytes_sent;
     stats.row_groups = opened.row_groups;
     stats.elapsed_ns = start.elapsed().as_nanos() as u64;
@@ -457,6 +453,15 @@ async fn produce(
     Ok(completed)
 }
 
+/// The codec for a client that could not choose one, at `peer`: none on this host (on
+/// loopback compressing only costs both sides CPU), else adaptive.
+fn codec_for_plain_client(peer: Option<SocketAddr>) -> Compression {
+    match peer {
+        Some(p) if p.ip().is_loopback() => Compression::None,
+        _ => Compression::Adaptive,
+    }
+}
+
 /// A dataset's version as `ListFlights` and the `refresh` action report it.
 fn dataset_version(d: &crate::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
     pushdown_protocol::DatasetVersion {
@@ -464,13 +469,6 @@ fn dataset_version(d: &crate::catalog::Dataset) -> pushdown_protocol::DatasetVer
         version: d.version(),
         files: d.files.len() as u64,
         broken_files: d.broken.len() as u64,
-    }
-}
-
-fn flight_error_to_status(e: FlightError) -> Status {
-    match e {
-        FlightError::Tonic(status) => *status,
-        other => Status::from(ServerError::Internal(format!("encoding: {other}"))),
     }
 }
 

@@ -227,6 +227,9 @@ pub enum Compression {
     None = 1,
     Zstd = 2,
     Lz4 = 3,
+    /// The server picks each batch's codec (none, LZ4, zstd) from where the stream waits:
+    /// compressing while the socket holds it back, not while the server's CPU does.
+    Adaptive = 4,
 }
 impl Compression {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -239,6 +242,7 @@ impl Compression {
             Self::None => "COMPRESSION_NONE",
             Self::Zstd => "COMPRESSION_ZSTD",
             Self::Lz4 => "COMPRESSION_LZ4",
+            Self::Adaptive => "COMPRESSION_ADAPTIVE",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -248,6 +252,7 @@ impl Compression {
             "COMPRESSION_NONE" => Some(Self::None),
             "COMPRESSION_ZSTD" => Some(Self::Zstd),
             "COMPRESSION_LZ4" => Some(Self::Lz4),
+            "COMPRESSION_ADAPTIVE" => Some(Self::Adaptive),
             _ => None,
         }
     }
