@@ -757,24 +757,6 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 met: pd.samples_per_s >= needed,
             });
         }
-        let rows_in = dataset_rows(data, w.pipeline.dataset.as_str());
-        let server = server_scan(data, &w, rows_in, options.reps_resolved).await?;
-        let engine = engine_scan(data, &w, rows_in, options.reps_resolved).await?;
-        match duckdb_scan(&data.root, &w, options.reps_resolved) {
-            Ok(duck) => targets.push(Target {
-                what: format!(
-                    "{}: scan (`{}`), server rows/s ≥ DuckDB's, 1 thread each",
-                    w.name, w.scan
-                ),
-                measured: format!(
-                    "{:.0} rows/s over Flight ({} rows out); the engine in-process: {:.0} rows/s",
-                    server.0, server.1, engine
-                ),
-                needed: format!("{:.0} rows/s (DuckDB, {} rows out)", duck.0, duck.1),
-                met: server.0 >= duck.0 && server.1 == duck.1,
-            }),
-            Err(e) => eprintln!("DuckDB contender skipped ({e:#}): scripts/setup-python.sh --bench"),
-        }
     }
     let streams = 64;
     let (rss, rows) = rss_under_streams(data, streams).await?;
@@ -902,7 +884,7 @@ fn summary(cells: &[Cell], workload: &str) -> String {
     out
 }
 
-fn dataset_rows(data: &Datasets, name: &str) -> u64 {
+pub(crate) fn dataset_rows(data: &Datasets, name: &str) -> u64 {
     data.rows
         .iter()
         .find(|(k, _, _)| k.name() == name)
@@ -922,7 +904,12 @@ fn plot(json: &Path, dir: &Path) -> bool {
 
 /// The same scan by the server's engine in this process (no Flight, no IPC): separates the
 /// engine's speed from the transport's. Rows in the dataset per second.
-async fn engine_scan(data: &Datasets, workload: &Workload, rows_in: u64, reps: usize) -> Result<f64> {
+pub(crate) async fn engine_scan(
+    data: &Datasets,
+    workload: &Workload,
+    rows_in: u64,
+    reps: usize,
+) -> Result<f64> {
     let server = in_process_server(pushdown_server::open_store(&data.root.to_string_lossy())?, 1).await?;
     let request = ScanRequest::new(Query::Sql(workload.scan.clone()));
     let mut best = 0.0f64;

@@ -16,6 +16,7 @@ mod link;
 mod placement;
 mod process;
 mod s3;
+mod scan;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,9 +45,16 @@ enum Command {
         #[command(flatten)]
         options: Options,
     },
-    /// Pushdown against no pushdown (Parquet from S3), a full-row service, local files and
-    /// DuckDB, on images, clicks, text and TPC-H lineitem, over loopback, 1 and 10 Gbit/s links (and 100 Mbit/s, supplementary).
+    /// Pushdown against no pushdown (Parquet from S3: our engine and pyarrow.dataset), finished
+    /// batches (tf.data service's design) and local files, on images, clicks, text and TPC-H
+    /// lineitem, over loopback, 1 and 10 Gbit/s links (and 100 Mbit/s, supplementary).
     Compare {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The server's scan against DuckDB's over the same files: one thread each on every
+    /// workload, and pyarrow's plain Flight client reading endpoints in order (2 threads).
+    Scan {
         #[command(flatten)]
         options: Options,
     },
@@ -237,6 +245,7 @@ fn main() -> Result<()> {
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
         Command::Fleet { options } => ("fleet", options.resolve()),
+        Command::Scan { options } => ("scan", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -250,11 +259,11 @@ fn main() -> Result<()> {
             "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
             if options.quick { " --quick" } else { "" }
         );
-        if suite == "fleet" || suite == "compare" {
-            let body = if suite == "fleet" {
-                fleet::suite(&options, &data, &command).await?
-            } else {
-                compare::suite(&options, &data, &command).await?
+        if suite != "placement" {
+            let body = match suite {
+                "fleet" => fleet::suite(&options, &data, &command).await?,
+                "scan" => scan::suite(&options, &data, &command).await?,
+                _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");
             return write_section(&options.results, suite, &body);

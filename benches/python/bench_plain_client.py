@@ -13,7 +13,9 @@ per query); best of --reps per cell. `harness scan` runs it.
 import argparse
 import json
 import os
+import shlex
 import subprocess
+import sys
 import time
 
 import duckdb
@@ -48,37 +50,54 @@ def main():
     ap.add_argument("--data", default="target/bench-data/full")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--server-cmd", help="the server's command line, to which `--data DATA --listen "
+                    "127.0.0.1:0` is appended (default: `$PUSHDOWN_BIN serve --cpu-threads THREADS`)")
     args = ap.parse_args()
     threads, data = args.threads, args.data
+    server_cmd = shlex.split(args.server_cmd) if args.server_cmd else [BIN, "serve", "--cpu-threads", str(threads)]
     server = subprocess.Popen(
-        [BIN, "serve", "--data", data, "--listen", "127.0.0.1:0", "--cpu-threads", str(threads)],
+        [*server_cmd, "--data", data, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    floor = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "duckdb_flight_server.py"),
+         "--data", data, "--threads", str(threads)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         client = flight.connect(f"grpc://{server.stdout.readline().split()[-1]}")
+        duck_flight = flight.connect(f"grpc://{floor.stdout.readline().split()[-1]}")
         con = duckdb.connect()
         con.execute(f"SET threads={threads}")
         for dataset in ("clicks", "lineitem"):
             con.execute(f"CREATE VIEW {dataset} AS SELECT * FROM read_parquet('{data}/{dataset}/*.parquet')")
         if not args.json:
-            print(f"| query | rows | plain pyarrow, endpoints in order (s) | DuckDB local, {threads} threads (s) | ratio |")
-            print("|---|---:|---:|---:|---:|")
+            print(f"| query | rows | pushdown, plain pyarrow client (s) | DuckDB behind pyarrow.flight (s) "
+                  f"| DuckDB local, {threads} threads (s) | pushdown ÷ DuckDB local |")
+            print("|---|---:|---:|---:|---:|---:|")
         for name, sql in QUERIES.items():
+            def plain(c):
+                info = c.get_flight_info(flight.FlightDescriptor.for_command(sql.encode()))
+                return sum(c.do_get(ep.ticket).read_all().num_rows for ep in info.endpoints)
+
             def ours():
-                info = client.get_flight_info(flight.FlightDescriptor.for_command(sql.encode()))
-                return sum(client.do_get(ep.ticket).read_all().num_rows for ep in info.endpoints)
+                return plain(client)
+
+            def floor_run():
+                return plain(duck_flight)
 
             def theirs():
                 return con.sql(sql).to_arrow_table().num_rows
 
-            (a, n), (b, m) = best(ours, args.reps), best(theirs, args.reps)
-            assert n == m, f"{name}: {n} rows from the server, {m} from DuckDB"
+            (a, n), (f, k), (b, m) = best(ours, args.reps), best(floor_run, args.reps), best(theirs, args.reps)
+            assert n == m == k, f"{name}: {n} rows from the server, {k} from DuckDB's Flight server, {m} from DuckDB"
             if args.json:
-                print(json.dumps({"query": name, "sql": sql, "rows": n, "plain_s": a, "duckdb_s": b}), flush=True)
+                print(json.dumps({"query": name, "sql": sql, "rows": n, "plain_s": a, "duckdb_flight_s": f,
+                                  "duckdb_s": b}), flush=True)
             else:
-                print(f"| {name} | {n} | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
+                print(f"| {name} | {n} | {a:.3f} | {f:.3f} | {b:.3f} | {a / b:.2f}x |")
     finally:
-        server.terminate()
-        server.wait()
+        for p in (server, floor):
+            p.terminate()
+            p.wait()
 
 
 if __name__ == "__main__":
