@@ -11,7 +11,7 @@ use std::time::Duration;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
-use arrow_flight::{FlightData, SchemaAsIpc};
+use arrow_flight::FlightData;
 use pushdown_protocol::Compression;
 
 /// Batches judged together before the codec changes.
@@ -91,10 +91,12 @@ impl Governor {
 
 /// Encodes a stream's schema and batches as Flight messages, each batch in the codec asked
 /// for it, split to about `max_message_bytes` of buffers per message. Dictionaries are sent
-/// with every batch that has them (each batch stands alone, whatever its codec).
+/// before the first batch that uses them and again whenever they change (each message names
+/// its own codec, so they decode whatever the batch's).
 pub struct Encoder {
     generator: IpcDataGenerator,
     context: IpcWriteContext,
+    dictionaries: DictionaryTracker,
     max_message_bytes: usize,
     options: [IpcWriteOptions; 3],
 }
@@ -106,6 +108,7 @@ impl Encoder {
         Ok(Self {
             generator: IpcDataGenerator::default(),
             context: IpcWriteContext::default(),
+            dictionaries: DictionaryTracker::new(false),
             max_message_bytes: max_message_bytes.max(1),
             options: [
                 with(None)?,
@@ -115,8 +118,14 @@ impl Encoder {
         })
     }
 
-    pub fn schema(&self, schema: &Schema) -> FlightData {
-        SchemaAsIpc::new(schema, &self.options[0]).into()
+    /// The stream's first message; it numbers the dictionaries the batches then carry.
+    pub fn schema(&mut self, schema: &Schema) -> FlightData {
+        self.dictionaries = DictionaryTracker::new(false);
+        FlightData::from(self.generator.schema_to_bytes_with_dictionary_tracker(
+            schema,
+            &mut self.dictionaries,
+            &self.options[0],
+        ))
     }
 
     /// `batch` as Flight messages (its dictionaries first) in `codec`.
@@ -137,10 +146,9 @@ impl Encoder {
         let mut offset = 0;
         loop {
             let len = rows_per_piece.min(batch.num_rows() - offset);
-            let mut dictionaries = DictionaryTracker::new(false);
             let (dicts, data) = self.generator.encode(
                 &batch.slice(offset, len),
-                &mut dictionaries,
+                &mut self.dictionaries,
                 options,
                 &mut self.context,
             )?;
@@ -221,5 +229,31 @@ mod tests {
         let whole = arrow::compute::concat_batches(&batch.schema(), &decoded).unwrap();
         let three = arrow::compute::concat_batches(&batch.schema(), [&batch, &batch, &batch]).unwrap();
         assert_eq!(whole, three);
+    }
+
+    #[test]
+    fn dictionary_columns_decode_in_every_batch() {
+        use arrow::array::{DictionaryArray, Int32Array};
+        use arrow::datatypes::Int32Type;
+        use std::sync::Arc;
+        let dict: DictionaryArray<Int32Type> =
+            vec![Some("a"), None, Some("b"), Some("a")].into_iter().collect();
+        let batch = RecordBatch::try_from_iter([
+            ("i", Arc::new(Int32Array::from(vec![1, 2, 3, 4])) as _),
+            ("cat", Arc::new(dict) as _),
+        ])
+        .unwrap();
+        let mut encoder = Encoder::new(1 << 20).unwrap();
+        let mut messages = vec![encoder.schema(&batch.schema())];
+        for codec in [Compression::None, Compression::Zstd] {
+            messages.extend(encoder.batch(&batch, codec).unwrap());
+        }
+        // The full decoder (dictionary messages included), as a Flight client runs it.
+        let stream = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+            futures::stream::iter(messages.into_iter().map(Ok)),
+        );
+        let decoded: Vec<RecordBatch> =
+            futures::executor::block_on(futures::TryStreamExt::try_collect(stream)).unwrap();
+        assert_eq!(decoded, vec![batch.clone(), batch]);
     }
 }
