@@ -16,10 +16,10 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use pushdown_client::{PushdownClient, StreamOptions, StreamTotals};
+use pushdown_client::{ConnectOptions, PushdownClient, StreamOptions, StreamTotals};
 use pushdown_datasets::{GenOptions, Kind, generate};
 use pushdown_protocol::{Query, ScanRequest};
-use pushdown_server::{RunningServer, Server, ServerConfig, open_store};
+use pushdown_server::{RunningServer, Server, ServerBuilder, ServerConfig, open_store};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -34,12 +34,21 @@ pub struct Fixture {
 impl Fixture {
     /// Serves whatever `write` puts under the data root.
     pub async fn new(config: ServerConfig, write: impl FnOnce(&Path)) -> Self {
+        Self::secured(config, write, |b| b, ConnectOptions::default()).await
+    }
+
+    /// [`Self::new`] with the server's builder finished by `secure` (tokens, TLS) and the
+    /// client connecting with `connect`.
+    pub async fn secured(
+        config: ServerConfig,
+        write: impl FnOnce(&Path),
+        secure: impl FnOnce(ServerBuilder) -> ServerBuilder,
+        connect: ConnectOptions,
+    ) -> Self {
         let root = tempfile::tempdir().expect("scratch dir");
         write(root.path());
         let store = open_store(&root.path().to_string_lossy()).expect("store");
-        let server = Server::builder(store)
-            .config(config)
-            .record_reads()
+        let server = secure(Server::builder(store).config(config).record_reads())
             .open()
             .await
             .expect("server opens");
@@ -48,7 +57,9 @@ impl Fixture {
             .spawn("127.0.0.1:0".parse().unwrap())
             .await
             .expect("binds");
-        let client = PushdownClient::connect(&[running.url()]).await.expect("connects");
+        let client = PushdownClient::connect_with(&[running.url()], connect)
+            .await
+            .expect("connects");
         // Reads made while opening the catalog are not any query's.
         server.store().take_requests();
         Self {
@@ -340,4 +351,50 @@ pub async fn raw_client(
         .await
         .expect("connect");
     arrow_flight::flight_service_client::FlightServiceClient::new(channel)
+}
+
+/// Certificates made for one test run (PEM): a CA, a server certificate it signed for
+/// `localhost` and `127.0.0.1`, and a client certificate it signed (mutual TLS).
+pub struct TestPki {
+    pub ca: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+impl TestPki {
+    pub fn new() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "pushdown test CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate").pem();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let leaf = |names: Vec<String>| {
+            let params = CertificateParams::new(names).expect("params");
+            let key = KeyPair::generate().expect("key");
+            let cert = params.signed_by(&key, &issuer).expect("signed");
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
+        let (client_cert, client_key) = leaf(vec!["trainer-1".into()]);
+        Self {
+            ca,
+            server_cert,
+            server_key,
+            client_cert,
+            client_key,
+        }
+    }
+}
+
+impl Default for TestPki {
+    fn default() -> Self {
+        Self::new()
+    }
 }

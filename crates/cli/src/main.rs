@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pushdown_client::run::{RunOptions, bytes, run};
-use pushdown_client::{Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
+use pushdown_client::{ConnectOptions, Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
 use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
 use pushdown_planner::Pipeline;
-use pushdown_server::{Server, ServerConfig, open_store, serve_metrics};
+use pushdown_server::{Server, ServerConfig, ServerTls, Tokens, open_store, serve_metrics};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc keeps freed pages for the next batch; glibc's allocator unmaps large buffers
@@ -104,6 +104,24 @@ struct LimitsArgs {
     shard_mib: u64,
 }
 
+/// Who may connect and what they may read.
+#[derive(Debug, Args)]
+struct SecurityArgs {
+    /// Serve Flight over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "PUSHDOWN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PUSHDOWN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: every client must present a certificate signed by this CA (PEM).
+    #[arg(long, env = "PUSHDOWN_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Bearer tokens, one per line with the datasets it may read (`TOKEN images,clicks` or
+    /// `TOKEN *`); requests without a listed token are refused. Default: no authentication.
+    #[arg(long, env = "PUSHDOWN_AUTH_TOKENS")]
+    auth_tokens: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 struct ServeArgs {
     #[command(flatten)]
@@ -112,6 +130,8 @@ struct ServeArgs {
     listen: ListenArgs,
     #[command(flatten)]
     limits: LimitsArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +157,35 @@ struct GenArgs {
     rows_per_file: Option<usize>,
 }
 
+/// How a client proves who it is and whom it trusts.
+#[derive(Debug, Args)]
+struct CredentialArgs {
+    /// Bearer token for servers started with --auth-tokens.
+    #[arg(long, env = "PUSHDOWN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) that https:// servers' certificates must chain to (default: the
+    /// system's roots).
+    #[arg(long, env = "PUSHDOWN_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for servers requiring mutual TLS; needs --tls-client-key.
+    #[arg(long, env = "PUSHDOWN_TLS_CLIENT_CERT", requires = "tls_client_key")]
+    tls_client_cert: Option<PathBuf>,
+    #[arg(long, env = "PUSHDOWN_TLS_CLIENT_KEY", requires = "tls_client_cert")]
+    tls_client_key: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    fn options(&self) -> Result<ConnectOptions> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        Ok(ConnectOptions::from_parts(
+            self.token.clone(),
+            path(&self.tls_ca).as_deref(),
+            path(&self.tls_client_cert).as_deref(),
+            path(&self.tls_client_key).as_deref(),
+        )?)
+    }
+}
+
 /// Which servers, and how to fan out over them.
 #[derive(Debug, Args)]
 struct ClientArgs {
@@ -156,6 +205,8 @@ struct ClientArgs {
     /// The link to the servers (1Gbit, 100Mbit, 125MB, unlimited, …), for placing ops and choosing the stream codec.
     #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
     bandwidth: f64,
+    #[command(flatten)]
+    credentials: CredentialArgs,
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +251,8 @@ struct ExplainArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    #[command(flatten)]
+    credentials: CredentialArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -261,7 +314,25 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ..defaults
     };
     let store = open_store(&args.storage.data)?;
-    let server = Server::builder(store).config(config).open().await?;
+    let mut builder = Server::builder(store).config(config);
+    let security = &args.security;
+    if let Some(path) = &security.auth_tokens {
+        let tokens = Tokens::load(path).map_err(anyhow::Error::msg)?;
+        tracing::info!(tokens = tokens.len(), "requests need a bearer token");
+        builder = builder.tokens(tokens);
+    }
+    let tls = match (&security.tls_cert, &security.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut tls = ServerTls::from_files(cert, key)?;
+            if let Some(ca) = &security.tls_client_ca {
+                tls = tls.require_client_certs(pushdown_server::read_pem(ca)?);
+            }
+            builder = builder.tls(tls);
+            true
+        }
+        _ => false,
+    };
+    let server = builder.open().await?;
     for (name, dataset) in server.catalog().snapshot().iter() {
         tracing::info!(
             dataset = name.as_str(),
@@ -293,6 +364,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
+    if tls {
+        tracing::info!("Flight over TLS only");
+    }
     println!("listening on {addr}");
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -363,6 +437,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     let mut options = RunOptions::new(args.client.servers, source);
     options.out = args.out.clone();
     let loader = &mut options.loader;
+    loader.connect = args.client.credentials.options()?;
     loader.link = Link::bandwidth(args.client.bandwidth);
     loader.epochs = args.epochs;
     loader.seed = args.seed;
@@ -387,7 +462,7 @@ async fn explain(args: ExplainArgs) -> Result<()> {
     let pipeline = Pipeline::from_file(&args.pipeline)?;
     match (&args.server, &args.data) {
         (Some(url), _) => {
-            let client = PushdownClient::connect(&[url]).await?;
+            let client = PushdownClient::connect_with(&[url], args.credentials.options()?).await?;
             let schema = client.dataset_schema(&pipeline.dataset).await?;
             let link = Link {
                 bandwidth_bytes_per_s: args.bandwidth,

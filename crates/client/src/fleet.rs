@@ -25,9 +25,49 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightEndpoint, FlightInfo, Location};
 use pushdown_protocol::{PlanEstimate, ShardTicket};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::{ClientError, MAX_MESSAGE_BYTES, Result};
+use crate::{ClientError, ConnectOptions, MAX_MESSAGE_BYTES, Result};
+
+/// A Flight client that sends the caller's credentials with every request.
+pub(crate) type Flight = FlightServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// Adds `authorization: Bearer <token>` to each request, when there is a token.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Credentials(bearer)"
+        } else {
+            "Credentials(none)"
+        })
+    }
+}
+
+impl Credentials {
+    pub(crate) fn new(token: Option<&str>) -> Result<Self> {
+        let Some(token) = token else {
+            return Ok(Self(None));
+        };
+        let mut value: tonic::metadata::AsciiMetadataValue = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Invalid("the token must be printable ASCII".into()))?;
+        value.set_sensitive(true);
+        Ok(Self(Some(value)))
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// Longest a failing server rests before it is tried again.
 const MAX_REST: Duration = Duration::from_secs(10);
@@ -73,7 +113,7 @@ impl Failure {
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) url: String,
-    pub(crate) flight: FlightServiceClient<Channel>,
+    pub(crate) flight: Flight,
     /// Streams in flight to it.
     active: AtomicUsize,
     /// Consecutive failures; reset by a success.
@@ -86,12 +126,28 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    fn connect(url: &str) -> Result<Self> {
+    /// `tls_name`: the name the server's certificate must carry, when not the URL's host
+    /// (an address a DNS name resolved to).
+    fn connect(url: &str, options: &ConnectOptions, tls_name: Option<&str>) -> Result<Self> {
         let http = http_url(url)?;
-        let endpoint = Endpoint::from_shared(http.clone()).map_err(|e| ClientError::BadUrl {
+        let bad = |reason: String| ClientError::BadUrl {
             url: url.to_owned(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let mut endpoint = Endpoint::from_shared(http.clone()).map_err(|e| bad(e.to_string()))?;
+        if http.starts_with("https://") {
+            let mut tls = match &options.tls_ca {
+                Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+                None => ClientTlsConfig::new().with_native_roots(),
+            };
+            if let Some((cert, key)) = &options.tls_identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(name) = tls_name {
+                tls = tls.domain_name(name);
+            }
+            endpoint = endpoint.tls_config(tls).map_err(|e| bad(format!("TLS: {e}")))?;
+        }
         // Lazy: a server that is down now is not an error until something needs it, and the
         // channel reconnects by itself when the server comes back.
         let channel = endpoint
@@ -102,9 +158,12 @@ impl Node {
             .connect_lazy();
         Ok(Self {
             url: http,
-            flight: FlightServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            flight: FlightServiceClient::with_interceptor(
+                channel,
+                Credentials::new(options.token.as_deref())?,
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
             active: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
             resting_until: Mutex::new(None),
@@ -185,6 +244,7 @@ impl Drop for Busy {
 #[derive(Debug, Default)]
 pub(crate) struct Fleet {
     nodes: RwLock<Vec<Arc<Node>>>,
+    options: ConnectOptions,
     /// `dns://name:port` URLs given, resolved again at each [`Self::rediscover`].
     names: Vec<String>,
 }
@@ -192,17 +252,20 @@ pub(crate) struct Fleet {
 impl Fleet {
     /// The servers of `urls`: `http://` / `grpc://host:port` each, or `dns://name:port` for
     /// every address `name` resolves to (a Kubernetes headless Service, say).
-    pub(crate) async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+    pub(crate) async fn connect<S: AsRef<str>>(urls: &[S], options: ConnectOptions) -> Result<Self> {
         if urls.is_empty() {
             return Err(ClientError::Invalid("at least one server URL is needed".into()));
         }
-        let mut fleet = Self::default();
+        let mut fleet = Self {
+            options,
+            ..Self::default()
+        };
         for url in urls {
             let url = url.as_ref();
             match url.strip_prefix("dns://") {
                 Some(name) => {
                     for resolved in resolve(url, name).await? {
-                        fleet.node(&resolved)?;
+                        fleet.resolved_node(&resolved, name)?;
                     }
                     fleet.names.push(url.to_owned());
                 }
@@ -223,7 +286,7 @@ impl Fleet {
             match resolve(url, name).await {
                 Ok(addrs) => {
                     for a in addrs {
-                        if let Err(e) = self.node(&a) {
+                        if let Err(e) = self.resolved_node(&a, name) {
                             tracing::warn!(%url, address = %a, error = %e, "ignoring a resolved address");
                         }
                     }
@@ -239,6 +302,21 @@ impl Fleet {
 
     /// The node serving `url`, connecting (lazily) to a new one.
     pub(crate) fn node(&self, url: &str) -> Result<Arc<Node>> {
+        self.node_named(url, None)
+    }
+
+    /// The node at `address` (`http://ip:port`), which `name` (`host:port`) resolved to:
+    /// with TLS, reached at that address and checked against the name's certificate.
+    fn resolved_node(&self, address: &str, name: &str) -> Result<Arc<Node>> {
+        let host = name.trim_end_matches('/');
+        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+        match (&self.options.tls_ca, address.strip_prefix("http://")) {
+            (Some(_), Some(rest)) => self.node_named(&format!("https://{rest}"), Some(host)),
+            _ => self.node_named(address, None),
+        }
+    }
+
+    fn node_named(&self, url: &str, tls_name: Option<&str>) -> Result<Arc<Node>> {
         let key = http_url(url)?;
         let known = |nodes: &[Arc<Node>]| nodes.iter().find(|n| n.url == key).cloned();
         if let Some(n) = known(&self.nodes.read().unwrap_or_else(|p| p.into_inner())) {
@@ -248,7 +326,7 @@ impl Fleet {
         if let Some(n) = known(&nodes) {
             return Ok(n);
         }
-        let node = Arc::new(Node::connect(url)?);
+        let node = Arc::new(Node::connect(url, &self.options, tls_name)?);
         nodes.push(Arc::clone(&node));
         Ok(node)
     }
@@ -300,10 +378,11 @@ pub(crate) fn files_of(info: &FlightInfo) -> Option<BTreeSet<(String, String)>> 
 pub(crate) fn http_url(url: &str) -> Result<String> {
     match url.split_once("://") {
         Some(("grpc" | "grpc+tcp", rest)) => Ok(format!("http://{}", rest.trim_end_matches('/'))),
+        Some(("grpc+tls", rest)) => Ok(format!("https://{}", rest.trim_end_matches('/'))),
         Some(("http" | "https", _)) => Ok(url.trim_end_matches('/').to_owned()),
         _ => Err(ClientError::BadUrl {
             url: url.to_owned(),
-            reason: "expected http://host:port, grpc://host:port or dns://name:port".into(),
+            reason: "expected http(s)://host:port, grpc(+tls)://host:port or dns://name:port".into(),
         }),
     }
 }
@@ -488,7 +567,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dns_name_stands_for_every_address_it_resolves_to() {
-        let fleet = Fleet::connect(&["dns://localhost:50999"])
+        let fleet = Fleet::connect(&["dns://localhost:50999"], ConnectOptions::default())
             .await
             .expect("localhost resolves");
         let mut want: Vec<String> = tokio::net::lookup_host("localhost:50999")
@@ -502,14 +581,21 @@ mod tests {
         got.sort();
         assert!(!got.is_empty());
         assert_eq!(got, want);
-        assert!(Fleet::connect(&["dns://no-such-host.invalid:1"]).await.is_err());
+        assert!(
+            Fleet::connect(&["dns://no-such-host.invalid:1"], ConnectOptions::default())
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
     async fn idle_working_servers_are_chosen_first_and_ties_rotate() {
-        let fleet = Fleet::connect(&["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"])
-            .await
-            .unwrap();
+        let fleet = Fleet::connect(
+            &["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"],
+            ConnectOptions::default(),
+        )
+        .await
+        .unwrap();
         let nodes = fleet.nodes();
         let first = |spread| Fleet::ranked(&nodes, spread)[0].url.clone();
         assert_eq!(first(0), nodes[0].url);

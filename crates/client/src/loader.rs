@@ -51,7 +51,9 @@ use tokio::sync::mpsc;
 use crate::steps::RowSteps;
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
-use crate::{ClientError, Link, PushdownClient, Result, StreamOptions, costed_plan, plan_estimate};
+use crate::{
+    ClientError, ConnectOptions, Link, PushdownClient, Result, StreamOptions, costed_plan, plan_estimate,
+};
 use pushdown_ops::mix;
 use pushdown_planner::Plan;
 use pushdown_protocol::PlanEstimate;
@@ -96,6 +98,8 @@ pub struct LoaderOptions {
     pub link: Link,
     /// Which of a pipeline's ops run on the servers.
     pub push: Push,
+    /// The token and TLS settings the servers need.
+    pub connect: ConnectOptions,
 }
 
 /// Which of a pipeline's ops run on the servers.
@@ -125,6 +129,7 @@ impl Default for LoaderOptions {
             compression: None,
             link: Link::bandwidth(1e9 / 8.0),
             push: Push::Costed,
+            connect: ConnectOptions::default(),
         }
     }
 }
@@ -525,7 +530,7 @@ impl Loader {
             .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let (shared, shards) = runtime.block_on(async move {
-            let client = PushdownClient::connect(&servers).await?;
+            let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
             prepare(client, source, options, true).await
         })?;
         if shards.counts.is_none() {

@@ -77,7 +77,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         return Err(ClientError::Invalid("`run` reads as rank 0 of 1".into()));
     }
     loader.epochs = loader.epochs.max(1);
-    let client = PushdownClient::connect(&options.servers).await?;
+    let client = PushdownClient::connect_with(&options.servers, options.loader.connect.clone()).await?;
     let mut prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
     let mut writer = match &options.out {
         Some(path) => {

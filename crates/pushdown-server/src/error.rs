@@ -89,6 +89,14 @@ pub enum ServerError {
 
     #[error("internal error: {0}")]
     Internal(String),
+
+    /// No credentials, or credentials this server does not accept.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+
+    /// A valid caller asking for something outside its grant.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 pub type Result<T, E = ServerError> = std::result::Result<T, E>;
@@ -264,6 +272,8 @@ impl From<ServerError> for Status {
             ServerError::Storage(_) => (Code::Unavailable, true),
             ServerError::StorageDenied(_) => (Code::FailedPrecondition, true),
             ServerError::Internal(_) => (Code::Internal, true),
+            ServerError::Unauthenticated(_) => (Code::Unauthenticated, false),
+            ServerError::PermissionDenied(_) => (Code::PermissionDenied, false),
         };
         if internal {
             tracing::error!(error = %e, "request failed");
@@ -298,6 +308,8 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::Unsupported(_),
         ) => "invalid",
         Err(ServerError::FileChanged { .. }) => "changed",
+        Err(ServerError::Unauthenticated(_)) => "unauthenticated",
+        Err(ServerError::PermissionDenied(_)) => "denied",
         Err(ServerError::Overloaded(_)) => "overloaded",
         Err(ServerError::Deadline(_)) => "deadline",
         Err(

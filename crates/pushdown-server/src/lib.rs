@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod catalog;
 mod codec;
 mod error;
@@ -50,6 +51,7 @@ use object_store::ObjectStore;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
 pub use metrics::{Metrics, serve_metrics};
@@ -126,6 +128,60 @@ impl Default for ServerConfig {
     }
 }
 
+/// TLS for the Flight port (rustls): the server's certificate chain and private key, PEM,
+/// and optionally the CA whose client certificates every connection must present (mutual
+/// TLS). Its `Debug` never shows the key.
+#[derive(Clone)]
+pub struct ServerTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("mutual", &self.client_ca.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// From PEM text: the certificate chain and its private key.
+    pub fn new(cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            cert: cert_pem.into(),
+            key: key_pem.into(),
+            client_ca: None,
+        }
+    }
+
+    /// From PEM files (`--tls-cert`, `--tls-key`).
+    pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+        Ok(Self::new(read_pem(cert)?, read_pem(key)?))
+    }
+
+    /// Requires every client to present a certificate signed by `ca_pem` (mutual TLS).
+    pub fn require_client_certs(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
+        self.client_ca = Some(ca_pem.into());
+        self
+    }
+
+    fn config(&self) -> tonic::transport::ServerTlsConfig {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let config = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));
+        match &self.client_ca {
+            Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+            None => config,
+        }
+    }
+}
+
+/// A PEM file's bytes, or an error that names the file.
+pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| ServerError::BadRequest(format!("reading {}: {e}", path.display())))
+}
+
 /// Shared by every request of a server.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -134,6 +190,8 @@ pub(crate) struct State {
     cpu: CpuRuntime,
     streams: Arc<Semaphore>,
     config: Arc<ServerConfig>,
+    /// The tokens requests must carry; none: every request reads everything.
+    tokens: Option<Arc<Tokens>>,
 }
 
 /// Builds a [`Server`] over a store rooted at the data root.
@@ -142,11 +200,25 @@ pub struct ServerBuilder {
     store: Arc<dyn ObjectStore>,
     config: ServerConfig,
     record_reads: bool,
+    tokens: Option<Tokens>,
+    tls: Option<ServerTls>,
 }
 
 impl ServerBuilder {
     pub fn config(mut self, config: ServerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Requests must carry one of `tokens` and read only what it grants.
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Serves Flight over TLS only.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -159,6 +231,12 @@ impl ServerBuilder {
 
     /// Lists the catalog and prepares the query engine.
     pub async fn open(self) -> Result<Server> {
+        if let Some(tls) = &self.tls {
+            // A certificate or key that does not parse fails here, before anything listens.
+            tonic::transport::Server::builder()
+                .tls_config(tls.config())
+                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+        }
         let metrics = Arc::new(Metrics::new());
         let mut store = InstrumentedStore::new(self.store, Arc::clone(&metrics));
         if self.record_reads {
@@ -193,8 +271,13 @@ impl ServerBuilder {
             cpu,
             streams: Arc::new(Semaphore::new(config.max_concurrent_streams.max(1))),
             config,
+            tokens: self.tokens.map(Arc::new),
         });
-        Ok(Server { state, store })
+        Ok(Server {
+            state,
+            store,
+            tls: self.tls,
+        })
     }
 }
 
@@ -203,12 +286,13 @@ impl ServerBuilder {
 pub struct Server {
     state: Arc<State>,
     store: Arc<InstrumentedStore>,
+    tls: Option<ServerTls>,
 }
 
 impl Server {
     /// Plans `request` as `GetFlightInfo` does: result schema, shape, estimates, tickets.
     pub async fn plan(&self, request: &pushdown_protocol::ScanRequest) -> Result<Planned> {
-        self.state.engine.plan(request).await
+        self.state.engine.plan(request, &Grant::All).await
     }
 
     /// Runs `ticket` in this process as its `DoGet` does (the same checks and physical plan),
@@ -226,6 +310,7 @@ impl Server {
                     .config
                     .cpu_threads
                     .max(self.state.config.store_reads_in_flight),
+                &Grant::All,
             )
             .await?;
         Ok(crate::query::ordered_stream(opened.plan, opened.ctx.task_ctx())?)
@@ -236,6 +321,8 @@ impl Server {
             store,
             config: ServerConfig::default(),
             record_reads: false,
+            tokens: None,
+            tls: None,
         }
     }
 
@@ -273,7 +360,13 @@ impl Server {
         // for Flight once the catalog is open (it is, by the time a Server exists).
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<FlightServiceServer<PushdownService>>().await;
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder
+                .tls_config(tls.config())
+                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+        }
+        builder
             // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
@@ -294,11 +387,13 @@ impl Server {
             .local_addr()
             .map_err(|e| ServerError::Internal(format!("local address: {e}")))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn(self.serve(listener, async {
             let _ = rx.await;
         }));
         Ok(RunningServer {
             addr,
+            scheme,
             shutdown: Some(tx),
             task: Some(task),
         })
@@ -309,6 +404,8 @@ impl Server {
 #[derive(Debug)]
 pub struct RunningServer {
     addr: SocketAddr,
+    /// `https` when serving TLS.
+    scheme: &'static str,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
@@ -318,9 +415,9 @@ impl RunningServer {
         self.addr
     }
 
-    /// `http://addr`, for clients.
+    /// `http://addr` (`https://` with TLS), for clients.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Stops accepting, waits for the server to wind down.
@@ -418,9 +515,19 @@ mod tests {
         for (pushdown, expected) in [(FilterPushdown::On, true), (FilterPushdown::Off, false)] {
             let mut request = ScanRequest::new(Query::Sql("SELECT x FROM t WHERE x > 10".into()));
             request.filter_pushdown = pushdown;
-            let planned = server.state.engine.plan(&request).await.expect("plan");
+            let planned = server
+                .state
+                .engine
+                .plan(&request, &Grant::All)
+                .await
+                .expect("plan");
             let ticket = planned.tickets().remove(0);
-            let opened = server.state.engine.open(&ticket, 1).await.expect("open");
+            let opened = server
+                .state
+                .engine
+                .open(&ticket, 1, &Grant::All)
+                .await
+                .expect("open");
             let source = parquet_source(&opened.plan).expect("a parquet scan");
             let o = &source.table_parquet_options().global;
             assert!(o.pruning, "row-group pruning by statistics");
@@ -449,7 +556,10 @@ mod tests {
         let planned = server
             .state
             .engine
-            .plan(&ScanRequest::new(Query::Sql("SELECT x FROM t".into())))
+            .plan(
+                &ScanRequest::new(Query::Sql("SELECT x FROM t".into())),
+                &Grant::All,
+            )
             .await
             .expect("plan");
         assert_eq!(

@@ -22,6 +22,7 @@ use arrow::compute::concat_batches;
 use datafusion::prelude::{DataFrame, ident, lit};
 use pushdown_protocol::{OpProfile, Profile, Query, ScanRequest};
 
+use crate::auth::Grant;
 use crate::catalog::lookup;
 use crate::error::{Result, ServerError};
 use crate::query::Engine;
@@ -50,13 +51,20 @@ async fn time_first_rows(df: &DataFrame, n: usize) -> Result<(usize, f64)> {
 }
 
 /// Profiles the fragment of `request` on its first `rows` rows.
-pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores: u32) -> Result<Profile> {
+pub async fn profile(
+    engine: &Engine,
+    request: &ScanRequest,
+    rows: usize,
+    cores: u32,
+    grant: &Grant,
+) -> Result<Profile> {
     let Query::Fragment(f) = &request.query else {
         return Err(ServerError::BadRequest(
             "profile takes a ScanRequest with a fragment".into(),
         ));
     };
-    let datasets = engine.catalog().datasets().await?;
+    grant.check(&f.dataset)?;
+    let datasets = engine.visible(grant).await?;
     let dataset = lookup(&datasets, &f.dataset)?;
     dataset.check_readable()?;
     let ctx = engine.session(1);
@@ -146,7 +154,7 @@ pub async fn profile(engine: &Engine, request: &ScanRequest, rows: usize, cores:
         .zip(kept.columns())
         .map(|(field, a)| (field.name().clone(), bytes(a) / n))
         .collect();
-    let resources = crate::udf::DatasetResources::new((*datasets).clone(), Some(dataset.name.clone()));
+    let resources = crate::udf::DatasetResources::new(datasets.clone(), Some(dataset.name.clone()));
     let calls =
         pushdown_ops::Calls::bind(&f.ops, kept.schema()).map_err(|e| ServerError::BadQuery(e.to_string()))?;
     let mut ops = Vec::new();

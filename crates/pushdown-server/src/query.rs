@@ -46,6 +46,7 @@ use pushdown_protocol::{
 };
 
 use crate::ServerConfig;
+use crate::auth::Grant;
 use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
@@ -183,11 +184,20 @@ impl Engine {
         ))
     }
 
-    /// `GetFlightInfo`: the result schema, the shape, and the shards.
-    pub async fn plan(&self, request: &ScanRequest) -> Result<Planned> {
-        let datasets = self.catalog.datasets().await?;
+    /// The datasets `grant` may read, as the catalog lists them now: all a query over its
+    /// caller's grant can see (an unknown-dataset error lists only these).
+    pub(crate) async fn visible(&self, grant: &Grant) -> Result<BTreeMap<String, Arc<Dataset>>> {
+        Ok(grant.visible(&*self.catalog.datasets().await?))
+    }
+
+    /// `GetFlightInfo`: the result schema, the shape, and the shards, for a caller holding
+    /// `grant`.
+    pub async fn plan(&self, request: &ScanRequest, grant: &Grant) -> Result<Planned> {
+        let datasets = self.visible(grant).await?;
         let ctx = self.session(self.config.cpu_threads);
-        let referenced = register_referenced(&ctx, &datasets, &request.query, |d| self.full_table(d, false))?;
+        let referenced = register_referenced(&ctx, &datasets, grant, &request.query, |d| {
+            self.full_table(d, false)
+        })?;
         // Unreadable files fail the request before anything else is said about it.
         for name in &referenced {
             lookup(&datasets, name)?.check_readable()?;
@@ -298,8 +308,8 @@ impl Engine {
     /// `DoGet`: checks the ticket against the catalog and builds its physical plan. A shard
     /// is read as up to `parallelism` contiguous row-group ranges, decoded at once and
     /// emitted in order (see [`ordered_stream`]): one stream can use several cores.
-    pub async fn open(&self, ticket: &ShardTicket, parallelism: usize) -> Result<Opened> {
-        let (ctx, df, row_groups) = self.dataframe_for(ticket, parallelism).await?;
+    pub async fn open(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Opened> {
+        let (ctx, df, row_groups) = self.dataframe_for(ticket, parallelism, grant).await?;
         let plan = df.create_physical_plan().await?;
         Ok(Opened {
             plan,
@@ -310,8 +320,8 @@ impl Engine {
 
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
-    pub async fn count(&self, ticket: &ShardTicket) -> Result<u64> {
-        let (_ctx, df, _) = self.dataframe_for(ticket, 1).await?;
+    pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
+        let (_ctx, df, _) = self.dataframe_for(ticket, 1, grant).await?;
         let n = df
             .count()
             .await
@@ -324,11 +334,14 @@ impl Engine {
         &self,
         ticket: &ShardTicket,
         parallelism: usize,
+        grant: &Grant,
     ) -> Result<(SessionContext, DataFrame, u64)> {
-        let datasets = self.catalog.datasets().await?;
+        // A ticket is the caller's own text: its grant is checked again, never trusted.
+        let datasets = self.visible(grant).await?;
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
             Some(shard) => {
+                grant.check(&shard.dataset)?;
                 let listed = lookup(&datasets, &shard.dataset)?;
                 let unknown = || ServerError::UnknownShard {
                     dataset: shard.dataset.clone(),
@@ -387,7 +400,7 @@ impl Engine {
                     ));
                 }
                 let ctx = self.session(self.config.cpu_threads);
-                let referenced = register_referenced(&ctx, &datasets, &ticket.request.query, |d| {
+                let referenced = register_referenced(&ctx, &datasets, grant, &ticket.request.query, |d| {
                     self.full_table(d, pushdown)
                 })?;
                 let mut row_groups = 0;
@@ -496,15 +509,18 @@ fn referenced_datasets(ctx: &SessionContext, query: &Query) -> Result<Vec<String
     }
 }
 
-/// Registers every dataset the query names (all must exist) as built by `table`.
+/// Registers every dataset the query names (all must exist and be granted) as built by
+/// `table`. Only these are tables of the query: it cannot read anything else.
 fn register_referenced(
     ctx: &SessionContext,
     datasets: &BTreeMap<String, Arc<Dataset>>,
+    grant: &Grant,
     query: &Query,
     table: impl Fn(&Dataset) -> Arc<ShardTable>,
 ) -> Result<Vec<String>> {
     let referenced = referenced_datasets(ctx, query)?;
     for name in &referenced {
+        grant.check(name)?;
         let dataset = lookup(datasets, name)?;
         if ctx.table_exist(name.as_str())? {
             continue;

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::State;
+use crate::auth::{Caller, Grant};
 use crate::catalog::panic_message;
 use crate::codec::{Encoder, Governor};
 use crate::error::{Result, ServerError, outcome};
@@ -48,6 +49,15 @@ impl PushdownService {
         match result {
             Err(e) => Status::from(e),
             Ok(()) => Status::internal("unreachable"),
+        }
+    }
+
+    /// Who sent `request`: anyone on a server without tokens, else the holder of the bearer
+    /// token it carries (or `Unauthenticated`).
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller> {
+        match &self.state.tokens {
+            None => Ok(Caller::anonymous()),
+            Some(tokens) => tokens.authenticate(request.metadata()),
         }
     }
 
@@ -105,6 +115,7 @@ impl PushdownService {
         &self,
         descriptor: FlightDescriptor,
         peer: Option<SocketAddr>,
+        grant: &Grant,
     ) -> Result<FlightInfo> {
         let (mut request, plain) = Self::request_and_origin(&descriptor)?;
         if plain {
@@ -114,7 +125,7 @@ impl PushdownService {
                 .plain_client_codec
                 .unwrap_or_else(|| codec_for_plain_client(peer));
         }
-        let planned = self.state.engine.plan(&request).await?;
+        let planned = self.state.engine.plan(&request, grant).await?;
         self.state
             .metrics
             .row_groups_pruned_at_planning
@@ -162,7 +173,7 @@ impl PushdownService {
         }
     }
 
-    async fn open_stream(&self, ticket: Ticket) -> Result<FlightStream<FlightData>> {
+    async fn open_stream(&self, ticket: Ticket, caller: &Caller) -> Result<FlightStream<FlightData>> {
         let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
@@ -172,9 +183,14 @@ impl PushdownService {
         let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
         let config = &self.state.config;
         let parallelism = (config.cpu_threads.max(config.store_reads_in_flight) / running.max(1)).max(1);
-        let opened = self.state.engine.open(&ticket, parallelism).await?;
+        let opened = self
+            .state
+            .engine
+            .open(&ticket, parallelism, &caller.grant)
+            .await?;
         let span = tracing::info_span!(
             "stream",
+            caller = &*caller.principal,
             dataset = ticket.shard.as_ref().map(|s| s.dataset.as_str()),
             file = ticket.shard.as_ref().map(|s| s.file.as_str()),
             row_groups = ?ticket.shard.as_ref().map(|s| s.row_groups.clone()),
@@ -236,16 +252,17 @@ impl PushdownService {
         }
     }
 
-    async fn schema(&self, descriptor: FlightDescriptor) -> Result<SchemaResult> {
+    async fn schema(&self, descriptor: FlightDescriptor, grant: &Grant) -> Result<SchemaResult> {
         let request = Self::request_of(&descriptor)?;
-        let planned = self.state.engine.plan(&request).await?;
+        let planned = self.state.engine.plan(&request, grant).await?;
         SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
     }
 
-    async fn list(&self) -> Result<Vec<FlightInfo>> {
-        let datasets = self.state.engine.catalog().datasets().await?;
+    /// The datasets `grant` may read; no other is even named.
+    async fn list(&self, grant: &Grant) -> Result<Vec<FlightInfo>> {
+        let datasets = self.state.engine.visible(grant).await?;
         datasets
             .values()
             .map(|d| {
@@ -275,7 +292,7 @@ impl PushdownService {
             .map_err(|e| ServerError::Internal(format!("{what} task: {e}")))?
     }
 
-    async fn action(&self, action: Action) -> Result<Vec<arrow_flight::Result>> {
+    async fn action(&self, action: Action, grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let Some(kind) = ActionKind::parse(&action.r#type) else {
             return Err(ServerError::BadRequest(format!(
                 "unknown action `{}`; actions: {}",
@@ -287,7 +304,7 @@ impl PushdownService {
             ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
             ActionKind::Explain => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
-                let planned = self.state.engine.plan(&request).await?;
+                let planned = self.state.engine.plan(&request, &grant).await?;
                 let shape = match &planned.shape {
                     Shape::RowWise { dataset, shards } => {
                         format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
@@ -310,7 +327,7 @@ impl PushdownService {
                 let cores = self.state.config.cpu_threads as u32;
                 let profile = self
                     .on_cpu("profile", async move {
-                        crate::profile::profile(&state.engine, &request, PROFILE_ROWS, cores).await
+                        crate::profile::profile(&state.engine, &request, PROFILE_ROWS, cores, &grant).await
                     })
                     .await?;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
@@ -319,13 +336,13 @@ impl PushdownService {
                 let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
                 let state = Arc::clone(&self.state);
                 let n = self
-                    .on_cpu("count", async move { state.engine.count(&ticket).await })
+                    .on_cpu("count", async move { state.engine.count(&ticket, &grant).await })
                     .await?;
                 Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
             }
             ActionKind::Refresh => {
                 self.state.engine.catalog().refresh().await?;
-                let datasets = self.state.engine.catalog().snapshot();
+                let datasets = grant.visible(&self.state.engine.catalog().snapshot());
                 Ok(datasets
                     .values()
                     .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
@@ -335,6 +352,7 @@ impl PushdownService {
                 let name = std::str::from_utf8(&action.body).map_err(|_| {
                     ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
                 })?;
+                grant.check(name.trim())?;
                 let dataset = self.state.engine.catalog().dataset(name.trim()).await?;
                 let json = match &dataset.tokenizer {
                     None => {
@@ -360,6 +378,9 @@ impl PushdownService {
         }
     }
 }
+
+/// How long a handshake waits for its credentials.
+const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
@@ -509,18 +530,55 @@ impl FlightService for PushdownService {
 
     async fn handshake(
         &self,
-        _request: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        // No authentication: an empty handshake succeeds, as for an unauthenticated server.
-        Ok(Response::new(futures::stream::empty().boxed()))
+        let Some(tokens) = self.state.tokens.clone() else {
+            // No authentication: an empty handshake succeeds, as for an open server.
+            return Ok(Response::new(futures::stream::empty().boxed()));
+        };
+        let (metadata, _, mut incoming) = request.into_parts();
+        // Credentials in a header (pyarrow's `authenticate_basic_token`) need no message;
+        // otherwise the first message's payload is the token.
+        let payload = if metadata.contains_key("authorization") {
+            Vec::new()
+        } else {
+            match tokio::time::timeout(HANDSHAKE_WAIT, incoming.message()).await {
+                Ok(Ok(Some(m))) => m.payload.to_vec(),
+                Ok(Ok(None)) => Vec::new(),
+                Ok(Err(status)) => return Err(status),
+                Err(_) => {
+                    return Err(self.fail(
+                        "handshake",
+                        ServerError::Unauthenticated("no credentials arrived in time".into()),
+                    ));
+                }
+            }
+        };
+        let (caller, token) = match tokens.handshake(&metadata, &payload) {
+            Ok(found) => found,
+            Err(e) => return Err(self.fail("handshake", e)),
+        };
+        tracing::debug!(caller = &*caller.principal, "handshake");
+        self.state.metrics.record_request("handshake", "ok");
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().into(),
+        };
+        let mut response = Response::new(futures::stream::iter([Ok(reply)]).boxed());
+        let header = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Status::unauthenticated("the token is not a valid header value"))?;
+        response.metadata_mut().insert("authorization", header);
+        Ok(response)
     }
 
     #[tracing::instrument(skip_all)]
     async fn list_flights(
         &self,
-        _request: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let infos = self.finish("list_flights", self.contained(self.list()).await)?;
+        let caller = self.caller(&request).map_err(|e| self.fail("list_flights", e))?;
+        let infos = self.finish("list_flights", self.contained(self.list(&caller.grant)).await)?;
         Ok(Response::new(
             futures::stream::iter(infos.into_iter().map(Ok)).boxed(),
         ))
@@ -531,8 +589,13 @@ impl FlightService for PushdownService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        let caller = self
+            .caller(&request)
+            .map_err(|e| self.fail("get_flight_info", e))?;
         let peer = request.remote_addr();
-        let result = self.contained(self.flight_info(request.into_inner(), peer)).await;
+        let result = self
+            .contained(self.flight_info(request.into_inner(), peer, &caller.grant))
+            .await;
         Ok(Response::new(self.finish("get_flight_info", result)?))
     }
 
@@ -541,9 +604,14 @@ impl FlightService for PushdownService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
         // Planning is quick: the answer is always complete.
+        let caller = self
+            .caller(&request)
+            .map_err(|e| self.fail("poll_flight_info", e))?;
         let peer = request.remote_addr();
         let descriptor = request.into_inner();
-        let result = self.contained(self.flight_info(descriptor.clone(), peer)).await;
+        let result = self
+            .contained(self.flight_info(descriptor.clone(), peer, &caller.grant))
+            .await;
         let info = self.finish("poll_flight_info", result)?;
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
@@ -552,13 +620,20 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
-        let result = self.contained(self.schema(request.into_inner())).await;
+        let caller = self.caller(&request).map_err(|e| self.fail("get_schema", e))?;
+        let result = self
+            .contained(self.schema(request.into_inner(), &caller.grant))
+            .await;
         Ok(Response::new(self.finish("get_schema", result)?))
     }
 
     #[tracing::instrument(skip_all)]
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        match self.contained(self.open_stream(request.into_inner())).await {
+        let caller = self.caller(&request).map_err(|e| self.fail("do_get", e))?;
+        match self
+            .contained(self.open_stream(request.into_inner(), &caller))
+            .await
+        {
             Ok(stream) => Ok(Response::new(stream)),
             // Streams that open record their outcome when they end.
             Err(e) => Err(self.fail("do_get", e)),
@@ -584,9 +659,11 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        let caller = self.caller(&request).map_err(|e| self.fail("do_action", e))?;
         let results = self.finish(
             "do_action",
-            self.contained(self.action(request.into_inner())).await,
+            self.contained(self.action(request.into_inner(), caller.grant))
+                .await,
         )?;
         Ok(Response::new(
             futures::stream::iter(results.into_iter().map(Ok)).boxed(),
@@ -595,8 +672,9 @@ impl FlightService for PushdownService {
 
     async fn list_actions(
         &self,
-        _request: Request<Empty>,
+        request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.caller(&request).map_err(|e| self.fail("list_actions", e))?;
         let actions = ActionKind::ALL.map(|a| {
             Ok(ActionType {
                 r#type: a.name().into(),

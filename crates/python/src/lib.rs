@@ -18,7 +18,7 @@ use arrow::datatypes::{
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
 use pushdown_client::{
-    Column, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps, StreamOptions,
+    Column, ConnectOptions, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps, StreamOptions,
 };
 use pushdown_planner::{Pipeline, Step};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -44,7 +44,8 @@ impl PyLoader {
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
-        bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3
+        bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3,
+        token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -66,7 +67,23 @@ impl PyLoader {
         compression: &str,
         stall_timeout_s: f64,
         max_retries: usize,
+        token: Option<String>,
+        tls_ca: Option<String>,
+        tls_client_cert: Option<String>,
+        tls_client_key: Option<String>,
     ) -> PyResult<Self> {
+        // Unset arguments fall back to PUSHDOWN_TOKEN / PUSHDOWN_TLS_* in the environment.
+        let env = ConnectOptions::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut connect = ConnectOptions::from_parts(
+            token,
+            tls_ca.as_deref(),
+            tls_client_cert.as_deref(),
+            tls_client_key.as_deref(),
+        )
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        connect.token = connect.token.or(env.token);
+        connect.tls_ca = connect.tls_ca.or(env.tls_ca);
+        connect.tls_identity = connect.tls_identity.or(env.tls_identity);
         let stall_timeout = std::time::Duration::try_from_secs_f64(stall_timeout_s)
             .ok()
             .filter(|d| !d.is_zero())
@@ -107,6 +124,7 @@ impl PyLoader {
             },
             compression,
             link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
+            connect,
             ..LoaderOptions::default()
         };
         let loader = py

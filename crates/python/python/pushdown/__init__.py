@@ -47,6 +47,12 @@ class Loader:
     or receives nothing for ``stall_timeout_s`` is resumed on another holder from its first
     undelivered row (up to ``max_retries`` consecutive failures), so faults never change the
     sequence of batches.
+
+    Secured servers: ``token`` is sent as ``authorization: Bearer <token>`` (servers started
+    with ``--auth-tokens``); ``https://`` servers are checked against ``tls_ca`` (a PEM file;
+    default: the system's roots), and ``tls_client_cert`` + ``tls_client_key`` (PEM files)
+    answer servers that require mutual TLS. Unset, each falls back to ``PUSHDOWN_TOKEN``,
+    ``PUSHDOWN_TLS_CA``, ``PUSHDOWN_TLS_CLIENT_CERT`` and ``PUSHDOWN_TLS_CLIENT_KEY``.
     """
 
     def __init__(
@@ -68,6 +74,10 @@ class Loader:
         compression: str = "auto",
         stall_timeout_s: float = 30.0,
         max_retries: int = 3,
+        token: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_client_cert: Optional[str] = None,
+        tls_client_key: Optional[str] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -91,6 +101,10 @@ class Loader:
             compression=compression,
             stall_timeout_s=stall_timeout_s,
             max_retries=max_retries,
+            token=token,
+            tls_ca=None if tls_ca is None else str(tls_ca),
+            tls_client_cert=None if tls_client_cert is None else str(tls_client_cert),
+            tls_client_key=None if tls_client_key is None else str(tls_client_key),
         )
         self.epochs = epochs
 

@@ -1,0 +1,369 @@
+//! Who may read what: bearer tokens, each granted a set of datasets.
+//!
+//! A server started with `--auth-tokens FILE` answers only requests that carry
+//! `authorization: Bearer <token>` with a token of the file; each token reads the datasets
+//! its line grants and no other. A dataset outside the grant is refused (`PermissionDenied`,
+//! whether or not it exists, so a token cannot probe for names) and is never listed for it.
+//! A server started without the file serves everyone everything (a trusted network).
+//!
+//! The file holds one token per line: the token, then the datasets it may read, separated by
+//! spaces or commas, or `*` for all of them; `#` starts a comment:
+//!
+//! ```text
+//! # team-a's training jobs
+//! 3f9c0e…  images, clicks
+//! # the platform's own tools
+//! 81d2aa…  *
+//! ```
+//!
+//! Tokens are kept only as SHA-256 digests and compared in constant time against every
+//! entry; neither a token nor its digest is ever logged. A request is known in logs and
+//! metrics by the token's line (`token@3`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataMap;
+
+use crate::catalog::Dataset;
+use crate::error::{Result, ServerError};
+
+/// What one caller may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// Every dataset (a server without tokens, or a `*` token).
+    All,
+    /// These datasets only.
+    Datasets(BTreeSet<String>),
+}
+
+impl Grant {
+    pub fn allows(&self, dataset: &str) -> bool {
+        match self {
+            Grant::All => true,
+            Grant::Datasets(names) => names.contains(dataset),
+        }
+    }
+
+    /// `PermissionDenied` unless `dataset` is granted; said the same way whether or not the
+    /// dataset exists.
+    pub fn check(&self, dataset: &str) -> Result<()> {
+        if self.allows(dataset) {
+            Ok(())
+        } else {
+            Err(ServerError::PermissionDenied(format!(
+                "this token may not read `{dataset}`"
+            )))
+        }
+    }
+
+    /// The datasets of `all` this grant may read.
+    pub fn visible(&self, all: &BTreeMap<String, Arc<Dataset>>) -> BTreeMap<String, Arc<Dataset>> {
+        match self {
+            Grant::All => all.clone(),
+            Grant::Datasets(names) => all
+                .iter()
+                .filter(|(name, _)| names.contains(*name))
+                .map(|(name, d)| (name.clone(), Arc::clone(d)))
+                .collect(),
+        }
+    }
+}
+
+/// A caller that passed authentication: what it may read and how logs name it.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub grant: Arc<Grant>,
+    /// `token@LINE`, or `anonymous` on a server without tokens.
+    pub principal: Arc<str>,
+}
+
+impl Caller {
+    pub fn anonymous() -> Self {
+        Self {
+            grant: Arc::new(Grant::All),
+            principal: Arc::from("anonymous"),
+        }
+    }
+}
+
+struct Entry {
+    digest: [u8; 32],
+    caller: Caller,
+}
+
+/// The tokens a server accepts. Its `Debug` shows how many, never a token.
+pub struct Tokens {
+    entries: Vec<Entry>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("count", &self.entries.len())
+            .finish()
+    }
+}
+
+/// The shortest token accepted: 16 characters (a guessable token is a configuration error).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl Tokens {
+    /// Parses a tokens file (see the module docs). Errors name the line, never its token.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut entries: Vec<Entry> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line_no = i + 1;
+            let content = line.split('#').next().unwrap_or("").trim();
+            if content.is_empty() {
+                continue;
+            }
+            let mut words = content
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter(|w| !w.is_empty());
+            let token = words.next().unwrap_or_default();
+            if token.len() < MIN_TOKEN_LEN {
+                return Err(format!(
+                    "line {line_no}: a token has at least {MIN_TOKEN_LEN} characters"
+                ));
+            }
+            let names: Vec<&str> = words.collect();
+            let grant = match names.as_slice() {
+                [] => {
+                    return Err(format!(
+                        "line {line_no}: the token grants no dataset (name datasets, or `*` for all)"
+                    ));
+                }
+                ["*"] => Grant::All,
+                names if names.contains(&"*") => {
+                    return Err(format!("line {line_no}: `*` stands alone"));
+                }
+                names => {
+                    if let Some(bad) = names.iter().find(|n| !crate::catalog::is_identifier(n)) {
+                        return Err(format!("line {line_no}: `{bad}` is not a dataset name"));
+                    }
+                    Grant::Datasets(names.iter().map(|n| (*n).to_owned()).collect())
+                }
+            };
+            let digest = digest(token.as_bytes());
+            if entries.iter().any(|e| bool::from(e.digest.ct_eq(&digest))) {
+                return Err(format!("line {line_no}: the same token appears twice"));
+            }
+            entries.push(Entry {
+                digest,
+                caller: Caller {
+                    grant: Arc::new(grant),
+                    principal: Arc::from(format!("token@{line_no}")),
+                },
+            });
+        }
+        if entries.is_empty() {
+            return Err("the file holds no token (a server with tokens must accept one)".into());
+        }
+        Ok(Self { entries })
+    }
+
+    /// Reads and parses a tokens file.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The caller holding `token`, if any. Every entry is compared, in constant time: how
+    /// long this takes says nothing about which entry (or how much of one) matched.
+    pub fn caller(&self, token: &[u8]) -> Option<Caller> {
+        let presented = digest(token);
+        let mut found = None;
+        for entry in &self.entries {
+            if bool::from(entry.digest.ct_eq(&presented)) {
+                found = Some(entry.caller.clone());
+            }
+        }
+        found
+    }
+
+    /// The caller a request's `authorization` header names: `Bearer <token>`.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller> {
+        let token = bearer(metadata)?.ok_or_else(|| {
+            ServerError::Unauthenticated(
+                "this server needs a token: send `authorization: Bearer <token>`".into(),
+            )
+        })?;
+        self.caller(token.as_bytes())
+            .ok_or_else(|| ServerError::Unauthenticated("the token is not valid for this server".into()))
+    }
+
+    /// Flight's `Handshake`: the caller of a `Basic` header (the password is the token;
+    /// pyarrow's `authenticate_basic_token`), a `Bearer` header, or the request's payload.
+    /// Returns the caller and its token, which the reply hands back for later calls.
+    pub fn handshake(&self, metadata: &MetadataMap, payload: &[u8]) -> Result<(Caller, String)> {
+        let token = match basic_password(metadata)? {
+            Some(password) => password,
+            None => match bearer(metadata)? {
+                Some(token) => token,
+                None => String::from_utf8(payload.to_vec()).map_err(|_| {
+                    ServerError::Unauthenticated("the handshake payload is not a token".into())
+                })?,
+            },
+        };
+        let caller = self
+            .caller(token.as_bytes())
+            .ok_or_else(|| ServerError::Unauthenticated("the token is not valid for this server".into()))?;
+        Ok((caller, token))
+    }
+}
+
+/// The `authorization` header's value, if present and text.
+fn authorization(metadata: &MetadataMap) -> Result<Option<&str>> {
+    match metadata.get("authorization") {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map(Some)
+            .map_err(|_| ServerError::Unauthenticated("the authorization header is not text".into())),
+    }
+}
+
+/// The token of an `authorization: Bearer <token>` header.
+fn bearer(metadata: &MetadataMap) -> Result<Option<String>> {
+    let Some(value) = authorization(metadata)? else {
+        return Ok(None);
+    };
+    match split_scheme(value, "bearer") {
+        Some(token) => Ok(Some(token.to_owned())),
+        None => Err(ServerError::Unauthenticated(
+            "the authorization header must be `Bearer <token>`".into(),
+        )),
+    }
+}
+
+/// The password of an `authorization: Basic base64(user:password)` header.
+fn basic_password(metadata: &MetadataMap) -> Result<Option<String>> {
+    let Some(value) = authorization(metadata)? else {
+        return Ok(None);
+    };
+    let Some(encoded) = split_scheme(value, "basic") else {
+        return Ok(None);
+    };
+    let bad = || ServerError::Unauthenticated("malformed Basic credentials".into());
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(decoded).map_err(|_| bad())?;
+    let (_user, password) = text.split_once(':').ok_or_else(bad)?;
+    Ok(Some(password.to_owned()))
+}
+
+/// `value`'s credentials when its scheme is `scheme` (case-insensitive).
+fn split_scheme<'a>(value: &'a str, scheme: &str) -> Option<&'a str> {
+    let (given, rest) = value.trim().split_once(' ')?;
+    given.eq_ignore_ascii_case(scheme).then(|| rest.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaaaaaaaaaa-team-a";
+    const ALL: &str = "zzzzzzzzzzzzzzzz-platform";
+
+    fn tokens() -> Tokens {
+        Tokens::parse(&format!(
+            "# comment\n{A}  images, clicks\n\n{ALL} *  # everything\n"
+        ))
+        .expect("parse")
+    }
+
+    fn with_header(value: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("authorization", value.parse().expect("header"));
+        m
+    }
+
+    #[test]
+    fn tokens_grant_their_datasets() {
+        let t = tokens();
+        assert_eq!(t.len(), 2);
+        let a = t.authenticate(&with_header(&format!("Bearer {A}"))).expect("a");
+        assert_eq!(&*a.principal, "token@2");
+        assert!(a.grant.allows("images") && a.grant.allows("clicks"));
+        assert!(!a.grant.allows("text"));
+        assert!(matches!(
+            a.grant.check("text"),
+            Err(ServerError::PermissionDenied(_))
+        ));
+        let all = t
+            .authenticate(&with_header(&format!("bearer   {ALL}")))
+            .expect("all");
+        assert_eq!(*all.grant, Grant::All);
+    }
+
+    #[test]
+    fn missing_wrong_and_malformed_credentials_are_unauthenticated() {
+        let t = tokens();
+        for metadata in [
+            MetadataMap::new(),
+            with_header("Bearer aaaaaaaaaaaaaaaa-team-b"),
+            with_header(&format!("Token {A}")),
+            with_header("Bearer"),
+        ] {
+            let err = t.authenticate(&metadata).expect_err("refused");
+            assert!(matches!(err, ServerError::Unauthenticated(_)), "{err}");
+            assert!(!err.to_string().contains(A), "never echoes a token: {err}");
+        }
+    }
+
+    #[test]
+    fn handshake_takes_basic_bearer_or_payload() {
+        let t = tokens();
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("anyone:{A}"));
+        let (c, token) = t
+            .handshake(&with_header(&format!("Basic {basic}")), b"")
+            .expect("basic");
+        assert_eq!((&*c.principal, token.as_str()), ("token@2", A));
+        let (c, _) = t.handshake(&MetadataMap::new(), ALL.as_bytes()).expect("payload");
+        assert_eq!(&*c.principal, "token@4");
+        assert!(t.handshake(&with_header("Basic !!!"), b"").is_err());
+        assert!(t.handshake(&MetadataMap::new(), b"nope").is_err());
+    }
+
+    #[test]
+    fn bad_files_name_the_line_and_never_the_token() {
+        for (text, expected) in [
+            ("short images", "line 1: a token has at least 16"),
+            ("aaaaaaaaaaaaaaaaaaaa", "line 1: the token grants no dataset"),
+            ("\naaaaaaaaaaaaaaaaaaaa images *", "line 2: `*` stands alone"),
+            (
+                "aaaaaaaaaaaaaaaaaaaa ../etc",
+                "line 1: `../etc` is not a dataset name",
+            ),
+            (
+                "aaaaaaaaaaaaaaaaaaaa a\naaaaaaaaaaaaaaaaaaaa b",
+                "line 2: the same token",
+            ),
+            ("# nothing\n", "holds no token"),
+        ] {
+            let err = Tokens::parse(text).expect_err(text);
+            assert!(err.contains(expected), "{text:?}: {err}");
+            assert!(!err.contains("aaaaaaaaaaaaaaaa"), "{err}");
+        }
+        assert_eq!(format!("{:?}", tokens()), "Tokens { count: 2 }");
+    }
+}

@@ -1,0 +1,369 @@
+//! A server safe to put on a network: bearer tokens with per-dataset grants (checked on
+//! every request, tickets included), TLS, and mutual TLS; a real server on 127.0.0.1:0.
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Criteria, FlightDescriptor, HandshakeRequest, Ticket};
+use futures::TryStreamExt;
+use pushdown_client::ConnectOptions;
+use pushdown_datasets::{GenOptions, Kind, generate};
+use pushdown_protocol::{Query, ScanRequest};
+use pushdown_server::{ServerTls, Tokens};
+use pushdown_tests::{Fixture, TestPki, num_rows, small_shards, write_images};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// Reads `images` only.
+const IMAGES_ONLY: &str = "images-reader-token-0123456789";
+/// Reads everything.
+const ADMIN: &str = "platform-admin-token-9876543210";
+
+fn tokens() -> Tokens {
+    Tokens::parse(&format!("{IMAGES_ONLY} images\n{ADMIN} *\n")).expect("tokens")
+}
+
+/// `images` (300 rows) and `text` side by side, behind [`tokens`]; the fixture's client
+/// holds `token`.
+async fn guarded(token: Option<&str>) -> Fixture {
+    Fixture::secured(
+        small_shards(),
+        |root| {
+            write_images(root, 300);
+            let mut options = GenOptions::new(Kind::Text, 100);
+            options.row_group_rows = Some(64);
+            generate(&options, &root.join("text")).expect("text");
+        },
+        |b| b.tokens(tokens()),
+        ConnectOptions {
+            token: token.map(str::to_owned),
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+}
+
+fn request<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("header");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+async fn raw(fx: &Fixture) -> FlightServiceClient<Channel> {
+    pushdown_tests::raw_client(fx.running.url()).await
+}
+
+fn sql(text: &str) -> FlightDescriptor {
+    FlightDescriptor::new_cmd(ScanRequest::new(Query::Sql(text.into())).encode())
+}
+
+async fn plan_code(fx: &Fixture, text: &str, token: Option<&str>) -> Code {
+    match raw(fx).await.get_flight_info(request(sql(text), token)).await {
+        Ok(_) => Code::Ok,
+        Err(status) => {
+            assert!(
+                !status.message().contains(IMAGES_ONLY) && !status.message().contains(ADMIN),
+                "never echoes a token: {status}"
+            );
+            status.code()
+        }
+    }
+}
+
+async fn listed(fx: &Fixture, token: Option<&str>) -> Result<Vec<String>, Code> {
+    let stream = raw(fx)
+        .await
+        .list_flights(request(Criteria::default(), token))
+        .await
+        .map_err(|s| s.code())?;
+    let infos: Vec<_> = stream.into_inner().try_collect().await.map_err(|s| s.code())?;
+    Ok(infos
+        .into_iter()
+        .map(|i| i.flight_descriptor.expect("descriptor").path.join("/"))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_valid_token_are_unauthenticated() {
+    let fx = guarded(None).await;
+    let wrong = "images-reader-token-0123456780";
+    for token in [None, Some(wrong), Some("")] {
+        assert_eq!(listed(&fx, token).await, Err(Code::Unauthenticated), "{token:?}");
+        assert_eq!(
+            plan_code(&fx, "SELECT id FROM images", token).await,
+            Code::Unauthenticated
+        );
+        let action = raw(&fx)
+            .await
+            .do_action(request(Action::new("health", ""), token))
+            .await
+            .expect_err("refused");
+        assert_eq!(action.code(), Code::Unauthenticated);
+        let get = raw(&fx)
+            .await
+            .do_get(request(Ticket::new(b"anything".to_vec()), token))
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            get.code(),
+            Code::Unauthenticated,
+            "before the ticket is even read"
+        );
+    }
+    // The real client without a token is told why.
+    let err = fx.sql("SELECT id FROM images").await.expect_err("refused");
+    assert!(err.contains("Bearer"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_reads_its_datasets_and_nothing_else() {
+    let fx = guarded(Some(IMAGES_ONLY)).await;
+    // Listed: only what it may read; the admin sees both.
+    assert_eq!(
+        listed(&fx, Some(IMAGES_ONLY)).await,
+        Ok(vec!["images".to_owned()])
+    );
+    assert_eq!(
+        listed(&fx, Some(ADMIN)).await,
+        Ok(vec!["images".to_owned(), "text".to_owned()])
+    );
+    // Its own dataset streams, with the same rows as a local evaluation.
+    let got = fx
+        .sql("SELECT id, label FROM images WHERE id % 3 = 0")
+        .await
+        .expect("granted");
+    let expected = fx.local("SELECT id, label FROM images WHERE id % 3 = 0").await;
+    assert_eq!(num_rows(&got), num_rows(&expected));
+    assert_eq!(num_rows(&got), 100);
+    // Anything naming another dataset is refused, joins and subqueries included; a name
+    // that does not exist is refused the same way (no probing for names).
+    for text in [
+        "SELECT * FROM text",
+        "SELECT i.id FROM images i JOIN text t ON i.id = t.id",
+        "SELECT id FROM images WHERE id IN (SELECT id FROM text)",
+        "SELECT * FROM no_such_dataset",
+    ] {
+        assert_eq!(
+            plan_code(&fx, text, Some(IMAGES_ONLY)).await,
+            Code::PermissionDenied,
+            "{text}"
+        );
+    }
+    let path = raw(&fx)
+        .await
+        .get_schema(request(
+            FlightDescriptor::new_path(vec!["text".into()]),
+            Some(IMAGES_ONLY),
+        ))
+        .await
+        .expect_err("path descriptor");
+    assert_eq!(path.code(), Code::PermissionDenied);
+    // Actions over another dataset too: its tokenizer, a plan's explanation.
+    let tokenizer = raw(&fx)
+        .await
+        .do_action(request(Action::new("tokenizer", "text"), Some(IMAGES_ONLY)))
+        .await
+        .expect_err("tokenizer");
+    assert_eq!(tokenizer.code(), Code::PermissionDenied);
+    let explain = ScanRequest::new(Query::Sql("SELECT * FROM text".into())).encode();
+    let explained = raw(&fx)
+        .await
+        .do_action(request(Action::new("explain", explain), Some(IMAGES_ONLY)))
+        .await
+        .expect_err("explain");
+    assert_eq!(explained.code(), Code::PermissionDenied);
+}
+
+/// A ticket is the caller's own bytes: one the admin was given for `text`, replayed (or
+/// forged) by a token that may not read `text`, is refused before anything is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_are_checked_against_the_callers_grant() {
+    let fx = guarded(Some(ADMIN)).await;
+    let info = raw(&fx)
+        .await
+        .get_flight_info(request(sql("SELECT id FROM text"), Some(ADMIN)))
+        .await
+        .expect("admin plans text")
+        .into_inner();
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    fx.server.store().take_requests();
+    let refused = raw(&fx)
+        .await
+        .do_get(request(ticket.clone(), Some(IMAGES_ONLY)))
+        .await
+        .expect_err("someone else's ticket");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    let count = raw(&fx)
+        .await
+        .do_action(request(
+            Action::new("count", ticket.ticket.clone()),
+            Some(IMAGES_ONLY),
+        ))
+        .await
+        .expect_err("count over someone else's ticket");
+    assert_eq!(count.code(), Code::PermissionDenied);
+    assert!(
+        fx.server.store().take_requests().is_empty(),
+        "nothing read for a refused ticket"
+    );
+    // The admin redeems it.
+    let rows: Vec<_> = raw(&fx)
+        .await
+        .do_get(request(ticket, Some(ADMIN)))
+        .await
+        .expect("admin streams")
+        .into_inner()
+        .try_collect()
+        .await
+        .expect("stream");
+    assert!(!rows.is_empty());
+}
+
+/// Flight's Handshake, as pyarrow's `authenticate_basic_token` and payload-based clients
+/// use it: the token comes back as the bearer header to send from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_returns_the_bearer_token() {
+    use base64::Engine as _;
+    let fx = guarded(None).await;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("trainer:{IMAGES_ONLY}"));
+    let mut hs = tonic::Request::new(futures::stream::iter(Vec::<HandshakeRequest>::new()));
+    hs.metadata_mut()
+        .insert("authorization", format!("Basic {basic}").parse().expect("header"));
+    let response = raw(&fx).await.handshake(hs).await.expect("basic handshake");
+    assert_eq!(
+        response
+            .metadata()
+            .get("authorization")
+            .map(|v| v.to_str().expect("text")),
+        Some(format!("Bearer {IMAGES_ONLY}").as_str())
+    );
+    let payload = HandshakeRequest {
+        protocol_version: 0,
+        payload: ADMIN.as_bytes().to_vec().into(),
+    };
+    let response = raw(&fx)
+        .await
+        .handshake(futures::stream::iter(vec![payload]))
+        .await
+        .expect("payload handshake");
+    let replies: Vec<_> = response.into_inner().try_collect().await.expect("replies");
+    assert_eq!(replies[0].payload.as_ref(), ADMIN.as_bytes());
+    let bad = HandshakeRequest {
+        protocol_version: 0,
+        payload: b"not-a-token-at-all-0000".to_vec().into(),
+    };
+    let refused = raw(&fx)
+        .await
+        .handshake(futures::stream::iter(vec![bad]))
+        .await
+        .expect_err("bad token");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+}
+
+fn tls_connect(pki: &TestPki, identity: bool) -> ConnectOptions {
+    ConnectOptions {
+        token: None,
+        tls_ca: Some(pki.ca.clone().into_bytes()),
+        tls_identity: identity.then(|| {
+            (
+                pki.client_cert.clone().into_bytes(),
+                pki.client_key.clone().into_bytes(),
+            )
+        }),
+    }
+}
+
+async fn tls_fixture(pki: &TestPki, mutual: bool, client_identity: bool) -> Fixture {
+    let tls = ServerTls::new(pki.server_cert.clone(), pki.server_key.clone());
+    let tls = if mutual {
+        tls.require_client_certs(pki.ca.clone())
+    } else {
+        tls
+    };
+    Fixture::secured(
+        small_shards(),
+        |root| {
+            write_images(root, 200);
+        },
+        |b| b.tls(tls),
+        tls_connect(pki, client_identity),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_its_certificate() {
+    let pki = TestPki::new();
+    let fx = tls_fixture(&pki, false, false).await;
+    let url = fx.running.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let got = fx
+        .sql("SELECT id FROM images WHERE id < 50")
+        .await
+        .expect("over TLS");
+    assert_eq!(num_rows(&got), 50);
+    // A client that does not trust the CA (the system's roots) is refused the connection.
+    let untrusting = pushdown_client::PushdownClient::connect(std::slice::from_ref(&url))
+        .await
+        .expect("lazy connect");
+    assert!(untrusting.list_datasets().await.is_err(), "unknown CA");
+    // Plain HTTP/2 to the TLS port gets nothing.
+    let plain = url.replacen("https://", "http://", 1);
+    let plain = pushdown_client::PushdownClient::connect(&[plain])
+        .await
+        .expect("lazy connect");
+    assert!(plain.list_datasets().await.is_err(), "cleartext to a TLS port");
+    // A certificate for another name is refused: `dns://localhost` is checked as localhost,
+    // an address the certificate does not name is not.
+    let other = url.replacen("127.0.0.1", "127.0.0.2", 1);
+    let wrong_name = pushdown_client::PushdownClient::connect_with(&[other], tls_connect(&pki, false))
+        .await
+        .expect("lazy connect");
+    assert!(
+        wrong_name.list_datasets().await.is_err(),
+        "certificate names 127.0.0.1, not 127.0.0.2"
+    );
+    let port = fx.running.addr().port();
+    let by_name = pushdown_client::PushdownClient::connect_with(
+        &[format!("dns://localhost:{port}")],
+        tls_connect(&pki, false),
+    )
+    .await
+    .expect("resolves");
+    let datasets = by_name
+        .list_datasets()
+        .await
+        .expect("dns:// over TLS, checked as localhost");
+    assert_eq!(datasets.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
+    let pki = TestPki::new();
+    let fx = tls_fixture(&pki, true, true).await;
+    let got = fx
+        .sql("SELECT id FROM images WHERE id < 7")
+        .await
+        .expect("with a client certificate");
+    assert_eq!(num_rows(&got), 7);
+    let anonymous =
+        pushdown_client::PushdownClient::connect_with(&[fx.running.url()], tls_connect(&pki, false))
+            .await
+            .expect("lazy connect");
+    assert!(anonymous.list_datasets().await.is_err(), "no client certificate");
+    // A certificate from another CA is refused too.
+    let stranger = TestPki::new();
+    let mut foreign = tls_connect(&pki, false);
+    foreign.tls_identity = Some((
+        stranger.client_cert.into_bytes(),
+        stranger.client_key.into_bytes(),
+    ));
+    let foreign = pushdown_client::PushdownClient::connect_with(&[fx.running.url()], foreign)
+        .await
+        .expect("lazy connect");
+    assert!(
+        foreign.list_datasets().await.is_err(),
+        "client certificate of another CA"
+    );
+}
