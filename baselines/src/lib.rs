@@ -73,7 +73,7 @@ where
     };
     let table = StreamingTable::try_new(schema, vec![Arc::new(partition)])?;
     ctx.register_table(dataset, Arc::new(table))?;
-    for udf in pushdown_server::udfs(resources) {
+    for udf in pushdown_server::udfs(resources, pushdown_server::OpLimits::unlimited()) {
         ctx.register_udf(udf);
     }
     let df = pushdown_server::dataframe(&ctx, query).await?;

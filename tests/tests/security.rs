@@ -367,3 +367,206 @@ async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
         "client certificate of another CA"
     );
 }
+
+/// Images and text, open (no tokens), with the given limits.
+async fn open_server(config: pushdown_server::ServerConfig) -> Fixture {
+    Fixture::new(config, |root| {
+        write_images(root, 200);
+        let mut options = GenOptions::new(Kind::Text, 100);
+        options.row_group_rows = Some(64);
+        generate(&options, &root.join("text")).expect("text");
+    })
+    .await
+}
+
+async fn still_serves(fx: &Fixture) {
+    let got = fx
+        .sql("SELECT id FROM images WHERE id < 10")
+        .await
+        .expect("still serving");
+    assert_eq!(num_rows(&got), 10);
+}
+
+/// Calls that would allocate gigabytes are refused at planning, by SQL, fragment or the
+/// `profile` action, and the server goes on serving; a large but legal cap-fitting call
+/// runs in smaller batches with the right result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_op_arguments_are_refused_before_anything_is_allocated() {
+    use pushdown_protocol::{Fragment, OpCall, Value};
+    let fx = open_server(small_shards()).await;
+    for text in [
+        "SELECT decode_resize(image, 8192, 8192) FROM images",
+        "SELECT thumbnail(image, 8192, 100) FROM images",
+        "SELECT normalize(decode_resize(image, 2048, 2048), 0.5, 0.5) FROM images",
+    ] {
+        let status = raw(&fx).await.get_flight_info(sql(text)).await.expect_err(text);
+        assert_eq!(status.code(), Code::InvalidArgument, "{text}: {status}");
+        assert!(status.message().contains("over this server's cap"), "{status}");
+    }
+    let fragment = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["pixels".into()],
+        predicate: None,
+        ops: vec![OpCall::new(
+            "decode_resize",
+            "image",
+            vec![Value::Int(8192), Value::Int(8192)],
+            "pixels",
+        )],
+    }));
+    let status = raw(&fx)
+        .await
+        .get_flight_info(FlightDescriptor::new_cmd(fragment.encode()))
+        .await
+        .expect_err("fragment");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    let status = raw(&fx)
+        .await
+        .do_action(Action::new("profile", fragment.encode()))
+        .await
+        .expect_err("profile");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    still_serves(&fx).await;
+
+    // tokenize(body, 1 Mi tokens) may produce 4 MiB a row: under the 16 MiB cap, so it runs,
+    // in batches of 256 MiB / 4 MiB = 64 rows, reserving only what the text can hold.
+    let got = fx
+        .sql("SELECT id, tokenize(body, 1048576) AS t FROM text")
+        .await
+        .expect("legal, large bound");
+    assert_eq!(num_rows(&got), 100);
+    assert!(got.iter().all(|b| b.num_rows() <= 64), "batches cut to the cap");
+    let short = fx
+        .sql("SELECT id, tokenize(body, 100000) AS t FROM text")
+        .await
+        .expect("same tokens");
+    assert_eq!(pushdown_tests::rows(&got), pushdown_tests::rows(&short));
+}
+
+/// Op output is reserved in the query engine's memory pool before a kernel runs: a pool too
+/// small for a batch of outputs refuses it (`ResourceExhausted`) instead of allocating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn op_output_is_accounted_in_the_memory_pool() {
+    let fx = open_server(pushdown_server::ServerConfig {
+        memory_limit: 8 << 20,
+        ..small_shards()
+    })
+    .await;
+    // 512×512×3 = 768 KiB a row; 100-row batches need 75 MiB.
+    let info = raw(&fx)
+        .await
+        .get_flight_info(sql("SELECT decode_resize(image, 512, 512) AS px FROM images"))
+        .await
+        .expect("plans")
+        .into_inner();
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let outcome: Result<Vec<_>, tonic::Status> = match raw(&fx).await.do_get(ticket).await {
+        Ok(stream) => stream.into_inner().try_collect().await,
+        Err(status) => Err(status),
+    };
+    let status = outcome.expect_err("pool too small");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    still_serves(&fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_length_and_nesting_are_bounded() {
+    let fx = open_server(pushdown_server::ServerConfig {
+        max_sql_bytes: 4096,
+        ..small_shards()
+    })
+    .await;
+    let long = format!(
+        "SELECT id FROM images WHERE id IN ({})",
+        vec!["1"; 3000].join(",")
+    );
+    let status = raw(&fx)
+        .await
+        .get_flight_info(sql(&long))
+        .await
+        .expect_err("long");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("limit of 4096 bytes"), "{status}");
+    let nested = format!("SELECT {}1{} FROM images", "(".repeat(1000), ")".repeat(1000));
+    let status = raw(&fx)
+        .await
+        .get_flight_info(sql(&nested))
+        .await
+        .expect_err("nested");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // A flat chain the parser builds without recursion, but DataFusion's planning recurses
+    // on (2,000 terms overflowed a 2 MiB stack): refused by depth, in a query or a ticket.
+    let chain = format!("SELECT id FROM images WHERE id < {}", vec!["1"; 2000].join("+"));
+    let status = raw(&fx)
+        .await
+        .get_flight_info(sql(&chain))
+        .await
+        .expect_err("deep chain");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("nest deeper than"), "{status}");
+    let forged = pushdown_protocol::ShardTicket {
+        request: ScanRequest::new(Query::Sql(chain.clone())),
+        shard: None,
+        skip_rows: 0,
+    };
+    let status = raw(&fx)
+        .await
+        .do_get(Ticket::new(forged.encode()))
+        .await
+        .expect_err("deep chain in a forged ticket");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // Within the depth limit, a long chain plans and runs (on the CPU threads' deep stacks).
+    let legal = format!(
+        "SELECT id FROM images WHERE id < {}",
+        vec!["1"; pushdown_server::MAX_EXPR_DEPTH - 10].join("+")
+    );
+    let got = fx.sql(&legal).await.expect("deep but legal");
+    assert_eq!(num_rows(&got), 200);
+    still_serves(&fx).await;
+}
+
+/// `profile` and `count` scan data: they take a stream slot like a stream does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_that_scan_wait_for_a_stream_slot() {
+    let fx = open_server(pushdown_server::ServerConfig {
+        max_concurrent_streams: 1,
+        queue_timeout: std::time::Duration::from_millis(200),
+        ..small_shards()
+    })
+    .await;
+    let info = raw(&fx)
+        .await
+        .get_flight_info(sql("SELECT decode_resize(image, 256, 256) AS px FROM images"))
+        .await
+        .expect("plans")
+        .into_inner();
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    // Opened and never read: it holds the only slot.
+    let held = raw(&fx).await.do_get(ticket.clone()).await.expect("opens");
+    let status = raw(&fx)
+        .await
+        .do_action(Action::new("count", ticket.ticket.clone()))
+        .await
+        .expect_err("no slot");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    drop(held);
+    // Once the stream is gone the slot frees and the same action runs.
+    let mut counted = None;
+    for _ in 0..50 {
+        match raw(&fx)
+            .await
+            .do_action(Action::new("count", ticket.ticket.clone()))
+            .await
+        {
+            Ok(stream) => {
+                counted = Some(stream.into_inner().try_collect::<Vec<_>>().await.expect("count"));
+                break;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    assert!(
+        counted.is_some(),
+        "the slot is released when the client goes away"
+    );
+}

@@ -102,6 +102,15 @@ struct LimitsArgs {
     /// Target compressed bytes of the projected columns per shard, in MiB.
     #[arg(long, env = "PUSHDOWN_SHARD_MIB", default_value_t = 64)]
     shard_mib: u64,
+    /// An op call that may produce more than this per row (MiB) is refused before it runs.
+    #[arg(long, env = "PUSHDOWN_MAX_OP_ROW_MIB", default_value_t = 16)]
+    max_op_row_mib: u64,
+    /// Batches are cut so that one batch of op output stays under this (MiB).
+    #[arg(long, env = "PUSHDOWN_MAX_OP_BATCH_MIB", default_value_t = 256)]
+    max_op_batch_mib: u64,
+    /// Longest SQL text or predicate accepted, in KiB.
+    #[arg(long, env = "PUSHDOWN_MAX_SQL_KIB", default_value_t = 64)]
+    max_sql_kib: usize,
 }
 
 /// Who may connect and what they may read.
@@ -308,6 +317,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .store_reads_in_flight
             .unwrap_or_else(|| pushdown_server::reads_in_flight_for(&args.storage.data)),
         shard_target_bytes: args.limits.shard_mib << 20,
+        max_op_row_bytes: args.limits.max_op_row_mib << 20,
+        max_op_batch_bytes: args.limits.max_op_batch_mib << 20,
+        max_sql_bytes: args.limits.max_sql_kib << 10,
         catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
         advertise: args.listen.advertise,
         plain_client_codec: args.listen.plain_client_codec,

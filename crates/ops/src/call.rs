@@ -137,6 +137,11 @@ impl Calls {
         })
     }
 
+    /// Each call with its op and the field of the column it reads.
+    pub fn bound(&self) -> impl Iterator<Item = (&Call, &'static dyn Op, &FieldRef)> {
+        self.bound.iter().map(|b| (&b.call, b.op, &b.input_field))
+    }
+
     /// The schema of the batches the calls read.
     pub fn input_schema(&self) -> SchemaRef {
         Arc::clone(&self.input)

@@ -180,6 +180,14 @@ impl Op for Thumbnail {
         Ok(Field::new(output, DataType::Binary, input.is_nullable()))
     }
 
+    /// A JPEG of at most `max_side`² pixels: bounded by its raw RGB size plus headers
+    /// (JPEG at quality 100 on noise stays below that).
+    fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
+        binary_input(self.name(), input)?;
+        let (side, _) = Self::params(params)?;
+        Ok(Some(u64::from(side) * u64::from(side) * 3 + 4096))
+    }
+
     fn apply_field(
         &self,
         input: &ArrayRef,

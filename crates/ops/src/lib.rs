@@ -169,6 +169,16 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// The output field for `input` and `params`, named `output`; checks the parameters.
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field>;
 
+    /// The most bytes one output value may take, from the input field and `params` alone
+    /// (before any value is seen), or `None` when the output is no larger than its input
+    /// value. A server refuses or bounds a call from this before allocating anything; the
+    /// default reads it off a fixed-width output field (pixels, padded tokens, numbers).
+    fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
+        Ok(fixed_width(
+            self.output_field(input, params, "output")?.data_type(),
+        ))
+    }
+
     /// Applies the op to a column described by `field` (its metadata carries tensor shapes).
     /// Random ops draw row `i`'s randomness from `(seed, i)` alone; deterministic ops ignore
     /// `seed`.
@@ -217,6 +227,18 @@ pub fn registry() -> &'static [&'static dyn Op] {
 /// The op called `name`.
 pub fn lookup(name: &str) -> Option<&'static dyn Op> {
     OPS.iter().copied().find(|op| op.name() == name)
+}
+
+/// The bytes of one value of `data_type` when every value has the same size (primitives and
+/// fixed-size lists of them), else `None`.
+pub fn fixed_width(data_type: &arrow::datatypes::DataType) -> Option<u64> {
+    use arrow::datatypes::DataType;
+    match data_type {
+        DataType::FixedSizeList(item, n) => Some(fixed_width(item.data_type())?.saturating_mul(*n as u64)),
+        DataType::FixedSizeBinary(n) => Some(*n as u64),
+        DataType::Boolean => Some(1),
+        other => other.primitive_width().map(|w| w as u64),
+    }
 }
 
 /// Parameter `i` as an integer in `range`.

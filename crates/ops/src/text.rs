@@ -189,6 +189,13 @@ impl Op for Tokenize {
         ))
     }
 
+    /// `max_len` ids of 4 bytes, and the list's offset.
+    fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
+        self.output_field(input, params, "output")?;
+        let (max_len, _) = Self::params(params)?;
+        Ok(Some(max_len as u64 * 4 + 4))
+    }
+
     fn apply_field(&self, _: &ArrayRef, _: &Field, params: &[Value], _: u64) -> Result<ArrayRef> {
         let (_, name) = Self::params(params)?;
         Err(OpError::BadArguments {
@@ -221,9 +228,11 @@ impl Op for Tokenize {
             source,
         })?;
         let text = text.as_string::<i32>();
-        let mut out =
-            ListBuilder::with_capacity(UInt32Builder::with_capacity(text.len() * max_len), text.len())
-                .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false)));
+        // A token spans at least one byte of text: never reserve more ids than bytes (a
+        // huge max_len must not reserve rows × max_len up front).
+        let ids = text.values().len().min(text.len().saturating_mul(max_len));
+        let mut out = ListBuilder::with_capacity(UInt32Builder::with_capacity(ids), text.len())
+            .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false)));
         for (row, value) in text.iter().enumerate() {
             let Some(value) = value else {
                 out.append_null();

@@ -57,10 +57,10 @@ pub use error::ServerError;
 pub use metrics::{Metrics, serve_metrics};
 /// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
 pub use pushdown_protocol::Compression;
-pub use query::{Planned, Shape, dataframe};
+pub use query::{MAX_EXPR_DEPTH, Planned, Shape, dataframe};
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
-pub use udf::{DatasetResources, udfs};
+pub use udf::{DatasetResources, OpLimits, udfs};
 
 use crate::error::Result;
 use crate::query::Engine;
@@ -105,6 +105,13 @@ pub struct ServerConfig {
     /// host, [`Compression::Adaptive`] for the rest. Set it where the peer address misleads
     /// (behind a local proxy every peer is on loopback).
     pub plain_client_codec: Option<pushdown_protocol::Compression>,
+    /// An op call whose output may exceed this many bytes per row is refused at planning
+    /// (`decode_resize(image, 8192, 8192)`: 192 MiB a row).
+    pub max_op_row_bytes: u64,
+    /// Batches are cut so that one batch of the largest op output stays under this.
+    pub max_op_batch_bytes: u64,
+    /// Longest SQL text (or fragment predicate) accepted, in bytes.
+    pub max_sql_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +131,9 @@ impl Default for ServerConfig {
             max_message_bytes: 64 << 20,
             advertise: None,
             plain_client_codec: None,
+            max_op_row_bytes: 16 << 20,
+            max_op_batch_bytes: 256 << 20,
+            max_sql_bytes: 64 << 10,
         }
     }
 }

@@ -157,6 +157,13 @@ pub async fn profile(
     let resources = crate::udf::DatasetResources::new(datasets.clone(), Some(dataset.name.clone()));
     let calls =
         pushdown_ops::Calls::bind(&f.ops, kept.schema()).map_err(|e| ServerError::BadQuery(e.to_string()))?;
+    // The server's caps hold for the sample too: a call refused at planning never runs here.
+    let limits = engine.op_limits(&ctx);
+    for (call, op, input) in calls.bound() {
+        limits
+            .admit(op, input, &call.params)
+            .map_err(|reason| ServerError::BadQuery(format!("{}: {reason}", call.op)))?;
+    }
     let mut ops = Vec::new();
     calls
         .apply_observed(

@@ -50,6 +50,7 @@ use crate::auth::Grant;
 use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
+use crate::udf::OpLimits;
 
 /// How a query is answered.
 #[derive(Debug, Clone)]
@@ -172,7 +173,37 @@ impl Engine {
         // partition steal files by default): a shard's row-group ranges are emitted in order.
         options.execution.enable_file_stream_work_stealing = false;
         options.sql_parser.enable_ident_normalization = true;
+        // Nesting deeper than this (parentheses, subqueries) is a parse error, not a deep
+        // recursion; long flat chains (`1+1+…`) are bounded by the text's length cap.
+        if let Ok(limit) = datafusion::common::config::ConfigNonZeroUsize::try_new(SQL_RECURSION_LIMIT) {
+            options.sql_parser.recursion_limit = limit;
+        }
         SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
+    }
+
+    /// Refuses query text (SQL, a fragment's predicate) longer than the server's cap.
+    fn check_size(&self, query: &Query) -> Result<()> {
+        let (what, len) = match query {
+            Query::Sql(sql) => ("SQL text", sql.len()),
+            Query::Fragment(f) => ("predicate", f.predicate.as_ref().map_or(0, String::len)),
+        };
+        if len > self.config.max_sql_bytes {
+            return Err(ServerError::BadQuery(format!(
+                "{what} of {len} bytes is over this server's limit of {} bytes",
+                self.config.max_sql_bytes
+            )));
+        }
+        check_depth(query)
+    }
+
+    /// The caps of op calls in a query of `ctx`: the server's, accounted in `ctx`'s pool.
+    pub(crate) fn op_limits(&self, ctx: &SessionContext) -> OpLimits {
+        OpLimits {
+            max_row_bytes: self.config.max_op_row_bytes,
+            max_batch_bytes: self.config.max_op_batch_bytes,
+            pool: Some(Arc::clone(&ctx.runtime_env().memory_pool)),
+            ..OpLimits::unlimited()
+        }
     }
 
     pub(crate) fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
@@ -193,9 +224,11 @@ impl Engine {
     /// `GetFlightInfo`: the result schema, the shape, and the shards, for a caller holding
     /// `grant`.
     pub async fn plan(&self, request: &ScanRequest, grant: &Grant) -> Result<Planned> {
+        self.check_size(&request.query)?;
         let datasets = self.visible(grant).await?;
         let ctx = self.session(self.config.cpu_threads);
-        let referenced = register_referenced(&ctx, &datasets, grant, &request.query, |d| {
+        let limits = self.op_limits(&ctx);
+        let referenced = register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
             self.full_table(d, false)
         })?;
         // Unreadable files fail the request before anything else is said about it.
@@ -309,8 +342,21 @@ impl Engine {
     /// is read as up to `parallelism` contiguous row-group ranges, decoded at once and
     /// emitted in order (see [`ordered_stream`]): one stream can use several cores.
     pub async fn open(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Opened> {
-        let (ctx, df, row_groups) = self.dataframe_for(ticket, parallelism, grant).await?;
-        let plan = df.create_physical_plan().await?;
+        let (ctx, df, row_groups, limits) = self.dataframe_for(ticket, parallelism, grant).await?;
+        // Batches small enough that one batch of the largest op output stays under the cap.
+        let rows = limits.batch_rows(self.config.batch_size);
+        let (mut state, logical) = df.into_parts();
+        if rows < self.config.batch_size {
+            let rows = datafusion::common::config::ConfigNonZeroUsize::try_new(rows)?;
+            state.config_mut().options_mut().execution.batch_size = rows;
+            ctx.state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .execution
+                .batch_size = rows;
+        }
+        let plan = state.create_physical_plan(&logical).await?;
         Ok(Opened {
             plan,
             ctx,
@@ -321,7 +367,7 @@ impl Engine {
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
-        let (_ctx, df, _) = self.dataframe_for(ticket, 1, grant).await?;
+        let (_ctx, df, _, _) = self.dataframe_for(ticket, 1, grant).await?;
         let n = df
             .count()
             .await
@@ -335,8 +381,9 @@ impl Engine {
         ticket: &ShardTicket,
         parallelism: usize,
         grant: &Grant,
-    ) -> Result<(SessionContext, DataFrame, u64)> {
+    ) -> Result<(SessionContext, DataFrame, u64, OpLimits)> {
         // A ticket is the caller's own text: its grant is checked again, never trusted.
+        self.check_size(&ticket.request.query)?;
         let datasets = self.visible(grant).await?;
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
@@ -380,7 +427,8 @@ impl Engine {
                     self.parquet_options(pushdown),
                 );
                 ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
-                register_ops(&ctx, &datasets, Some(dataset.name.clone()));
+                let limits = self.op_limits(&ctx);
+                register_ops(&ctx, &datasets, Some(dataset.name.clone()), &limits);
                 let df = dataframe(&ctx, &ticket.request.query).await?;
                 if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
                     return Err(ServerError::BadRequest(
@@ -388,7 +436,7 @@ impl Engine {
                     ));
                 }
                 let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
-                Ok((ctx, df, row_groups))
+                Ok((ctx, df, row_groups, limits))
             }
             None => {
                 if ticket.skip_rows > 0 {
@@ -400,9 +448,11 @@ impl Engine {
                     ));
                 }
                 let ctx = self.session(self.config.cpu_threads);
-                let referenced = register_referenced(&ctx, &datasets, grant, &ticket.request.query, |d| {
-                    self.full_table(d, pushdown)
-                })?;
+                let limits = self.op_limits(&ctx);
+                let referenced =
+                    register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
+                        self.full_table(d, pushdown)
+                    })?;
                 let mut row_groups = 0;
                 for name in &referenced {
                     let dataset = lookup(&datasets, name)?;
@@ -414,10 +464,75 @@ impl Engine {
                         .sum::<u64>();
                 }
                 let df = dataframe(&ctx, &ticket.request.query).await?;
-                Ok((ctx, df, row_groups))
+                Ok((ctx, df, row_groups, limits))
             }
         }
     }
+}
+
+/// Parser nesting depth (DataFusion's default, set deliberately).
+const SQL_RECURSION_LIMIT: usize = 50;
+
+/// Deepest expression tree accepted. The parser builds a flat chain (`a OR b OR …`, `1+1+…`)
+/// without recursion, but DataFusion's planning recurses on it (a 2,000-term chain
+/// overflowed a 2 MiB stack in a debug build), so trees deeper than this are refused first.
+pub const MAX_EXPR_DEPTH: usize = 256;
+
+/// Refuses query text whose expression trees nest deeper than [`MAX_EXPR_DEPTH`]. The
+/// walk stops as soon as it passes the limit, so it never recurses deeper itself.
+fn check_depth(query: &Query) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::{Visit, Visitor};
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    use std::ops::ControlFlow;
+
+    struct Depth(usize);
+    impl Visitor for Depth {
+        type Break = ();
+        fn pre_visit_expr(&mut self, _: &datafusion::sql::sqlparser::ast::Expr) -> ControlFlow<()> {
+            self.0 += 1;
+            if self.0 > MAX_EXPR_DEPTH {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+        fn post_visit_expr(&mut self, _: &datafusion::sql::sqlparser::ast::Expr) -> ControlFlow<()> {
+            self.0 -= 1;
+            ControlFlow::Continue(())
+        }
+    }
+    let dialect = GenericDialect {};
+    let parser = |text: &str| {
+        Parser::new(&dialect)
+            .with_recursion_limit(SQL_RECURSION_LIMIT)
+            .try_with_sql(text)
+            .map_err(|e| ServerError::BadQuery(e.to_string()))
+    };
+    let too_deep = match query {
+        Query::Sql(sql) => {
+            let statements = parser(sql)?
+                .parse_statements()
+                .map_err(|e| ServerError::BadQuery(e.to_string()))?;
+            statements.iter().any(|s| s.visit(&mut Depth(0)).is_break())
+        }
+        Query::Fragment(f) => match &f.predicate {
+            Some(p) => {
+                let expr = parser(p)?
+                    .parse_expr()
+                    .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {e}")))?;
+                expr.visit(&mut Depth(0)).is_break()
+            }
+            None => false,
+        },
+    };
+    if too_deep {
+        return Err(ServerError::BadQuery(format!(
+            "expressions nest deeper than {MAX_EXPR_DEPTH} levels (a long chain of AND/OR or \
+             arithmetic?): use IN lists or split the query"
+        )));
+    }
+    Ok(())
 }
 
 /// `range` cut into at most `parts` contiguous, non-empty ranges of near-equal length, in
@@ -516,6 +631,7 @@ fn register_referenced(
     datasets: &BTreeMap<String, Arc<Dataset>>,
     grant: &Grant,
     query: &Query,
+    limits: &OpLimits,
     table: impl Fn(&Dataset) -> Arc<ShardTable>,
 ) -> Result<Vec<String>> {
     let referenced = referenced_datasets(ctx, query)?;
@@ -531,7 +647,7 @@ fn register_referenced(
         [only] => Some(only.clone()),
         _ => None,
     };
-    register_ops(ctx, datasets, default);
+    register_ops(ctx, datasets, default, limits);
     Ok(referenced)
 }
 
@@ -541,9 +657,10 @@ pub(crate) fn register_ops(
     ctx: &SessionContext,
     datasets: &BTreeMap<String, Arc<Dataset>>,
     default: Option<String>,
+    limits: &OpLimits,
 ) {
     let resources = Arc::new(crate::udf::DatasetResources::new(datasets.clone(), default));
-    for udf in crate::udf::udfs(resources) {
+    for udf in crate::udf::udfs(resources, limits.clone()) {
         ctx.register_udf(udf);
     }
 }

@@ -11,6 +11,9 @@ use std::future::Future;
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 
+/// Stack of each CPU thread.
+const CPU_THREAD_STACK: usize = 32 << 20;
+
 #[derive(Debug)]
 pub struct CpuRuntime {
     runtime: Option<Runtime>,
@@ -22,6 +25,9 @@ impl CpuRuntime {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("pushdown-cpu")
+            // Planning and execution recurse over query trees: deep stacks (reserved, not
+            // committed until touched) keep a legal but deep query from overflowing.
+            .thread_stack_size(CPU_THREAD_STACK)
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();

@@ -115,7 +115,7 @@ impl PushdownService {
         &self,
         descriptor: FlightDescriptor,
         peer: Option<SocketAddr>,
-        grant: &Grant,
+        grant: Arc<Grant>,
     ) -> Result<FlightInfo> {
         let (mut request, plain) = Self::request_and_origin(&descriptor)?;
         if plain {
@@ -125,7 +125,7 @@ impl PushdownService {
                 .plain_client_codec
                 .unwrap_or_else(|| codec_for_plain_client(peer));
         }
-        let planned = self.state.engine.plan(&request, grant).await?;
+        let planned = self.plan_on_cpu(request, grant).await?;
         self.state
             .metrics
             .row_groups_pruned_at_planning
@@ -183,11 +183,13 @@ impl PushdownService {
         let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
         let config = &self.state.config;
         let parallelism = (config.cpu_threads.max(config.store_reads_in_flight) / running.max(1)).max(1);
-        let opened = self
-            .state
-            .engine
-            .open(&ticket, parallelism, &caller.grant)
-            .await?;
+        let opened = {
+            let (state, ticket, grant) = (Arc::clone(&self.state), ticket.clone(), Arc::clone(&caller.grant));
+            self.on_cpu("opening a stream", async move {
+                state.engine.open(&ticket, parallelism, &grant).await
+            })
+            .await?
+        };
         let span = tracing::info_span!(
             "stream",
             caller = &*caller.principal,
@@ -252,9 +254,9 @@ impl PushdownService {
         }
     }
 
-    async fn schema(&self, descriptor: FlightDescriptor, grant: &Grant) -> Result<SchemaResult> {
+    async fn schema(&self, descriptor: FlightDescriptor, grant: Arc<Grant>) -> Result<SchemaResult> {
         let request = Self::request_of(&descriptor)?;
-        let planned = self.state.engine.plan(&request, grant).await?;
+        let planned = self.plan_on_cpu(request, grant).await?;
         SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
@@ -276,6 +278,17 @@ impl PushdownService {
                 Ok(info)
             })
             .collect()
+    }
+
+    /// Plans on the CPU runtime: its threads' deep stacks hold DataFusion's recursion over
+    /// large query trees, and a slow plan never holds up the I/O threads.
+    async fn plan_on_cpu(&self, request: ScanRequest, grant: Arc<Grant>) -> Result<crate::query::Planned> {
+        let state = Arc::clone(&self.state);
+        self.on_cpu(
+            "planning",
+            async move { state.engine.plan(&request, &grant).await },
+        )
+        .await
     }
 
     /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
@@ -300,11 +313,30 @@ impl PushdownService {
                 ActionKind::ALL.map(ActionKind::name).join(", ")
             )));
         };
+        if matches!(kind, ActionKind::Health) {
+            return Ok(vec![arrow_flight::Result::new("ok")]);
+        }
+        // Every other action plans or reads: it takes a stream slot and runs under the
+        // request deadline, like a stream (a `profile` or `count` scans data).
+        let _slot = self.acquire_stream_slot().await?;
+        let deadline = self.state.config.request_timeout;
+        match tokio::time::timeout(deadline, self.run_action(kind, action, grant)).await {
+            Ok(result) => result,
+            Err(_) => Err(ServerError::Deadline(deadline)),
+        }
+    }
+
+    async fn run_action(
+        &self,
+        kind: ActionKind,
+        action: Action,
+        grant: Arc<Grant>,
+    ) -> Result<Vec<arrow_flight::Result>> {
         match kind {
             ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
             ActionKind::Explain => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
-                let planned = self.state.engine.plan(&request, &grant).await?;
+                let planned = self.plan_on_cpu(request, Arc::clone(&grant)).await?;
                 let shape = match &planned.shape {
                     Shape::RowWise { dataset, shards } => {
                         format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
@@ -594,7 +626,7 @@ impl FlightService for PushdownService {
             .map_err(|e| self.fail("get_flight_info", e))?;
         let peer = request.remote_addr();
         let result = self
-            .contained(self.flight_info(request.into_inner(), peer, &caller.grant))
+            .contained(self.flight_info(request.into_inner(), peer, caller.grant))
             .await;
         Ok(Response::new(self.finish("get_flight_info", result)?))
     }
@@ -610,7 +642,7 @@ impl FlightService for PushdownService {
         let peer = request.remote_addr();
         let descriptor = request.into_inner();
         let result = self
-            .contained(self.flight_info(descriptor.clone(), peer, &caller.grant))
+            .contained(self.flight_info(descriptor.clone(), peer, caller.grant))
             .await;
         let info = self.finish("poll_flight_info", result)?;
         Ok(Response::new(
@@ -622,7 +654,7 @@ impl FlightService for PushdownService {
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
         let caller = self.caller(&request).map_err(|e| self.fail("get_schema", e))?;
         let result = self
-            .contained(self.schema(request.into_inner(), &caller.grant))
+            .contained(self.schema(request.into_inner(), caller.grant))
             .await;
         Ok(Response::new(self.finish("get_schema", result)?))
     }

@@ -1,13 +1,23 @@
 //! Ops as DataFusion scalar UDFs, so SQL can call them (`thumbnail(image, 64)`) and
 //! fragments can carry them. The adapter is thin: parameters must be literals, the kernel is
 //! the one the client runs.
+//!
+//! A server bounds what a call may produce before anything is allocated: each op declares
+//! the most bytes one output value may take from its arguments
+//! ([`Op::max_output_bytes_per_row`]); a call above [`OpLimits::max_row_bytes`] is refused
+//! at planning (`InvalidArgument`), batches are made small enough that a batch of outputs
+//! stays under [`OpLimits::max_batch_bytes`], and each kernel run first reserves its
+//! output's bound in the query engine's memory pool (`ResourceExhausted` when the pool
+//! cannot hold it), so a hostile call is an error for its caller, never an aborted process.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -54,12 +64,78 @@ impl Resources for DatasetResources {
     }
 }
 
-/// Every deterministic op as a UDF, resolving resources through `resources`.
-pub fn udfs(resources: Arc<dyn Resources>) -> Vec<ScalarUDF> {
+/// What op calls of one query may produce.
+#[derive(Debug, Clone)]
+pub struct OpLimits {
+    /// A call whose output value may exceed this many bytes is refused at planning.
+    pub max_row_bytes: u64,
+    /// Rows per batch are cut so that a batch of the largest call's outputs stays under this.
+    pub max_batch_bytes: u64,
+    /// Where each kernel run reserves its output's bound first; none: not accounted.
+    pub pool: Option<Arc<dyn MemoryPool>>,
+    /// The largest per-row bound among the calls planned so far (shared by a query's UDFs).
+    pub largest_row_bytes: Arc<AtomicU64>,
+}
+
+impl OpLimits {
+    /// No caps and no accounting: for code that runs its own trusted queries.
+    pub fn unlimited() -> Self {
+        Self {
+            max_row_bytes: u64::MAX,
+            max_batch_bytes: u64::MAX,
+            pool: None,
+            largest_row_bytes: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Rows per batch that keep a batch of the largest planned call's outputs under
+    /// `max_batch_bytes`: `batch_size` or fewer, at least one.
+    pub fn batch_rows(&self, batch_size: usize) -> usize {
+        let per_row = self.largest_row_bytes.load(Ordering::Relaxed).max(1);
+        let fits = (self.max_batch_bytes / per_row).max(1);
+        batch_size.min(usize::try_from(fits).unwrap_or(usize::MAX)).max(1)
+    }
+
+    /// Refuses a call of `op` whose declared output per row exceeds the cap; records its
+    /// bound otherwise. `Err` carries the reason.
+    pub fn admit(
+        &self,
+        op: &dyn Op,
+        input: &arrow::datatypes::Field,
+        params: &[Value],
+    ) -> std::result::Result<u64, String> {
+        let bound = op
+            .max_output_bytes_per_row(input, params)
+            .map_err(|e| e.to_string())?
+            .unwrap_or(0);
+        if bound > self.max_row_bytes {
+            return Err(format!(
+                "produces up to {} per row, over this server's cap of {} per row",
+                human_bytes(bound),
+                human_bytes(self.max_row_bytes)
+            ));
+        }
+        self.largest_row_bytes.fetch_max(bound, Ordering::Relaxed);
+        Ok(bound)
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if n >= MIB {
+        format!("{:.1} MiB", n as f64 / MIB as f64)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// Every deterministic op as a UDF, resolving resources through `resources`, bounded by
+/// `limits`.
+pub fn udfs(resources: Arc<dyn Resources>, limits: OpLimits) -> Vec<ScalarUDF> {
     pushdown_ops::registry()
         .iter()
         .filter(|op| op.is_deterministic())
-        .map(|op| ScalarUDF::new_from_impl(OpUdf::new(*op, Arc::clone(&resources))))
+        .map(|op| ScalarUDF::new_from_impl(OpUdf::new(*op, Arc::clone(&resources), limits.clone())))
         .collect()
 }
 
@@ -67,6 +143,7 @@ struct OpUdf {
     op: &'static dyn Op,
     signature: Signature,
     resources: Arc<dyn Resources>,
+    limits: OpLimits,
 }
 
 impl std::fmt::Debug for OpUdf {
@@ -78,11 +155,12 @@ impl std::fmt::Debug for OpUdf {
 }
 
 impl OpUdf {
-    fn new(op: &'static dyn Op, resources: Arc<dyn Resources>) -> Self {
+    fn new(op: &'static dyn Op, resources: Arc<dyn Resources>, limits: OpLimits) -> Self {
         Self {
             op,
             signature: Signature::variadic_any(Volatility::Immutable),
             resources,
+            limits,
         }
     }
 
@@ -156,6 +234,9 @@ impl ScalarUDFImpl for OpUdf {
             .op
             .output_field(input, &params, self.op.name())
             .map_err(|e| self.error(e))?;
+        self.limits
+            .admit(self.op, input, &params)
+            .map_err(|reason| self.error(reason))?;
         Ok(Arc::new(field))
     }
 
@@ -178,6 +259,20 @@ impl ScalarUDFImpl for OpUdf {
                 ColumnarValue::Array(_) => Err(self.error("parameters must be literals")),
             })
             .collect::<Result<Vec<_>>>()?;
+        // The output's bound is reserved before the kernel allocates it, and held while it
+        // runs: a pool too full for it refuses the batch instead of the process aborting.
+        let bound = self
+            .limits
+            .admit(self.op, &field, &params)
+            .map_err(|reason| self.error(reason))?;
+        let _reservation = match &self.limits.pool {
+            Some(pool) if bound > 0 => {
+                let r = MemoryConsumer::new(format!("op {}", self.op.name())).register(pool);
+                r.try_grow(usize::try_from(bound.saturating_mul(input.len() as u64)).unwrap_or(usize::MAX))?;
+                Some(r)
+            }
+            _ => None,
+        };
         let out = self
             .op
             .apply_in(
