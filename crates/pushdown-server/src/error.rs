@@ -283,10 +283,49 @@ impl From<ServerError> for Status {
         let message = match &e {
             // Internal details stay in the server log; the caller gets what it can act on.
             ServerError::Internal(_) => "internal error (see server log)".to_string(),
-            _ => e.to_string(),
+            // The store's own words may carry its layout or credentials' ids: the operator
+            // reads them in the log, the caller gets what to do.
+            ServerError::StorageDenied(_) => {
+                "the server cannot read its storage (its credentials were refused; the operator \
+                 sees why in the server log)"
+                    .to_string()
+            }
+            _ => redact_paths(&e.to_string()),
         };
         Status::new(code, message)
     }
+}
+
+/// `message` with every absolute filesystem path cut to its last two components (the
+/// dataset folder and the file, which the caller knows): where the server keeps its data is
+/// not the caller's business. Paths the stores report (`Object at location /srv/data/…`) and
+/// I/O errors' are the ones this catches.
+pub(crate) fn redact_paths(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find('/') {
+        let (before, from) = rest.split_at(i);
+        out.push_str(before);
+        // A path starts at a '/' that begins a word ("at /srv/…", "`/srv/…`", "(/srv/…").
+        let starts_word = before
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || matches!(c, '`' | '\'' | '"' | '(' | '[' | '=' | ':'));
+        let end = from
+            .find(|c: char| c.is_whitespace() || matches!(c, '`' | '\'' | '"' | ')' | ']' | ',' | ';'))
+            .unwrap_or(from.len());
+        let (word, tail) = from.split_at(end);
+        let parts: Vec<&str> = word.split('/').filter(|p| !p.is_empty()).collect();
+        if starts_word && parts.len() > 2 {
+            out.push_str("…/");
+            out.push_str(&parts[parts.len() - 2..].join("/"));
+        } else {
+            out.push_str(word);
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The outcome label of the requests-by-outcome metric.
@@ -320,5 +359,30 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::StorageDenied(_)
             | ServerError::Internal(_),
         ) => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_messages_never_carry_absolute_paths() {
+        let e = ServerError::storage(object_store::Error::NotFound {
+            path: "/srv/pushdown/data/images/part-00001.parquet".into(),
+            source: "No such file or directory".into(),
+        });
+        let status = Status::from(e);
+        assert!(!status.message().contains("/srv"), "{}", status.message());
+        assert!(status.message().contains("images/part-00001.parquet"), "{}", status.message());
+        assert_eq!(
+            redact_paths("reading `/a/b/c/d.parquet` (at /x/y/z): 1/2 of a/b/c failed"),
+            "reading `…/c/d.parquet` (at …/y/z): 1/2 of a/b/c failed"
+        );
+        let denied = Status::from(ServerError::StorageDenied(
+            "the object store refused … AWSAccessKeyId AKIAEXAMPLE".into(),
+        ));
+        assert!(!denied.message().contains("AKIA"), "{}", denied.message());
+        assert_eq!(denied.code(), Code::FailedPrecondition);
     }
 }
