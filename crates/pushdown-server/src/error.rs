@@ -374,7 +374,11 @@ mod tests {
         });
         let status = Status::from(e);
         assert!(!status.message().contains("/srv"), "{}", status.message());
-        assert!(status.message().contains("images/part-00001.parquet"), "{}", status.message());
+        assert!(
+            status.message().contains("images/part-00001.parquet"),
+            "{}",
+            status.message()
+        );
         assert_eq!(
             redact_paths("reading `/a/b/c/d.parquet` (at /x/y/z): 1/2 of a/b/c failed"),
             "reading `…/c/d.parquet` (at …/y/z): 1/2 of a/b/c failed"
