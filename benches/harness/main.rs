@@ -13,6 +13,7 @@ mod compare;
 mod finished;
 mod fleet;
 mod link;
+mod load;
 mod placement;
 mod process;
 mod s3;
@@ -64,6 +65,15 @@ enum Command {
         #[command(flatten)]
         options: Options,
     },
+    /// 64 concurrent clients for a bounded time against one server with tokens and caps:
+    /// failed requests, refusals and the server's peak memory against its pool.
+    Load {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Internal: the capped, token-guarded server of `load`.
+    #[command(hide = true)]
+    LoadServe(FarArgs),
     /// Internal: a server for a benchmark (started by the harness, possibly in a namespace).
     #[command(hide = true)]
     Serve(FarArgs),
@@ -242,10 +252,12 @@ fn main() -> Result<()> {
     let (suite, options) = match args.command {
         Command::Serve(far) => return serve(&far.data, far.listen, far.threads),
         Command::Finished(far) => return finished::serve(&far.data, far.listen, far.threads),
+        Command::LoadServe(far) => return load::serve(&far),
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
         Command::Fleet { options } => ("fleet", options.resolve()),
         Command::Scan { options } => ("scan", options.resolve()),
+        Command::Load { options } => ("load", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -263,6 +275,7 @@ fn main() -> Result<()> {
             let body = match suite {
                 "fleet" => fleet::suite(&options, &data, &command).await?,
                 "scan" => scan::suite(&options, &data, &command).await?,
+                "load" => load::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");

@@ -29,6 +29,14 @@ pub fn peak_rss(pid: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resident set size of `pid` now, in bytes (`VmRSS`); `None` once it has exited.
+pub fn current_rss(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// Resets `pid`'s peak RSS to its current RSS (Linux ≥ 4.0: write 5 to clear_refs).
 pub fn reset_peak_rss(pid: &str) {
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
