@@ -651,3 +651,69 @@ async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
     );
     still_serves(&fx).await;
 }
+
+/// Read-only by construction, inside forged tickets too: a ticket is the caller's bytes, so
+/// every statement kind the SQL endpoint refuses is refused when it arrives as a ticket's
+/// query, for a shard and for a whole-query stream, and nothing is written or read outside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_tickets_cannot_carry_anything_but_a_select() {
+    let fx = open_server(small_shards()).await;
+    let outside = fx.root.path().join("outside.parquet");
+    let elsewhere = tempfile::tempdir().expect("dir");
+    write_images(elsewhere.path(), 8);
+    let info = raw(&fx)
+        .await
+        .get_flight_info(sql("SELECT id FROM images"))
+        .await
+        .expect("plans")
+        .into_inner();
+    let real =
+        pushdown_protocol::ShardTicket::decode(&info.endpoint[0].ticket.as_ref().expect("ticket").ticket)
+            .expect("ours");
+    let statements = [
+        "CREATE TABLE t AS SELECT 1".to_string(),
+        "CREATE VIEW v AS SELECT * FROM images".into(),
+        "DROP TABLE images".into(),
+        "INSERT INTO images SELECT * FROM images".into(),
+        "DELETE FROM images".into(),
+        "UPDATE images SET label = 0".into(),
+        format!("COPY images TO '{}'", outside.display()),
+        format!(
+            "COPY (SELECT * FROM images) TO '{}' STORED AS PARQUET",
+            outside.display()
+        ),
+        "SET datafusion.execution.batch_size = 1".into(),
+        format!(
+            "CREATE EXTERNAL TABLE x STORED AS PARQUET LOCATION '{}'",
+            elsewhere.path().display()
+        ),
+        format!(
+            "SELECT * FROM '{}/images/part-00000.parquet'",
+            elsewhere.path().display()
+        ),
+        "SELECT * FROM '/etc/passwd'".into(),
+        "EXPLAIN ANALYZE SELECT * FROM images".into(),
+        "SELECT 1; SELECT 2".into(),
+    ];
+    for text in &statements {
+        for shard in [real.shard.clone(), None] {
+            let forged = pushdown_protocol::ShardTicket {
+                request: ScanRequest::new(Query::Sql(text.clone())),
+                shard: shard.clone(),
+                skip_rows: 0,
+            };
+            let status = raw(&fx)
+                .await
+                .do_get(Ticket::new(forged.encode()))
+                .await
+                .expect_err(text);
+            assert!(
+                matches!(status.code(), Code::InvalidArgument | Code::NotFound),
+                "{text} (shard: {}): {status}",
+                shard.is_some()
+            );
+        }
+    }
+    assert!(!outside.exists(), "a forged COPY wrote a file");
+    still_serves(&fx).await;
+}
