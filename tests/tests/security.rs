@@ -469,6 +469,39 @@ async fn op_output_is_accounted_in_the_memory_pool() {
     still_serves(&fx).await;
 }
 
+/// A query is held to its own share of the pool, however much the server has free: the
+/// greedy one fails alone, and the next query runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_query_has_a_pool_of_its_own_under_the_total() {
+    let fx = open_server(pushdown_server::ServerConfig {
+        memory_limit: 1 << 30,
+        max_query_memory: 8 << 20,
+        ..small_shards()
+    })
+    .await;
+    let info = raw(&fx)
+        .await
+        .get_flight_info(sql("SELECT decode_resize(image, 512, 512) AS px FROM images"))
+        .await
+        .expect("plans")
+        .into_inner();
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let outcome: Result<Vec<_>, tonic::Status> = match raw(&fx).await.do_get(ticket).await {
+        Ok(stream) => stream.into_inner().try_collect().await,
+        Err(status) => Err(status),
+    };
+    let status = outcome.expect_err("over the query's share");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    assert!(status.message().contains("this query's memory limit"), "{status}");
+    // Small outputs fit the same share.
+    let small = fx
+        .sql("SELECT decode_resize(image, 16, 16) AS px FROM images")
+        .await
+        .expect("small outputs fit");
+    assert_eq!(num_rows(&small), 200);
+    still_serves(&fx).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_length_and_nesting_are_bounded() {
     let fx = open_server(pushdown_server::ServerConfig {
@@ -608,9 +641,18 @@ fn mutate(rng: &mut rand_chacha::ChaCha8Rng, seed: &[u8]) -> Vec<u8> {
 /// take, on stable Rust.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
     let fx = open_server(small_shards()).await;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
+    // CI runs one seed; `PUSHDOWN_PROPERTY_SEED` and `PUSHDOWN_PROPERTY_CASES` explore more.
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let seed = env("PUSHDOWN_PROPERTY_SEED", 0x5eed);
+    let cases = env("PUSHDOWN_PROPERTY_CASES", 120);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let info = raw(&fx)
         .await
         .get_flight_info(sql("SELECT id, label FROM images WHERE label < 500"))
@@ -623,8 +665,73 @@ async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
         .to_vec();
     let text =
         b"SELECT id, thumbnail(image, 8) AS t FROM images WHERE label < 10 ORDER BY id LIMIT 3".to_vec();
+    // A bound Flight SQL prepared statement's handle, and the command that executes it.
+    let params = arrow::array::RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "$1",
+            arrow::datatypes::DataType::Int64,
+            true,
+        )])),
+        vec![std::sync::Arc::new(arrow::array::Int64Array::from(vec![7]))],
+    )
+    .expect("params");
+    let handle =
+        pushdown_server::Prepared::bind("SELECT id, label FROM images WHERE label < $1".into(), &params)
+            .expect("binds")
+            .encode()
+            .to_vec();
+    if let Ok(dir) = std::env::var("PUSHDOWN_WRITE_FUZZ_SEEDS") {
+        // The fuzz targets' binary seeds (scripts/fuzz.sh), from this live server.
+        for (target, seed) in [
+            ("ticket", &ticket),
+            ("command", &command),
+            ("prepared_handle", &handle),
+        ] {
+            let folder = std::path::Path::new(&dir).join(target);
+            std::fs::create_dir_all(&folder).expect("seed folder");
+            std::fs::write(folder.join("seed-1"), seed).expect("seed");
+        }
+    }
+    // The messages that bind parameters to the handle (DoPut: schema, then the batch).
+    use arrow_flight::sql::ProstMessageExt;
+    use prost::Message;
+    let bind_descriptor = FlightDescriptor::new_cmd(
+        arrow_flight::sql::CommandPreparedStatementQuery {
+            prepared_statement_handle: handle.clone().into(),
+        }
+        .as_any()
+        .encode_to_vec(),
+    );
+    let bind: Vec<arrow_flight::FlightData> = arrow_flight::encode::FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(bind_descriptor))
+        .build(futures::stream::iter([Ok(params.clone())]))
+        .try_collect()
+        .await
+        .expect("bind messages");
     let mut answered = 0;
-    for _ in 0..120 {
+    for _ in 0..cases {
+        // Flight SQL: parameters whose batch message (header or body) is mutated.
+        let mut messages = bind.clone();
+        if let Some(last) = messages.last_mut() {
+            if rng.random_bool(0.5) {
+                last.data_header = mutate(&mut rng, &last.data_header).into();
+            } else {
+                last.data_body = mutate(&mut rng, &last.data_body).into();
+            }
+        }
+        if let Ok(response) = raw(&fx).await.do_put(futures::stream::iter(messages)).await {
+            let _ = response.into_inner().try_collect::<Vec<_>>().await;
+        }
+        // Flight SQL: a mutated prepared-statement handle, executed.
+        let h = mutate(&mut rng, &handle);
+        if let Ok(p) = pushdown_server::Prepared::decode(&h) {
+            let _ = p.bound_sql();
+        }
+        let command_sql = arrow_flight::sql::CommandPreparedStatementQuery {
+            prepared_statement_handle: h.into(),
+        };
+        let c = mutate(&mut rng, &command_sql.as_any().encode_to_vec());
+        let _ = raw(&fx).await.get_flight_info(FlightDescriptor::new_cmd(c)).await;
         let t = mutate(&mut rng, &ticket);
         let _ = pushdown_protocol::ShardTicket::decode(&t);
         if let Ok(stream) = raw(&fx).await.do_get(Ticket::new(t)).await {
@@ -643,11 +750,14 @@ async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
             let _ = raw(&fx).await.get_flight_info(sql(&s)).await;
         }
     }
-    assert!(answered < 120, "mutations must break most tickets");
+    assert!(
+        answered < cases,
+        "mutations must break most tickets (seed {seed})"
+    );
     assert_eq!(
         fx.server.metrics().panics_contained.get(),
         0,
-        "no input reached a panic, even a contained one"
+        "no input reached a panic, even a contained one (seed {seed})"
     );
     still_serves(&fx).await;
 }

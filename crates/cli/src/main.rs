@@ -88,6 +88,10 @@ struct LimitsArgs {
     /// Query engine memory pool, in MiB.
     #[arg(long, env = "PUSHDOWN_MEMORY_MIB", default_value_t = 1024)]
     memory_mib: usize,
+    /// The most of it one query (one stream) may hold, in MiB; past it the query fails with
+    /// ResourceExhausted and the others go on.
+    #[arg(long, env = "PUSHDOWN_MAX_QUERY_MEMORY_MIB", default_value_t = 512)]
+    max_query_memory_mib: usize,
     /// Longest a stream may run, in seconds.
     #[arg(long, env = "PUSHDOWN_REQUEST_TIMEOUT_SECS", default_value_t = 3600)]
     request_timeout_secs: u64,
@@ -141,6 +145,9 @@ struct ServeArgs {
     limits: LimitsArgs,
     #[command(flatten)]
     security: SecurityArgs,
+    /// Named views, served as datasets (TOML: `[[view]] name = "…" sql = "SELECT …"`).
+    #[arg(long, env = "PUSHDOWN_CATALOG")]
+    catalog: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -310,6 +317,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let config = ServerConfig {
         max_concurrent_streams: args.limits.max_streams,
         memory_limit: args.limits.memory_mib << 20,
+        max_query_memory: args.limits.max_query_memory_mib << 20,
         request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
         cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
         store_reads_in_flight: args
@@ -327,6 +335,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let store = open_store(&args.storage.data)?;
     let mut builder = Server::builder(store).config(config);
+    if let Some(path) = &args.catalog {
+        let views = pushdown_server::Views::load(path).map_err(anyhow::Error::msg)?;
+        tracing::info!(views = views.iter().count(), "views from {}", path.display());
+        builder = builder.views(views);
+    }
     let security = &args.security;
     if let Some(path) = &security.auth_tokens {
         let tokens = Tokens::load(path).map_err(anyhow::Error::msg)?;

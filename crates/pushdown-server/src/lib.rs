@@ -31,7 +31,9 @@ mod auth;
 mod catalog;
 mod codec;
 mod error;
+mod flight_sql;
 mod metrics;
+mod pool;
 mod profile;
 mod query;
 mod runtime;
@@ -39,6 +41,7 @@ mod service;
 mod store;
 mod table;
 mod udf;
+mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,6 +57,7 @@ use tokio::sync::Semaphore;
 pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
+pub use flight_sql::{FlightSql, Prepared};
 pub use metrics::{Metrics, serve_metrics};
 /// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
 pub use pushdown_protocol::Compression;
@@ -61,6 +65,7 @@ pub use query::{MAX_EXPR_DEPTH, Planned, Shape, dataframe};
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
 pub use udf::{DatasetResources, OpLimits, udfs};
+pub use views::{View, ViewDecl, Views};
 
 use crate::error::Result;
 use crate::query::Engine;
@@ -112,6 +117,9 @@ pub struct ServerConfig {
     pub max_op_batch_bytes: u64,
     /// Longest SQL text (or fragment predicate) accepted, in bytes.
     pub max_sql_bytes: usize,
+    /// The most memory one query may hold, out of `memory_limit` (every query has a pool
+    /// of its own over the server's).
+    pub max_query_memory: usize,
 }
 
 impl Default for ServerConfig {
@@ -134,6 +142,7 @@ impl Default for ServerConfig {
             max_op_row_bytes: 16 << 20,
             max_op_batch_bytes: 256 << 20,
             max_sql_bytes: 64 << 10,
+            max_query_memory: 512 << 20,
         }
     }
 }
@@ -212,9 +221,16 @@ pub struct ServerBuilder {
     record_reads: bool,
     tokens: Option<Tokens>,
     tls: Option<ServerTls>,
+    views: Views,
 }
 
 impl ServerBuilder {
+    /// Serves `views` (a `--catalog` file) as datasets beside the storage root's.
+    pub fn views(mut self, views: Views) -> Self {
+        self.views = views;
+        self
+    }
+
     pub fn config(mut self, config: ServerConfig) -> Self {
         self.config = config;
         self
@@ -276,7 +292,13 @@ impl ServerBuilder {
         let cpu = CpuRuntime::new(config.cpu_threads)
             .map_err(|e| ServerError::Internal(format!("starting the CPU runtime: {e}")))?;
         let state = Arc::new(State {
-            engine: Engine::new(catalog, runtime, store_url, Arc::clone(&config)),
+            engine: Engine::new(
+                catalog,
+                Arc::new(self.views),
+                runtime,
+                store_url,
+                Arc::clone(&config),
+            ),
             metrics,
             cpu,
             streams: Arc::new(Semaphore::new(config.max_concurrent_streams.max(1))),
@@ -333,6 +355,7 @@ impl Server {
             record_reads: false,
             tokens: None,
             tls: None,
+            views: Views::default(),
         }
     }
 

@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::concat_batches;
+use arrow::datatypes::SchemaRef;
 use datafusion::prelude::{DataFrame, ident, lit};
 use pushdown_protocol::{OpProfile, Profile, Query, ScanRequest};
 
 use crate::auth::Grant;
-use crate::catalog::lookup;
 use crate::error::{Result, ServerError};
 use crate::query::Engine;
 
@@ -63,32 +63,44 @@ pub async fn profile(
             "profile takes a ScanRequest with a fragment".into(),
         ));
     };
-    grant.check(&f.dataset)?;
-    let datasets = engine.visible(grant).await?;
-    let dataset = lookup(&datasets, &f.dataset)?;
-    dataset.check_readable()?;
+    let datasets = engine.catalog().datasets().await?;
     let ctx = engine.session(1);
-    ctx.register_table(dataset.name.as_str(), engine.full_table(&dataset, false))?;
+    let limits = engine.op_limits(&ctx);
+    // The fragment may read a view: it is sampled through it, over the dataset beneath.
+    let referenced = engine
+        .register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
+            engine.full_table(d, false)
+        })
+        .await?;
+    let [dataset] = referenced.bases.as_slice() else {
+        return Err(ServerError::BadRequest(format!(
+            "`{}` reads {} datasets; profile samples one",
+            f.dataset,
+            referenced.bases.len()
+        )));
+    };
+    dataset.check_readable()?;
+    let table = ctx.table(f.dataset.as_str()).await?;
+    let schema: SchemaRef = Arc::new(table.schema().as_arrow().clone());
 
     // The source columns the fragment reads: its output columns that are not op outputs,
     // and every op input.
     let outputs: Vec<&str> = f.ops.iter().map(|o| o.output.as_str()).collect();
     let mut source: Vec<String> = Vec::new();
     let mut add = |c: &str| {
-        if !source.iter().any(|s| s == c) && dataset.schema.index_of(c).is_ok() {
+        if !source.iter().any(|s| s == c) && schema.index_of(c).is_ok() {
             source.push(c.to_owned());
         }
     };
     for call in &f.ops {
         add(&call.input);
     }
-    let all: Vec<String> = dataset.schema.fields().iter().map(|f| f.name().clone()).collect();
+    let all: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     let columns = if f.columns.is_empty() { &all } else { &f.columns };
     for c in columns.iter().filter(|c| !outputs.contains(&c.as_str())) {
         add(c);
     }
 
-    let table = ctx.table(dataset.name.as_str()).await?;
     let keep = match &f.predicate {
         Some(p) => table
             .parse_sql_expr(p)
@@ -131,13 +143,9 @@ pub async fn profile(
     let kept_schema = match kept_batches.first() {
         Some(b) => b.schema(),
         None => {
-            let indices: Vec<usize> = source
-                .iter()
-                .filter_map(|c| dataset.schema.index_of(c).ok())
-                .collect();
+            let indices: Vec<usize> = source.iter().filter_map(|c| schema.index_of(c).ok()).collect();
             Arc::new(
-                dataset
-                    .schema
+                schema
                     .project(&indices)
                     .map_err(|e| ServerError::Internal(e.to_string()))?,
             )
@@ -154,11 +162,12 @@ pub async fn profile(
         .zip(kept.columns())
         .map(|(field, a)| (field.name().clone(), bytes(a) / n))
         .collect();
-    let resources = crate::udf::DatasetResources::new(datasets.clone(), Some(dataset.name.clone()));
+    let mut readable = grant.visible(&datasets);
+    readable.insert(dataset.name.clone(), Arc::clone(dataset));
+    let resources = crate::udf::DatasetResources::new(readable, Some(dataset.name.clone()));
     let calls =
         pushdown_ops::Calls::bind(&f.ops, kept.schema()).map_err(|e| ServerError::BadQuery(e.to_string()))?;
     // The server's caps hold for the sample too: a call refused at planning never runs here.
-    let limits = engine.op_limits(&ctx);
     for (call, op, input) in calls.bound() {
         limits
             .admit(op, input, &call.params)

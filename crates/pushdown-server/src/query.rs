@@ -18,7 +18,7 @@
 //! tables all resolve to catalog datasets; anything else (DDL, DML, `COPY`, `SET`,
 //! `CREATE EXTERNAL TABLE`, file-path tables) is refused before planning.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -51,6 +51,12 @@ use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
 use crate::udf::OpLimits;
+use crate::views::Views;
+
+/// The catalog and schema every dataset and view is a table of, as SQL clients see them
+/// (`pushdown.public.images` is `images`).
+pub const CATALOG: &str = "pushdown";
+pub const SCHEMA: &str = "public";
 
 /// How a query is answered.
 #[derive(Debug, Clone)]
@@ -120,20 +126,29 @@ impl std::fmt::Debug for Opened {
 #[derive(Debug)]
 pub struct Engine {
     catalog: Arc<Catalog>,
+    views: Arc<Views>,
     runtime: Arc<RuntimeEnv>,
     store_url: ObjectStoreUrl,
     config: Arc<ServerConfig>,
 }
 
+/// What a query reads: the datasets beneath the names it gives (datasets and views).
+#[derive(Debug)]
+pub(crate) struct Referenced {
+    pub bases: Vec<Arc<Dataset>>,
+}
+
 impl Engine {
     pub fn new(
         catalog: Arc<Catalog>,
+        views: Arc<Views>,
         runtime: Arc<RuntimeEnv>,
         store_url: ObjectStoreUrl,
         config: Arc<ServerConfig>,
     ) -> Self {
         Self {
             catalog,
+            views,
             runtime,
             store_url,
             config,
@@ -142,6 +157,10 @@ impl Engine {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
+    }
+
+    pub fn views(&self) -> &Arc<Views> {
+        &self.views
     }
 
     /// The Parquet options of every scan, each one set deliberately.
@@ -166,7 +185,9 @@ impl Engine {
             .with_batch_size(self.config.batch_size)
             // No byte-range splitting of files: a shard's output order is deterministic.
             .with_repartition_file_scans(false)
-            .with_information_schema(false);
+            .with_information_schema(false)
+            .with_default_catalog_and_schema(CATALOG, SCHEMA)
+            .with_create_default_catalog_and_schema(true);
         let options = config.options_mut();
         options.execution.parquet = self.parquet_options(false).global;
         // Each partition reads its own file group, never a sibling's (DataFusion lets an idle
@@ -178,7 +199,16 @@ impl Engine {
         if let Ok(limit) = datafusion::common::config::ConfigNonZeroUsize::try_new(SQL_RECURSION_LIMIT) {
             options.sql_parser.recursion_limit = limit;
         }
-        SessionContext::new_with_config_rt(config, Arc::clone(&self.runtime))
+        // The query's own pool over the server's: its limit, and the server's total.
+        let pool = crate::pool::QueryPool::new(
+            Arc::clone(&self.runtime.memory_pool),
+            self.config.max_query_memory.min(self.config.memory_limit),
+        );
+        let runtime = RuntimeEnv {
+            memory_pool: Arc::new(pool),
+            ..(*self.runtime).clone()
+        };
+        SessionContext::new_with_config_rt(config, Arc::new(runtime))
     }
 
     /// Refuses query text (SQL, a fragment's predicate) longer than the server's cap.
@@ -221,19 +251,111 @@ impl Engine {
         Ok(grant.visible(&*self.catalog.datasets().await?))
     }
 
+    /// The views `grant` may read.
+    pub(crate) fn visible_views(&self, grant: &Grant) -> Vec<Arc<crate::views::View>> {
+        self.views
+            .iter()
+            .filter(|v| grant.allows(&v.name))
+            .cloned()
+            .collect()
+    }
+
+    /// Registers every dataset and view the query names (all must exist and be granted),
+    /// the datasets beneath those views (as built by `table`) and the ops. Only these are
+    /// tables of the query: it cannot read anything else. A view is planned here, over the
+    /// tables of this query, so what is asked of it reaches the scans beneath.
+    pub(crate) async fn register_referenced(
+        &self,
+        ctx: &SessionContext,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+        grant: &Grant,
+        query: &Query,
+        limits: &OpLimits,
+        table: impl Fn(&Dataset) -> Arc<ShardTable>,
+    ) -> Result<Referenced> {
+        let names = referenced_datasets(ctx, query)?;
+        for name in &names {
+            grant.check(name)?;
+        }
+        let base_names: BTreeSet<String> = names.iter().flat_map(|n| self.views.bases_of(n)).collect();
+        let mut bases = Vec::with_capacity(base_names.len());
+        for name in &base_names {
+            let dataset = lookup(datasets, name).map_err(|e| match e {
+                // An unknown-dataset error lists only what the caller may read.
+                ServerError::UnknownDataset { name, known } => ServerError::UnknownDataset {
+                    name,
+                    known: known
+                        .into_iter()
+                        .filter(|k| grant.allows(k))
+                        .chain(self.visible_views(grant).iter().map(|v| v.name.clone()))
+                        .collect(),
+                },
+                other => other,
+            })?;
+            if !ctx.table_exist(name.as_str())? {
+                ctx.register_table(name.as_str(), table(&dataset))?;
+            }
+            bases.push(dataset);
+        }
+        let default = match bases.as_slice() {
+            [only] => Some(only.name.clone()),
+            _ => None,
+        };
+        // Ops find resources (tokenizers) in the datasets the caller may read or reads.
+        let mut resources = grant.visible(datasets);
+        resources.extend(bases.iter().map(|d| (d.name.clone(), Arc::clone(d))));
+        register_ops(ctx, &resources, default, limits);
+        for view in self.views.closure(names.iter().map(String::as_str)) {
+            if ctx.table_exist(view.name.as_str())? {
+                continue;
+            }
+            let plan = ctx.state().create_logical_plan(&view.sql).await.map_err(|e| {
+                ServerError::BadQuery(format!("view `{}`: {}", view.name, e.find_root().message()))
+            })?;
+            let provider = datafusion::catalog::view::ViewTable::new(plan, Some(view.sql.clone()));
+            ctx.register_table(view.name.as_str(), Arc::new(provider))?;
+        }
+        Ok(Referenced { bases })
+    }
+
+    /// A query's result schema and logical plan (its parameters unbound), planned without
+    /// shards or estimates: what listings and prepared statements need.
+    pub(crate) async fn describe(&self, query: &Query, grant: &Grant) -> Result<(SchemaRef, LogicalPlan)> {
+        self.check_size(query)?;
+        let datasets = self.catalog.datasets().await?;
+        let ctx = self.session(1);
+        let limits = self.op_limits(&ctx);
+        self.register_referenced(&ctx, &datasets, grant, query, &limits, |d| {
+            self.full_table(d, false)
+        })
+        .await?;
+        let df = dataframe(&ctx, query).await?;
+        Ok((
+            Arc::new(df.schema().as_arrow().clone()),
+            df.logical_plan().clone(),
+        ))
+    }
+
+    /// A request's result schema (see [`Self::describe`]).
+    pub(crate) async fn schema_of(&self, request: &ScanRequest, grant: &Grant) -> Result<SchemaRef> {
+        Ok(self.describe(&request.query, grant).await?.0)
+    }
+
     /// `GetFlightInfo`: the result schema, the shape, and the shards, for a caller holding
     /// `grant`.
     pub async fn plan(&self, request: &ScanRequest, grant: &Grant) -> Result<Planned> {
         self.check_size(&request.query)?;
-        let datasets = self.visible(grant).await?;
+        let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
         let limits = self.op_limits(&ctx);
-        let referenced = register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
-            self.full_table(d, false)
-        })?;
+        let referenced = self
+            .register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
+                self.full_table(d, false)
+            })
+            .await?;
         // Unreadable files fail the request before anything else is said about it.
-        for name in &referenced {
-            lookup(&datasets, name)?.check_readable()?;
+        for dataset in &referenced.bases {
+            dataset.check_readable()?;
         }
         let df = dataframe(&ctx, &request.query).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
@@ -255,10 +377,7 @@ impl Engine {
             || matches!(&request.query, Query::Fragment(f) if f.predicate.is_some());
         let scanned: Vec<Arc<Dataset>> = match &row_wise {
             Some(dataset) => vec![Arc::clone(dataset)],
-            None => referenced
-                .iter()
-                .filter_map(|n| datasets.get(n).cloned())
-                .collect(),
+            None => referenced.bases.clone(),
         };
         if request.filter_pushdown == FilterPushdown::Auto {
             let on = match (&row_wise, &scan) {
@@ -384,11 +503,22 @@ impl Engine {
     ) -> Result<(SessionContext, DataFrame, u64, OpLimits)> {
         // A ticket is the caller's own text: its grant is checked again, never trusted.
         self.check_size(&ticket.request.query)?;
-        let datasets = self.visible(grant).await?;
+        let datasets = self.catalog.datasets().await?;
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
             Some(shard) => {
-                grant.check(&shard.dataset)?;
+                // Before the shard is looked at: the names the query gives are granted, and
+                // one of them reads the shard's dataset (itself, or a view over it).
+                let names = referenced_datasets(&self.session(1), &ticket.request.query)?;
+                for name in &names {
+                    grant.check(name)?;
+                }
+                if !names
+                    .iter()
+                    .any(|n| self.views.bases_of(n).contains(&shard.dataset))
+                {
+                    grant.check(&shard.dataset)?;
+                }
                 let listed = lookup(&datasets, &shard.dataset)?;
                 let unknown = || ServerError::UnknownShard {
                     dataset: shard.dataset.clone(),
@@ -428,7 +558,11 @@ impl Engine {
                 );
                 ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
                 let limits = self.op_limits(&ctx);
-                register_ops(&ctx, &datasets, Some(dataset.name.clone()), &limits);
+                // Views over the shard's dataset read the shard table just registered.
+                self.register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
+                    self.full_table(d, pushdown)
+                })
+                .await?;
                 let df = dataframe(&ctx, &ticket.request.query).await?;
                 if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
                     return Err(ServerError::BadRequest(
@@ -449,13 +583,13 @@ impl Engine {
                 }
                 let ctx = self.session(self.config.cpu_threads);
                 let limits = self.op_limits(&ctx);
-                let referenced =
-                    register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
+                let referenced = self
+                    .register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
                         self.full_table(d, pushdown)
-                    })?;
+                    })
+                    .await?;
                 let mut row_groups = 0;
-                for name in &referenced {
-                    let dataset = lookup(&datasets, name)?;
+                for dataset in &referenced.bases {
                     dataset.check_readable()?;
                     row_groups += dataset
                         .files
@@ -471,7 +605,7 @@ impl Engine {
 }
 
 /// Parser nesting depth (DataFusion's default, set deliberately).
-const SQL_RECURSION_LIMIT: usize = 50;
+pub(crate) const SQL_RECURSION_LIMIT: usize = 50;
 
 /// Deepest expression tree accepted. The parser builds a flat chain (`a OR b OR …`, `1+1+…`)
 /// without recursion, but DataFusion's planning recurses on it (a 2,000-term chain
@@ -589,7 +723,12 @@ pub fn ordered_stream(
     ))
 }
 
-/// Refuses anything but one read-only query; returns the datasets it names.
+/// The names a view's SQL reads, or why it is not one read-only query.
+pub(crate) fn referenced_names(sql: &str) -> Result<Vec<String>> {
+    referenced_datasets(&SessionContext::new(), &Query::Sql(sql.to_owned()))
+}
+
+/// Refuses anything but one read-only query; returns the datasets (and views) it names.
 fn referenced_datasets(ctx: &SessionContext, query: &Query) -> Result<Vec<String>> {
     match query {
         Query::Fragment(f) => Ok(vec![f.dataset.clone()]),
@@ -614,41 +753,16 @@ fn referenced_datasets(ctx: &SessionContext, query: &Query) -> Result<Vec<String
             let refs = state.resolve_table_references(&statement)?;
             Ok(refs
                 .into_iter()
-                .map(|r| match (r.schema(), r.catalog()) {
-                    (None, None) => r.table().to_owned(),
-                    // Qualified names never name a dataset: report them whole.
+                .map(|r| match (r.catalog(), r.schema()) {
+                    (None, None) | (None, Some(SCHEMA)) | (Some(CATALOG), Some(SCHEMA)) => {
+                        r.table().to_owned()
+                    }
+                    // Other qualified names never name a dataset: report them whole.
                     _ => r.to_string(),
                 })
                 .collect())
         }
     }
-}
-
-/// Registers every dataset the query names (all must exist and be granted) as built by
-/// `table`. Only these are tables of the query: it cannot read anything else.
-fn register_referenced(
-    ctx: &SessionContext,
-    datasets: &BTreeMap<String, Arc<Dataset>>,
-    grant: &Grant,
-    query: &Query,
-    limits: &OpLimits,
-    table: impl Fn(&Dataset) -> Arc<ShardTable>,
-) -> Result<Vec<String>> {
-    let referenced = referenced_datasets(ctx, query)?;
-    for name in &referenced {
-        grant.check(name)?;
-        let dataset = lookup(datasets, name)?;
-        if ctx.table_exist(name.as_str())? {
-            continue;
-        }
-        ctx.register_table(name.as_str(), table(&dataset))?;
-    }
-    let default = match referenced.as_slice() {
-        [only] => Some(only.clone()),
-        _ => None,
-    };
-    register_ops(ctx, datasets, default, limits);
-    Ok(referenced)
 }
 
 /// Registers every deterministic op as a UDF whose resources (tokenizers) come from the
@@ -757,7 +871,12 @@ fn row_wise_table(plan: &LogicalPlan) -> Option<String> {
         LogicalPlan::Projection(p) if p.expr.iter().all(is_row_wise_expr) => row_wise_table(&p.input),
         LogicalPlan::Filter(f) if is_row_wise_expr(&f.predicate) => row_wise_table(&f.input),
         LogicalPlan::SubqueryAlias(a) => row_wise_table(&a.input),
-        LogicalPlan::TableScan(s) if s.fetch.is_none() => Some(s.table_name.table().to_owned()),
+        LogicalPlan::TableScan(s) if s.fetch.is_none() => match s.source.get_logical_plan() {
+            // A view: row-wise when its own query is, over the dataset beneath it.
+            Some(view) if s.filters.is_empty() => row_wise_table(&view),
+            Some(_) => None,
+            None => Some(s.table_name.table().to_owned()),
+        },
         _ => None,
     }
 }

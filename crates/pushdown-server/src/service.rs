@@ -38,12 +38,24 @@ impl PushdownService {
         Self { state }
     }
 
-    fn finish<T>(&self, method: &'static str, result: Result<T>) -> Result<T, Status> {
+    pub(crate) fn state(&self) -> Arc<State> {
+        Arc::clone(&self.state)
+    }
+
+    pub(crate) fn engine(&self) -> &crate::query::Engine {
+        &self.state.engine
+    }
+
+    fn sql(&self) -> crate::flight_sql::FlightSql {
+        crate::flight_sql::FlightSql::new(self.clone())
+    }
+
+    pub(crate) fn finish<T>(&self, method: &'static str, result: Result<T>) -> Result<T, Status> {
         self.state.metrics.record_request(method, outcome(&result));
         result.map_err(Status::from)
     }
 
-    fn fail(&self, method: &'static str, error: ServerError) -> Status {
+    pub(crate) fn fail(&self, method: &'static str, error: ServerError) -> Status {
         let result: Result<()> = Err(error);
         self.state.metrics.record_request(method, outcome(&result));
         match result {
@@ -54,7 +66,7 @@ impl PushdownService {
 
     /// Who sent `request`: anyone on a server without tokens, else the holder of the bearer
     /// token it carries (or `Unauthenticated`).
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller> {
+    pub(crate) fn caller<T>(&self, request: &Request<T>) -> Result<Caller> {
         match &self.state.tokens {
             None => Ok(Caller::anonymous()),
             Some(tokens) => tokens.authenticate(request.metadata()),
@@ -94,7 +106,7 @@ impl PushdownService {
 
     /// Runs a request's handler with any panic in it (a decoder's, a kernel's) contained: the
     /// request fails with `Internal`, the server goes on.
-    async fn contained<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn contained<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
         match std::panic::AssertUnwindSafe(work).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => {
@@ -117,7 +129,20 @@ impl PushdownService {
         peer: Option<SocketAddr>,
         grant: Arc<Grant>,
     ) -> Result<FlightInfo> {
-        let (mut request, plain) = Self::request_and_origin(&descriptor)?;
+        let (request, plain) = Self::request_and_origin(&descriptor)?;
+        self.plan_info(request, plain, descriptor, peer, grant).await
+    }
+
+    /// Plans `request` into the `FlightInfo` that answers `descriptor`; `plain`: the client
+    /// could not choose the stream's codec.
+    pub(crate) async fn plan_info(
+        &self,
+        mut request: ScanRequest,
+        plain: bool,
+        descriptor: FlightDescriptor,
+        peer: Option<SocketAddr>,
+        grant: Arc<Grant>,
+    ) -> Result<FlightInfo> {
         if plain {
             request.compression = self
                 .state
@@ -262,10 +287,10 @@ impl PushdownService {
             .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
     }
 
-    /// The datasets `grant` may read; no other is even named.
-    async fn list(&self, grant: &Grant) -> Result<Vec<FlightInfo>> {
-        let datasets = self.state.engine.visible(grant).await?;
-        datasets
+    /// The datasets and views `grant` may read; no other is even named.
+    async fn list(&self, grant: Arc<Grant>) -> Result<Vec<FlightInfo>> {
+        let datasets = self.state.engine.visible(&grant).await?;
+        let mut infos: Vec<FlightInfo> = datasets
             .values()
             .map(|d| {
                 let info = FlightInfo::new()
@@ -277,7 +302,58 @@ impl PushdownService {
                     .with_app_metadata(dataset_version(d).encode());
                 Ok(info)
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        let all = self.state.engine.catalog().snapshot();
+        for (view, schema) in self.view_schemas(grant).await? {
+            let bases: Vec<_> = view.bases.iter().filter_map(|b| all.get(b)).collect();
+            let version = pushdown_protocol::DatasetVersion {
+                dataset: view.name.clone(),
+                version: view.version(&all),
+                files: bases.iter().map(|d| d.files.len() as u64).sum(),
+                broken_files: bases.iter().map(|d| d.broken.len() as u64).sum(),
+            };
+            infos.push(
+                FlightInfo::new()
+                    .try_with_schema(&schema)
+                    .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+                    .with_descriptor(FlightDescriptor::new_path(vec![view.name.clone()]))
+                    .with_total_records(-1)
+                    .with_total_bytes(-1)
+                    .with_app_metadata(version.encode()),
+            );
+        }
+        infos.sort_by(|a, b| {
+            let name = |i: &FlightInfo| i.flight_descriptor.as_ref().map(|d| d.path.clone());
+            name(a).cmp(&name(b))
+        });
+        Ok(infos)
+    }
+
+    /// The views `grant` may read, each with its result schema. A view that cannot be
+    /// planned now (a dataset beneath it is missing or broken) is left out, with a warning.
+    pub(crate) async fn view_schemas(
+        &self,
+        grant: Arc<Grant>,
+    ) -> Result<Vec<(Arc<crate::views::View>, arrow::datatypes::SchemaRef)>> {
+        let mut out = Vec::new();
+        for view in self.state.engine.visible_views(&grant) {
+            let request = ScanRequest::new(Query::Fragment(Fragment {
+                dataset: view.name.clone(),
+                ..Fragment::default()
+            }));
+            let state = Arc::clone(&self.state);
+            let grant = Arc::clone(&grant);
+            let schema = self
+                .on_cpu("planning a view", async move {
+                    state.engine.schema_of(&request, &grant).await
+                })
+                .await;
+            match schema {
+                Ok(schema) => out.push((view, schema)),
+                Err(e) => tracing::warn!(view = %view.name, error = %e, "view cannot be planned; not listed"),
+            }
+        }
+        Ok(out)
     }
 
     /// Plans on the CPU runtime: its threads' deep stacks hold DataFusion's recursion over
@@ -292,7 +368,7 @@ impl PushdownService {
     }
 
     /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
-    async fn on_cpu<T: Send + 'static>(
+    pub(crate) async fn on_cpu<T: Send + 'static>(
         &self,
         what: &str,
         work: impl Future<Output = Result<T>> + Send + 'static,
@@ -384,8 +460,18 @@ impl PushdownService {
                 let name = std::str::from_utf8(&action.body).map_err(|_| {
                     ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
                 })?;
-                grant.check(name.trim())?;
-                let dataset = self.state.engine.catalog().dataset(name.trim()).await?;
+                let name = name.trim();
+                grant.check(name)?;
+                // A view's tokenizer is its dataset's.
+                let bases = self.state.engine.views().bases_of(name);
+                let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
+                    [only] => self.state.engine.catalog().dataset(only).await?,
+                    _ => {
+                        return Err(ServerError::BadRequest(format!(
+                            "`{name}` reads several datasets: name one for its tokenizer"
+                        )));
+                    }
+                };
                 let json = match &dataset.tokenizer {
                     None => {
                         return Err(ServerError::NoResource(format!(
@@ -409,6 +495,11 @@ impl PushdownService {
             }
         }
     }
+}
+
+/// Whether a descriptor carries a Flight SQL command.
+fn is_flight_sql_descriptor(descriptor: &FlightDescriptor) -> bool {
+    descriptor.r#type == DescriptorType::Cmd as i32 && crate::flight_sql::is_flight_sql(&descriptor.cmd)
 }
 
 /// How long a handshake waits for its credentials.
@@ -610,7 +701,7 @@ impl FlightService for PushdownService {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let caller = self.caller(&request).map_err(|e| self.fail("list_flights", e))?;
-        let infos = self.finish("list_flights", self.contained(self.list(&caller.grant)).await)?;
+        let infos = self.finish("list_flights", self.contained(self.list(caller.grant)).await)?;
         Ok(Response::new(
             futures::stream::iter(infos.into_iter().map(Ok)).boxed(),
         ))
@@ -621,6 +712,9 @@ impl FlightService for PushdownService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        if is_flight_sql_descriptor(request.get_ref()) {
+            return FlightService::get_flight_info(&self.sql(), request).await;
+        }
         let caller = self
             .caller(&request)
             .map_err(|e| self.fail("get_flight_info", e))?;
@@ -636,6 +730,15 @@ impl FlightService for PushdownService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
         // Planning is quick: the answer is always complete.
+        if is_flight_sql_descriptor(request.get_ref()) {
+            let descriptor = request.get_ref().clone();
+            let info = FlightService::get_flight_info(&self.sql(), request)
+                .await?
+                .into_inner();
+            return Ok(Response::new(
+                PollInfo::new().with_info(info).with_descriptor(descriptor),
+            ));
+        }
         let caller = self
             .caller(&request)
             .map_err(|e| self.fail("poll_flight_info", e))?;
@@ -652,6 +755,12 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
+        if is_flight_sql_descriptor(request.get_ref()) {
+            let info = FlightService::get_flight_info(&self.sql(), request)
+                .await?
+                .into_inner();
+            return Ok(Response::new(SchemaResult { schema: info.schema }));
+        }
         let caller = self.caller(&request).map_err(|e| self.fail("get_schema", e))?;
         let result = self
             .contained(self.schema(request.into_inner(), caller.grant))
@@ -661,6 +770,9 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        if crate::flight_sql::is_flight_sql(&request.get_ref().ticket) {
+            return FlightService::do_get(&self.sql(), request).await;
+        }
         let caller = self.caller(&request).map_err(|e| self.fail("do_get", e))?;
         match self
             .contained(self.open_stream(request.into_inner(), &caller))
@@ -672,14 +784,12 @@ impl FlightService for PushdownService {
         }
     }
 
+    /// Only Flight SQL's parameter binding; every other put is refused (read-only).
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(self.fail(
-            "do_put",
-            ServerError::Unsupported("DoPut (servers are read-only)"),
-        ))
+        FlightService::do_put(&self.sql(), request).await
     }
 
     async fn do_exchange(
@@ -691,6 +801,9 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        if crate::flight_sql::is_flight_sql_action(&request.get_ref().r#type) {
+            return FlightService::do_action(&self.sql(), request).await;
+        }
         let caller = self.caller(&request).map_err(|e| self.fail("do_action", e))?;
         let results = self.finish(
             "do_action",
@@ -707,12 +820,19 @@ impl FlightService for PushdownService {
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
         self.caller(&request).map_err(|e| self.fail("list_actions", e))?;
-        let actions = ActionKind::ALL.map(|a| {
+        let ours = ActionKind::ALL.map(|a| {
             Ok(ActionType {
                 r#type: a.name().into(),
                 description: a.description().into(),
             })
         });
+        let sql = ["CreatePreparedStatement", "ClosePreparedStatement"].map(|name| {
+            Ok(ActionType {
+                r#type: name.into(),
+                description: "Flight SQL prepared statements (stateless handles)".into(),
+            })
+        });
+        let actions = ours.into_iter().chain(sql);
         Ok(Response::new(futures::stream::iter(actions).boxed()))
     }
 }

@@ -1,0 +1,878 @@
+//! Flight SQL on the Flight port: SQL clients (ADBC, JDBC, pyarrow's Flight SQL users) run
+//! queries over datasets and views unmodified.
+//!
+//! Every Flight SQL message is a protobuf `Any` whose type names the Flight SQL protocol;
+//! [`PushdownService`] hands those (and only those) to this front end, everything else keeps
+//! its own meaning. What this front end answers:
+//!
+//! * statement queries: planned exactly like a SQL command, so the answer has one endpoint
+//!   per shard and its tickets are ordinary `pushdown` tickets (read by `DoGet` as any other);
+//! * prepared statements with parameters (`$1`, `$2`, … or `?`). Handles are stateless: a
+//!   handle is the statement's text and its bound parameters, checked again on every use
+//!   like any ticket, so nothing is kept per client and closing is free. Binding substitutes
+//!   each parameter as a typed SQL literal into the query's syntax tree, never into its text;
+//! * `GetSqlInfo`, and the catalog commands: one catalog (`pushdown`) with one schema
+//!   (`public`) whose tables are the datasets (`TABLE`) and views (`VIEW`) the caller may
+//!   read, with their schemas.
+//!
+//! The server is read-only: updates, ingestion, Substrait plans and transactions are refused.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo,
+    CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
+    CommandStatementIngest, CommandStatementQuery, CommandStatementSubstraitPlan, CommandStatementUpdate,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+};
+use bytes::Bytes;
+use datafusion::common::ScalarValue;
+use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Value as SqlValue, visit_expressions_mut};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use pushdown_protocol::{Query, ScanRequest};
+use tonic::{Request, Response, Status};
+
+use crate::error::{Result, ServerError};
+use crate::query::{CATALOG, SCHEMA};
+use crate::service::PushdownService;
+
+/// The Flight SQL front end of a [`PushdownService`].
+#[derive(Debug, Clone)]
+pub struct FlightSql {
+    service: PushdownService,
+}
+
+/// The prefix of every Flight SQL message's type.
+const FLIGHT_SQL_TYPE: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
+
+/// Flight SQL's actions (everything else is one of ours).
+const ACTIONS: [&str; 8] = [
+    "CreatePreparedStatement",
+    "ClosePreparedStatement",
+    "CreatePreparedSubstraitPlan",
+    "BeginTransaction",
+    "EndTransaction",
+    "BeginSavepoint",
+    "EndSavepoint",
+    "CancelQuery",
+];
+
+/// Whether `bytes` (a command or a ticket) is a Flight SQL message.
+pub fn is_flight_sql(bytes: &[u8]) -> bool {
+    Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE))
+}
+
+/// Whether an action is a Flight SQL one.
+pub fn is_flight_sql_action(kind: &str) -> bool {
+    ACTIONS.contains(&kind)
+}
+
+/// What `GetSqlInfo` answers.
+static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
+    let mut b = SqlInfoDataBuilder::new();
+    b.append(SqlInfo::FlightSqlServerName, "pushdown");
+    b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+    b.append(SqlInfo::FlightSqlServerArrowVersion, "1.5");
+    b.append(SqlInfo::FlightSqlServerReadOnly, true);
+    b.append(SqlInfo::FlightSqlServerSql, true);
+    b.append(SqlInfo::FlightSqlServerSubstrait, false);
+    b.append(
+        SqlInfo::FlightSqlServerTransaction,
+        SqlSupportedTransaction::None as i32,
+    );
+    b.append(SqlInfo::FlightSqlServerCancel, false);
+    b.append(SqlInfo::FlightSqlServerStatementTimeout, 0i32);
+    b.append(SqlInfo::SqlDdlCatalog, false);
+    b.append(SqlInfo::SqlDdlSchema, false);
+    b.append(SqlInfo::SqlDdlTable, false);
+    b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+    b.append(SqlInfo::SqlAllTablesAreSelectable, true);
+    b.append(SqlInfo::SqlTransactionsSupported, false);
+    b.build().expect("static SQL info builds")
+});
+
+impl FlightSql {
+    pub(crate) fn new(service: PushdownService) -> Self {
+        Self { service }
+    }
+
+    /// Runs a handler the way every method of the service runs: authenticated, with panics
+    /// contained, and the outcome counted under `method`.
+    async fn run<T, R, F>(
+        &self,
+        method: &'static str,
+        request: &Request<R>,
+        work: impl FnOnce(Arc<crate::auth::Grant>) -> F,
+    ) -> Result<T, Status>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let caller = self
+            .service
+            .caller(request)
+            .map_err(|e| self.service.fail(method, e))?;
+        let result = self.service.contained(work(caller.grant)).await;
+        self.service.finish(method, result)
+    }
+
+    /// A statement's answer: planned as a SQL command from a client that cannot choose a
+    /// codec, with `pushdown` tickets.
+    async fn statement_info(
+        &self,
+        sql: String,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let peer = request.remote_addr();
+        let info = self
+            .run("flight_sql_statement", &request, |grant| {
+                let descriptor = request.get_ref().clone();
+                self.service
+                    .plan_info(ScanRequest::new(Query::Sql(sql)), true, descriptor, peer, grant)
+            })
+            .await?;
+        Ok(Response::new(info))
+    }
+
+    /// A metadata command's answer: its schema and one endpoint whose ticket is the command.
+    fn command_info<M: ProstMessageExt>(
+        command: &M,
+        schema: &Schema,
+        descriptor: FlightDescriptor,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let ticket = Ticket::new(command.as_any().encode_to_vec());
+        let info = FlightInfo::new()
+            .try_with_schema(schema)
+            .map_err(|e| Status::internal(format!("encoding schema: {e}")))?
+            .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
+            .with_descriptor(descriptor);
+        Ok(Response::new(info))
+    }
+
+    /// One batch as a `DoGet` stream.
+    fn batch_stream(
+        schema: SchemaRef,
+        batch: RecordBatch,
+    ) -> Response<Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>> {
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(futures::stream::once(async { Ok(batch) }))
+            .map_err(Status::from);
+        Response::new(Box::pin(stream))
+    }
+
+    /// The tables `grant` may read: datasets, then views, each with its schema.
+    async fn tables(&self, grant: Arc<crate::auth::Grant>) -> Result<Vec<(String, &'static str, SchemaRef)>> {
+        let datasets = self.service.engine().visible(&grant).await?;
+        let mut tables: Vec<_> = datasets
+            .values()
+            .map(|d| (d.name.clone(), "TABLE", Arc::clone(&d.schema)))
+            .collect();
+        for (view, schema) in self.service.view_schemas(grant).await? {
+            tables.push((view.name.clone(), "VIEW", schema));
+        }
+        Ok(tables)
+    }
+
+    fn read_only(what: &str) -> Status {
+        Status::from(ServerError::NotReadOnly(format!(
+            "{what}: this server only answers queries"
+        )))
+    }
+}
+
+/// A prepared statement as its handle carries it: the query (placeholders numbered `$1`…)
+/// and the values bound to them, if any, each as a SQL literal of its type.
+///
+/// A handle is the client's bytes, so its values are SQL text like any other the client
+/// could send: the bound statement is checked as a whole (read-only, grants, size, depth)
+/// when it is planned. Values are never Arrow IPC inside a handle: arrow-rs's IPC stream
+/// reader allocates whatever body length a message claims (a mutated handle asked for
+/// 7 EB and aborted the process, found by the mutation test in tests/tests/security.rs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub sql: String,
+    pub params: Option<Vec<String>>,
+}
+
+/// The first bytes of every handle.
+const HANDLE_MAGIC: &[u8] = b"pushdown-prepared-2\0";
+
+/// The largest handle accepted (the query's own cap applies once it is bound).
+const MAX_HANDLE_BYTES: usize = 1 << 20;
+
+/// The most parameters a statement binds.
+const MAX_PARAMS: usize = 4096;
+
+impl Prepared {
+    /// Binds the one row of `params` (column `i` is `$i+1`) as typed literals.
+    pub fn bind(sql: String, params: &RecordBatch) -> Result<Self> {
+        if params.num_rows() != 1 {
+            return Err(ServerError::BadQuery(format!(
+                "a query binds one row of parameters, got {}; run it once per row",
+                params.num_rows()
+            )));
+        }
+        if params.num_columns() > MAX_PARAMS {
+            return Err(ServerError::BadQuery(format!(
+                "more than {MAX_PARAMS} parameters"
+            )));
+        }
+        let literals = params
+            .columns()
+            .iter()
+            .map(|column| literal(&ScalarValue::try_from_array(column, 0)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            sql,
+            params: Some(literals),
+        })
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let mut out = HANDLE_MAGIC.to_vec();
+        let mut put = |text: &str| {
+            out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+            out.extend_from_slice(text.as_bytes());
+        };
+        put(&self.sql);
+        for p in self.params.iter().flatten() {
+            put(p);
+        }
+        out.into()
+    }
+
+    /// A handle from a client: any bytes at all, so every length is checked.
+    pub fn decode(handle: &[u8]) -> Result<Self> {
+        let bad = |why: &str| {
+            ServerError::BadRequest(format!("not a prepared statement handle of this server: {why}"))
+        };
+        if handle.len() > MAX_HANDLE_BYTES {
+            return Err(bad("too long"));
+        }
+        let mut rest = handle
+            .strip_prefix(HANDLE_MAGIC)
+            .ok_or_else(|| bad("unknown format"))?;
+        let mut texts = Vec::new();
+        while !rest.is_empty() {
+            if texts.len() > MAX_PARAMS {
+                return Err(bad("too many parameters"));
+            }
+            let (len, after) = rest.split_at_checked(8).ok_or_else(|| bad("truncated"))?;
+            let len = u64::from_le_bytes(len.try_into().map_err(|_| bad("truncated"))?);
+            let len = usize::try_from(len).map_err(|_| bad("bad length"))?;
+            let (text, after) = after.split_at_checked(len).ok_or_else(|| bad("truncated"))?;
+            texts.push(
+                std::str::from_utf8(text)
+                    .map_err(|_| bad("not UTF-8"))?
+                    .to_owned(),
+            );
+            rest = after;
+        }
+        let mut texts = texts.into_iter();
+        let sql = texts.next().ok_or_else(|| bad("no query"))?;
+        let params: Vec<String> = texts.collect();
+        Ok(Self {
+            sql,
+            params: (!params.is_empty()).then_some(params),
+        })
+    }
+
+    /// The query with its parameters substituted, ready to plan like any SQL text.
+    pub fn bound_sql(&self) -> Result<String> {
+        rewrite_placeholders(&self.sql, |n| {
+            let Some(params) = &self.params else {
+                return Err(ServerError::BadQuery(format!("parameter ${n} is not bound")));
+            };
+            let text = params.get(n - 1).ok_or_else(|| {
+                ServerError::BadQuery(format!(
+                    "parameter ${n} is not bound: {} parameters were given",
+                    params.len()
+                ))
+            })?;
+            Parser::new(&GenericDialect {})
+                .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
+                .try_with_sql(text)
+                .and_then(|mut p| p.parse_expr())
+                .map(Some)
+                .map_err(|e| ServerError::BadQuery(format!("parameter ${n}: {e}")))
+        })
+    }
+}
+
+/// The one row of parameters that `messages` (a DoPut: schema, then record batches) bind.
+///
+/// Each message is checked, then decoded with any panic of Arrow's IPC decoder contained and
+/// turned into the caller's error: arrow-rs builds arrays before validating them and panics
+/// on some malformed headers (a field longer than its buffers; found by the mutation test in
+/// tests/tests/security.rs), and these bytes come from the client.
+fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>> {
+    let malformed = |why: String| ServerError::BadRequest(format!("parameters: {why}"));
+    let mut schema: Option<SchemaRef> = None;
+    let mut params: Option<RecordBatch> = None;
+    for data in messages.iter().filter(|d| !d.data_header.is_empty()) {
+        check_param_message(data).map_err(|e| malformed(e.to_string()))?;
+        let decoded = std::panic::catch_unwind(|| -> std::result::Result<_, String> {
+            match &schema {
+                None => Schema::try_from(data)
+                    .map(|s| (Some(Arc::new(s)), None))
+                    .map_err(|e| e.to_string()),
+                Some(schema) => {
+                    arrow_flight::utils::flight_data_to_arrow_batch(data, Arc::clone(schema), &HashMap::new())
+                        .map(|b| (None, Some(b)))
+                        .map_err(|e| e.to_string())
+                }
+            }
+        })
+        .unwrap_or_else(|_| Err("malformed Arrow IPC".into()))
+        .map_err(malformed)?;
+        match decoded {
+            (Some(s), _) => schema = Some(s),
+            (_, Some(batch)) if batch.num_rows() == 0 => {}
+            (_, Some(batch)) => {
+                if params.is_some() {
+                    return Err(ServerError::BadQuery(
+                        "a query binds one row of parameters; run it once per row".into(),
+                    ));
+                }
+                params = Some(batch);
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(params)
+}
+
+/// The most messages a parameter binding may take (schema, one batch, a few empty ones).
+const MAX_PARAM_MESSAGES: usize = 16;
+
+/// A parameter message is checked before Arrow decodes it: a schema or an uncompressed
+/// record batch whose body is exactly what its header says. Compressed bodies are refused:
+/// decompression allocates whatever length a body claims.
+fn check_param_message(data: &FlightData) -> std::result::Result<(), FlightError> {
+    use arrow::ipc::MessageHeader;
+    if data.data_header.is_empty() {
+        return Ok(());
+    }
+    let message = arrow::ipc::root_as_message(&data.data_header)
+        .map_err(|e| FlightError::protocol(format!("parameter message: {e}")))?;
+    match message.header_type() {
+        MessageHeader::Schema => Ok(()),
+        MessageHeader::RecordBatch => {
+            let batch = message
+                .header_as_record_batch()
+                .ok_or_else(|| FlightError::protocol("parameter message: no record batch"))?;
+            if batch.compression().is_some() {
+                return Err(FlightError::protocol("parameters must be sent uncompressed"));
+            }
+            let body = data.data_body.len();
+            if usize::try_from(message.bodyLength()).ok() != Some(body) {
+                return Err(FlightError::protocol(
+                    "parameter message: body length differs from its header",
+                ));
+            }
+            // arrow-rs slices each buffer as the header says and panics past the body's end.
+            let inside = |offset: i64, length: i64| {
+                let (Ok(offset), Ok(length)) = (usize::try_from(offset), usize::try_from(length)) else {
+                    return false;
+                };
+                offset.checked_add(length).is_some_and(|end| end <= body)
+            };
+            if !batch
+                .buffers()
+                .is_some_and(|buffers| buffers.iter().all(|b| inside(b.offset(), b.length())))
+            {
+                return Err(FlightError::protocol(
+                    "parameter message: a buffer lies outside the body",
+                ));
+            }
+            Ok(())
+        }
+        other => Err(FlightError::protocol(format!(
+            "parameters are a schema and a record batch, not {other:?}"
+        ))),
+    }
+}
+
+fn parser_error(e: impl std::fmt::Display) -> ServerError {
+    ServerError::BadQuery(e.to_string())
+}
+
+/// `sql` with its placeholders rewritten: `?` become `$1`, `$2`, … in order, and each `$n`
+/// is replaced by what `value(n)` gives (kept when it gives `None`). Works on the parsed
+/// statement, never on the text.
+fn rewrite_placeholders(
+    sql: &str,
+    mut value: impl FnMut(usize) -> Result<Option<SqlExpr>>,
+) -> Result<String> {
+    let mut statements = Parser::new(&GenericDialect {})
+        .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_statements())
+        .map_err(parser_error)?;
+    let [statement] = statements.as_mut_slice() else {
+        return Err(ServerError::NotReadOnly(format!(
+            "a prepared statement is one query, got {} statements",
+            statements.len()
+        )));
+    };
+    let mut next = 0usize;
+    let mut failure = None;
+    let _ = visit_expressions_mut(statement, |expr| {
+        if let SqlExpr::Value(v) = expr
+            && let SqlValue::Placeholder(p) = &v.value
+        {
+            let n = if p == "?" {
+                next += 1;
+                Ok(next)
+            } else {
+                p.strip_prefix('$')
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| ServerError::BadQuery(format!("placeholder `{p}`: use $1, $2, … or ?")))
+            };
+            match n.and_then(|n| Ok((n, value(n)?))) {
+                Ok((_, Some(replacement))) => *expr = replacement,
+                Ok((n, None)) => v.value = SqlValue::Placeholder(format!("${n}")),
+                Err(e) => {
+                    failure = Some(e);
+                    return std::ops::ControlFlow::Break(());
+                }
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    });
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(statement.to_string()),
+    }
+}
+
+/// A parameter's value as a SQL literal of its type.
+fn literal(value: &ScalarValue) -> Result<String> {
+    use ScalarValue as S;
+    let quoted = |text: String| format!("'{}'", text.replace('\'', "''"));
+    let text = match value {
+        v if v.is_null() => "NULL".to_owned(),
+        S::Boolean(Some(b)) => b.to_string().to_ascii_uppercase(),
+        S::Int8(_)
+        | S::Int16(_)
+        | S::Int32(_)
+        | S::Int64(_)
+        | S::UInt8(_)
+        | S::UInt16(_)
+        | S::UInt32(_)
+        | S::UInt64(_) => value.to_string(),
+        S::Float32(Some(x)) => float(f64::from(*x), "REAL"),
+        S::Float64(Some(x)) => float(*x, "DOUBLE"),
+        S::Utf8(Some(s)) | S::LargeUtf8(Some(s)) | S::Utf8View(Some(s)) => quoted(s.clone()),
+        S::Date32(_) | S::Date64(_) => format!("CAST({} AS DATE)", quoted(value.to_string())),
+        S::TimestampSecond(_, None)
+        | S::TimestampMillisecond(_, None)
+        | S::TimestampMicrosecond(_, None)
+        | S::TimestampNanosecond(_, None) => format!("CAST({} AS TIMESTAMP)", quoted(value.to_string())),
+        S::Decimal128(_, p, s) => format!("CAST({} AS DECIMAL({p},{s}))", quoted(value.to_string())),
+        other => {
+            return Err(ServerError::BadQuery(format!(
+                "parameters of type {} are not supported; bind a string and CAST it",
+                other.data_type()
+            )));
+        }
+    };
+    Ok(text)
+}
+
+fn float(x: f64, ty: &str) -> String {
+    if x.is_finite() {
+        // `{:?}` keeps a decimal point or exponent, so the literal stays a float.
+        format!("CAST({x:?} AS {ty})")
+    } else if x.is_nan() {
+        format!("CAST('NaN' AS {ty})")
+    } else if x > 0.0 {
+        format!("CAST('inf' AS {ty})")
+    } else {
+        format!("CAST('-inf' AS {ty})")
+    }
+}
+
+/// The parameters of a prepared query, `$1`… in order, typed where the query implies a type.
+fn parameter_schema(types: &HashMap<String, Option<DataType>>) -> Schema {
+    let mut params: Vec<(usize, DataType)> = types
+        .iter()
+        .filter_map(|(name, ty)| {
+            let n = name.strip_prefix('$')?.parse().ok()?;
+            Some((n, ty.clone().unwrap_or(DataType::Null)))
+        })
+        .collect();
+    params.sort_by_key(|(n, _)| *n);
+    Schema::new(
+        params
+            .into_iter()
+            .map(|(n, ty)| Field::new(format!("${n}"), ty, true))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn schema_bytes(schema: &Schema) -> Result<Bytes> {
+    let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+        .try_into()
+        .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))?;
+    Ok(bytes)
+}
+
+type DoGetResponse = Response<<FlightSql as FlightService>::DoGetStream>;
+
+#[tonic::async_trait]
+impl FlightSqlService for FlightSql {
+    type FlightService = FlightSql;
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.statement_info(query.query, request).await
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let sql = Prepared::decode(&query.prepared_statement_handle)
+            .and_then(|p| p.bound_sql())
+            .map_err(|e| self.service.fail("flight_sql_statement", e))?;
+        self.statement_info(sql, request).await
+    }
+
+    async fn get_flight_info_substrait_plan(
+        &self,
+        _query: CommandStatementSubstraitPlan,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("Substrait plans: send SQL"))
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let schema = query.clone().into_builder().schema();
+        Self::command_info(&query, &schema, request.into_inner())
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let schema = query.clone().into_builder().schema();
+        Self::command_info(&query, &schema, request.into_inner())
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let schema = query.clone().into_builder().schema();
+        Self::command_info(&query, &schema, request.into_inner())
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let schema = query.clone().into_builder().schema();
+        Self::command_info(&query, &schema, request.into_inner())
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let schema = query.clone().into_builder(&SQL_INFO).schema();
+        Self::command_info(&query, &schema, request.into_inner())
+    }
+
+    async fn do_get_statement(
+        &self,
+        _ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        Err(Status::from(ServerError::BadRequest(
+            "this server's statement tickets are the endpoints' own: read those".into(),
+        )))
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let mut builder = query.into_builder();
+        builder.append(CATALOG);
+        let schema = builder.schema();
+        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let mut builder = query.into_builder();
+        builder.append(CATALOG, SCHEMA);
+        let schema = builder.schema();
+        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        let tables = self
+            .run("flight_sql_metadata", &request, |grant| self.tables(grant))
+            .await?;
+        let mut builder = query.into_builder();
+        for (name, kind, schema) in tables {
+            builder
+                .append(CATALOG, SCHEMA, name, kind, &schema)
+                .map_err(Status::from)?;
+        }
+        let schema = builder.schema();
+        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let mut builder = query.into_builder();
+        builder.append("TABLE");
+        builder.append("VIEW");
+        let schema = builder.schema();
+        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<Ticket>,
+    ) -> Result<DoGetResponse, Status> {
+        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
+            .await?;
+        let builder = query.into_builder(&SQL_INFO);
+        let schema = builder.schema();
+        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        _query: CommandStatementUpdate,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(Self::read_only("updates"))
+    }
+
+    async fn do_put_statement_ingest(
+        &self,
+        _query: CommandStatementIngest,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(Self::read_only("ingestion"))
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        _query: CommandPreparedStatementUpdate,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(Self::read_only("updates"))
+    }
+
+    async fn do_put_substrait_plan(
+        &self,
+        _query: CommandStatementSubstraitPlan,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(Self::read_only("Substrait plans"))
+    }
+
+    /// Binds parameters: the answer is a new handle carrying the statement and the values.
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        // Authenticated here; the grant is checked when the bound statement is planned.
+        self.service
+            .caller(&request)
+            .map_err(|e| self.service.fail("flight_sql_bind", e))?;
+        let work = async {
+            let prepared = Prepared::decode(&query.prepared_statement_handle)?;
+            // At most a few messages (schema, one batch), then decoded one by one.
+            let mut incoming = request.into_inner();
+            let mut messages = Vec::new();
+            while let Some(data) = incoming.next().await {
+                let data = data.map_err(|e| ServerError::BadRequest(format!("parameters: {e}")))?;
+                if messages.len() == MAX_PARAM_MESSAGES {
+                    return Err(ServerError::BadRequest("parameters: too many messages".into()));
+                }
+                messages.push(data);
+            }
+            let params = decode_params(&messages)?;
+            let bound = match params {
+                Some(params) => Prepared::bind(prepared.sql, &params)?,
+                None => Prepared {
+                    sql: prepared.sql,
+                    params: None,
+                },
+            };
+            // Bad values fail now, not at execution.
+            bound.bound_sql()?;
+            Ok(DoPutPreparedStatementResult {
+                prepared_statement_handle: Some(bound.encode()),
+            })
+        };
+        let result = self.service.contained(work).await;
+        self.service.finish("flight_sql_bind", result)
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        self.run("flight_sql_prepare", &request, |grant| async move {
+            let sql = rewrite_placeholders(&query.query, |_| Ok(None))?;
+            let state = self.service.state();
+            let statement = Query::Sql(sql.clone());
+            let (schema, plan) = self
+                .service
+                .on_cpu("preparing", async move {
+                    state.engine.describe(&statement, &grant).await
+                })
+                .await?;
+            let types = plan.get_parameter_types()?;
+            Ok(ActionCreatePreparedStatementResult {
+                prepared_statement_handle: Prepared { sql, params: None }.encode(),
+                dataset_schema: schema_bytes(&schema)?,
+                parameter_schema: schema_bytes(&parameter_schema(&types))?,
+            })
+        })
+        .await
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<(), Status> {
+        // Handles hold no server state: nothing to free.
+        self.run("flight_sql_close", &request, |_| async { Ok(()) }).await
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float64Array, Int64Array, StringArray};
+
+    fn one_row(columns: Vec<arrow::array::ArrayRef>) -> RecordBatch {
+        let fields: Vec<Field> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Field::new(format!("${}", i + 1), c.data_type().clone(), true))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    #[test]
+    fn question_marks_become_numbered_placeholders() {
+        let sql = rewrite_placeholders("SELECT a FROM t WHERE b < ? AND c = ?", |_| Ok(None)).unwrap();
+        assert_eq!(sql, "SELECT a FROM t WHERE b < $1 AND c = $2");
+    }
+
+    #[test]
+    fn parameters_are_substituted_as_typed_literals_not_text() {
+        let params = one_row(vec![
+            Arc::new(Int64Array::from(vec![-5])),
+            Arc::new(StringArray::from(vec!["it's'; DROP TABLE t; --"])),
+            Arc::new(Float64Array::from(vec![f64::NAN])),
+        ]);
+        let p = Prepared::bind(
+            "SELECT a FROM t WHERE b < $1 AND s = $2 AND x <> $3".into(),
+            &params,
+        )
+        .unwrap();
+        let round = Prepared::decode(&p.encode()).unwrap();
+        assert_eq!(round, p);
+        assert_eq!(
+            round.bound_sql().unwrap(),
+            "SELECT a FROM t WHERE b < -5 AND s = 'it''s''; DROP TABLE t; --' AND x <> CAST('NaN' AS DOUBLE)"
+        );
+    }
+
+    #[test]
+    fn missing_parameters_and_bad_handles_are_named() {
+        let unbound = Prepared::bind(
+            "SELECT $2".into(),
+            &one_row(vec![Arc::new(Int64Array::from(vec![1]))]),
+        )
+        .unwrap();
+        assert!(
+            unbound
+                .bound_sql()
+                .unwrap_err()
+                .to_string()
+                .contains("$2 is not bound")
+        );
+        for handle in [&b""[..], b"garbage", &HANDLE_MAGIC[..5]] {
+            let e = Prepared::decode(handle).unwrap_err().to_string();
+            assert!(e.contains("not a prepared statement handle"), "{e}");
+        }
+        let mut long = HANDLE_MAGIC.to_vec();
+        long.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Prepared::decode(&long).is_err());
+    }
+}

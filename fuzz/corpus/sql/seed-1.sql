@@ -1,0 +1,1 @@
+SELECT id, name FROM t WHERE id < 10

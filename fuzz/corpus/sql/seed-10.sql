@@ -1,0 +1,1 @@
+SELECT upper(name), length(name), id * 1.5 FROM t WHERE name IS NOT NULL

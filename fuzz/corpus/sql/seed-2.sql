@@ -1,0 +1,1 @@
+SELECT * FROM t WHERE name LIKE 'n1%' AND id % 2 = 0

@@ -1,0 +1,1 @@
+SELECT count(*), max(id) FROM t GROUP BY name IS NULL

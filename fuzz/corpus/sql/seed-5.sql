@@ -1,0 +1,1 @@
+WITH a AS (SELECT id FROM t WHERE id > 3) SELECT sum(id) FROM a

@@ -1,0 +1,1 @@
+SELECT t1.id FROM t t1 JOIN t t2 ON t1.id = t2.id + 1

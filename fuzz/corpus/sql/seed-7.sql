@@ -1,0 +1,1 @@
+SELECT CAST(name AS INT), id / 0 FROM t

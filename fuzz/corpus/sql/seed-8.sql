@@ -1,0 +1,1 @@
+SELECT id FROM t WHERE id IN (1, 2, 3) OR name = 'n5'
