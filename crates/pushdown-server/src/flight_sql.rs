@@ -18,7 +18,6 @@
 //! The server is read-only: updates, ingestion, Substrait plans and transactions are refused.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::RecordBatch;
@@ -44,7 +43,7 @@ use datafusion::common::ScalarValue;
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Value as SqlValue, visit_expressions_mut};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use pushdown_protocol::{Query, ScanRequest};
 use tonic::{Request, Response, Status};
@@ -166,10 +165,7 @@ impl FlightSql {
     }
 
     /// One batch as a `DoGet` stream.
-    fn batch_stream(
-        schema: SchemaRef,
-        batch: RecordBatch,
-    ) -> Response<Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>> {
+    fn batch_stream(schema: SchemaRef, batch: RecordBatch) -> DoGetResponse {
         let stream = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .build(futures::stream::once(async { Ok(batch) }))
@@ -576,7 +572,7 @@ impl FlightSqlService for FlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
             .await?;
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         Self::command_info(&query, &schema, request.into_inner())
     }
 
@@ -609,7 +605,7 @@ impl FlightSqlService for FlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
             .await?;
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         Self::command_info(&query, &schema, request.into_inner())
     }
 
