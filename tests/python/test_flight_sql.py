@@ -41,6 +41,7 @@ def connect(server, token):
     return flight_sql.connect(
         f"grpc://{server.addr}",
         db_kwargs={DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {token}"},
+        autocommit=True,  # a read-only server has no transactions to leave open
     )
 
 
