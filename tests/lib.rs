@@ -115,6 +115,24 @@ impl Fixture {
         local_eval(self.root.path(), sql).await
     }
 
+    /// Bytes the server read from the store since the last call (I/O accounting).
+    pub fn bytes_read(&self) -> u64 {
+        self.server
+            .store()
+            .take_requests()
+            .iter()
+            .map(|r| r.range.end - r.range.start)
+            .sum()
+    }
+
+    /// Bytes of the files under `images/`.
+    pub fn images_bytes(&self) -> u64 {
+        std::fs::read_dir(self.root.path().join("images"))
+            .expect("dir")
+            .map(|e| e.expect("entry").metadata().expect("meta").len())
+            .sum()
+    }
+
     /// `SELECT count(*) FROM images WHERE predicate`, evaluated locally.
     pub async fn local_count(&self, predicate: &str) -> u64 {
         let batches = self

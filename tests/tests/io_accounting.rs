@@ -3,31 +3,14 @@
 use pushdown_protocol::{PlanEstimate, Query, ScanRequest};
 use pushdown_tests::{Fixture, local_eval, num_rows, sorted_rows};
 
-fn bytes_read(fx: &Fixture) -> u64 {
-    fx.server
-        .store()
-        .take_requests()
-        .iter()
-        .map(|r| r.range.end - r.range.start)
-        .sum()
-}
-
-fn dataset_bytes(fx: &Fixture) -> u64 {
-    let dir = fx.root.path().join("images");
-    std::fs::read_dir(dir)
-        .expect("dir")
-        .map(|e| e.expect("entry").metadata().expect("meta").len())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn projecting_a_narrow_column_reads_a_small_fraction() {
     let fx = Fixture::images(512).await;
-    let total = dataset_bytes(&fx);
+    let total = fx.images_bytes();
 
     let labels = fx.sql("SELECT label FROM images").await.expect("labels");
     assert_eq!(num_rows(&labels), 512);
-    let narrow = bytes_read(&fx);
+    let narrow = fx.bytes_read();
     assert!(narrow > 0, "reads are recorded");
     assert!(
         narrow * 20 < total,
@@ -37,7 +20,7 @@ async fn projecting_a_narrow_column_reads_a_small_fraction() {
     // The control: projecting the images reads nearly everything.
     let images = fx.sql("SELECT image FROM images").await.expect("images");
     assert_eq!(num_rows(&images), 512);
-    let wide = bytes_read(&fx);
+    let wide = fx.bytes_read();
     assert!(
         wide * 10 > total * 8,
         "projecting `image` read only {wide} of {total} bytes"
@@ -72,11 +55,11 @@ async fn statistics_prune_row_groups_at_planning() {
     assert_eq!(num_rows(&batches), 50);
     assert_eq!(totals.server.row_groups, 1, "{:?}", totals.server);
     assert_eq!(totals.server.row_groups_pruned, 0, "{:?}", totals.server);
-    let pruned = bytes_read(&fx);
+    let pruned = fx.bytes_read();
 
     let all = fx.sql("SELECT id, image FROM images").await.expect("all");
     assert_eq!(num_rows(&all), 512);
-    let unpruned = bytes_read(&fx);
+    let unpruned = fx.bytes_read();
     assert!(
         pruned * 4 < unpruned,
         "pruned scan read {pruned}, full scan {unpruned}"
@@ -144,10 +127,10 @@ async fn filter_pushdown_reads_and_sends_less() {
     assert_eq!(sorted_rows(&batches), sorted_rows(&expected));
     // Only ~10% of the rows cross the network.
     assert!(
-        totals.bytes_received * 4 < dataset_bytes(&fx),
+        totals.bytes_received * 4 < fx.images_bytes(),
         "sent {} of {}",
         totals.bytes_received,
-        dataset_bytes(&fx)
+        fx.images_bytes()
     );
     assert_eq!(totals.server.rows_sent as usize, num_rows(&batches));
     assert!(totals.server.bytes_scanned > 0);

@@ -453,20 +453,25 @@ async fn op_output_is_accounted_in_the_memory_pool() {
     })
     .await;
     // 512×512×3 = 768 KiB a row; 100-row batches need 75 MiB.
-    let info = raw(&fx)
+    let outcome = first_stream(&fx, "SELECT decode_resize(image, 512, 512) AS px FROM images").await;
+    let status = outcome.expect_err("pool too small");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
+    still_serves(&fx).await;
+}
+
+/// Plans `text` and reads its first endpoint to the end.
+async fn first_stream(fx: &Fixture, text: &str) -> Result<Vec<arrow_flight::FlightData>, tonic::Status> {
+    let info = raw(fx)
         .await
-        .get_flight_info(sql("SELECT decode_resize(image, 512, 512) AS px FROM images"))
+        .get_flight_info(sql(text))
         .await
         .expect("plans")
         .into_inner();
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let outcome: Result<Vec<_>, tonic::Status> = match raw(&fx).await.do_get(ticket).await {
+    match raw(fx).await.do_get(ticket).await {
         Ok(stream) => stream.into_inner().try_collect().await,
         Err(status) => Err(status),
-    };
-    let status = outcome.expect_err("pool too small");
-    assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
-    still_serves(&fx).await;
+    }
 }
 
 /// A query is held to its own share of the pool, however much the server has free: the
@@ -479,17 +484,7 @@ async fn each_query_has_a_pool_of_its_own_under_the_total() {
         ..small_shards()
     })
     .await;
-    let info = raw(&fx)
-        .await
-        .get_flight_info(sql("SELECT decode_resize(image, 512, 512) AS px FROM images"))
-        .await
-        .expect("plans")
-        .into_inner();
-    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let outcome: Result<Vec<_>, tonic::Status> = match raw(&fx).await.do_get(ticket).await {
-        Ok(stream) => stream.into_inner().try_collect().await,
-        Err(status) => Err(status),
-    };
+    let outcome = first_stream(&fx, "SELECT decode_resize(image, 512, 512) AS px FROM images").await;
     let status = outcome.expect_err("over the query's share");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status}");
     assert!(status.message().contains("this query's memory limit"), "{status}");

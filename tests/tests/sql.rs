@@ -59,15 +59,6 @@ async fn fixture(token: Option<&str>) -> Fixture {
     .await
 }
 
-fn bytes_read(fx: &Fixture) -> u64 {
-    fx.server
-        .store()
-        .take_requests()
-        .iter()
-        .map(|r| r.range.end - r.range.start)
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_answers_like_its_query_inlined_and_shards_like_its_dataset() {
     let fx = fixture(None).await;
@@ -111,17 +102,13 @@ async fn a_view_answers_like_its_query_inlined_and_shards_like_its_dataset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn projection_and_filters_on_a_view_reach_the_parquet_scan() {
     let fx = fixture(None).await;
-    let dir = fx.root.path().join("images");
-    let total: u64 = std::fs::read_dir(dir)
-        .expect("dir")
-        .map(|e| e.expect("entry").metadata().expect("meta").len())
-        .sum();
-    bytes_read(&fx);
+    let total = fx.images_bytes();
+    fx.bytes_read();
 
     // The view selects thumbnails of `image`; asking only for its labels reads no image.
     let labels = fx.sql("SELECT label FROM train_thumbs").await.expect("labels");
     assert!(num_rows(&labels) > 0);
-    let narrow = bytes_read(&fx);
+    let narrow = fx.bytes_read();
     assert!(narrow > 0);
     assert!(
         narrow * 20 < total,

@@ -83,8 +83,8 @@ pub fn is_flight_sql_action(kind: &str) -> bool {
     ACTIONS.contains(&kind)
 }
 
-/// What `GetSqlInfo` answers.
-static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
+/// What `GetSqlInfo` answers (built once; an error if arrow-flight's builder refuses it).
+static SQL_INFO: LazyLock<std::result::Result<SqlInfoData, String>> = LazyLock::new(|| {
     let mut b = SqlInfoDataBuilder::new();
     b.append(SqlInfo::FlightSqlServerName, "pushdown");
     b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
@@ -104,8 +104,12 @@ static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
     b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
     b.append(SqlInfo::SqlAllTablesAreSelectable, true);
     b.append(SqlInfo::SqlTransactionsSupported, false);
-    b.build().expect("static SQL info builds")
+    b.build().map_err(|e| format!("building SQL info: {e}"))
 });
+
+fn sql_info() -> Result<&'static SqlInfoData, Status> {
+    SQL_INFO.as_ref().map_err(|e| Status::internal(e.clone()))
+}
 
 impl FlightSql {
     pub(crate) fn new(service: PushdownService) -> Self {
@@ -149,12 +153,22 @@ impl FlightSql {
         Ok(Response::new(info))
     }
 
+    /// Authenticates a metadata command (catalogs, schemas, tables, SQL info); the answer is
+    /// filtered by the caller's grant where it names tables.
+    fn authenticated<R>(&self, request: &Request<R>) -> Result<(), Status> {
+        self.service
+            .finish("flight_sql_metadata", self.service.caller(request).map(|_| ()))
+    }
+
     /// A metadata command's answer: its schema and one endpoint whose ticket is the command.
     fn command_info<M: ProstMessageExt>(
+        &self,
         command: &M,
         schema: &Schema,
-        descriptor: FlightDescriptor,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        self.authenticated(&request)?;
+        let descriptor = request.into_inner();
         let ticket = Ticket::new(command.as_any().encode_to_vec());
         let info = FlightInfo::new()
             .try_with_schema(schema)
@@ -165,12 +179,16 @@ impl FlightSql {
     }
 
     /// One batch as a `DoGet` stream.
-    fn batch_stream(schema: SchemaRef, batch: RecordBatch) -> DoGetResponse {
+    fn batch_stream(
+        schema: SchemaRef,
+        batch: std::result::Result<RecordBatch, FlightError>,
+    ) -> Result<DoGetResponse, Status> {
+        let batch = batch.map_err(Status::from)?;
         let stream = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .build(futures::stream::once(async { Ok(batch) }))
             .map_err(Status::from);
-        Response::new(Box::pin(stream))
+        Ok(Response::new(Box::pin(stream)))
     }
 
     /// The tables `grant` may read: datasets, then views, each with its schema.
@@ -570,10 +588,8 @@ impl FlightSqlService for FlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
         let schema = query.into_builder().schema();
-        Self::command_info(&query, &schema, request.into_inner())
+        self.command_info(&query, &schema, request)
     }
 
     async fn get_flight_info_schemas(
@@ -581,10 +597,8 @@ impl FlightSqlService for FlightSql {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
         let schema = query.clone().into_builder().schema();
-        Self::command_info(&query, &schema, request.into_inner())
+        self.command_info(&query, &schema, request)
     }
 
     async fn get_flight_info_tables(
@@ -592,10 +606,8 @@ impl FlightSqlService for FlightSql {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
         let schema = query.clone().into_builder().schema();
-        Self::command_info(&query, &schema, request.into_inner())
+        self.command_info(&query, &schema, request)
     }
 
     async fn get_flight_info_table_types(
@@ -603,10 +615,8 @@ impl FlightSqlService for FlightSql {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
         let schema = query.into_builder().schema();
-        Self::command_info(&query, &schema, request.into_inner())
+        self.command_info(&query, &schema, request)
     }
 
     async fn get_flight_info_sql_info(
@@ -614,10 +624,8 @@ impl FlightSqlService for FlightSql {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
-        let schema = query.clone().into_builder(&SQL_INFO).schema();
-        Self::command_info(&query, &schema, request.into_inner())
+        let schema = query.clone().into_builder(sql_info()?).schema();
+        self.command_info(&query, &schema, request)
     }
 
     async fn do_get_statement(
@@ -635,12 +643,11 @@ impl FlightSqlService for FlightSql {
         query: CommandGetCatalogs,
         request: Request<Ticket>,
     ) -> Result<DoGetResponse, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
+        self.authenticated(&request)?;
         let mut builder = query.into_builder();
         builder.append(CATALOG);
         let schema = builder.schema();
-        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+        Self::batch_stream(schema, builder.build())
     }
 
     async fn do_get_schemas(
@@ -648,12 +655,11 @@ impl FlightSqlService for FlightSql {
         query: CommandGetDbSchemas,
         request: Request<Ticket>,
     ) -> Result<DoGetResponse, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
+        self.authenticated(&request)?;
         let mut builder = query.into_builder();
         builder.append(CATALOG, SCHEMA);
         let schema = builder.schema();
-        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+        Self::batch_stream(schema, builder.build())
     }
 
     async fn do_get_tables(
@@ -671,7 +677,7 @@ impl FlightSqlService for FlightSql {
                 .map_err(Status::from)?;
         }
         let schema = builder.schema();
-        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+        Self::batch_stream(schema, builder.build())
     }
 
     async fn do_get_table_types(
@@ -679,13 +685,12 @@ impl FlightSqlService for FlightSql {
         query: CommandGetTableTypes,
         request: Request<Ticket>,
     ) -> Result<DoGetResponse, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
+        self.authenticated(&request)?;
         let mut builder = query.into_builder();
         builder.append("TABLE");
         builder.append("VIEW");
         let schema = builder.schema();
-        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+        Self::batch_stream(schema, builder.build())
     }
 
     async fn do_get_sql_info(
@@ -693,11 +698,10 @@ impl FlightSqlService for FlightSql {
         query: CommandGetSqlInfo,
         request: Request<Ticket>,
     ) -> Result<DoGetResponse, Status> {
-        self.run("flight_sql_metadata", &request, |_| async { Ok(()) })
-            .await?;
-        let builder = query.into_builder(&SQL_INFO);
+        self.authenticated(&request)?;
+        let builder = query.into_builder(sql_info()?);
         let schema = builder.schema();
-        Ok(Self::batch_stream(schema, builder.build().map_err(Status::from)?))
+        Self::batch_stream(schema, builder.build())
     }
 
     async fn do_put_statement_update(

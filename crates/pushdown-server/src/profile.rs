@@ -72,11 +72,11 @@ pub async fn profile(
             engine.full_table(d, false)
         })
         .await?;
-    let [dataset] = referenced.bases.as_slice() else {
+    let [dataset] = referenced.as_slice() else {
         return Err(ServerError::BadRequest(format!(
             "`{}` reads {} datasets; profile samples one",
             f.dataset,
-            referenced.bases.len()
+            referenced.len()
         )));
     };
     dataset.check_readable()?;

@@ -132,12 +132,6 @@ pub struct Engine {
     config: Arc<ServerConfig>,
 }
 
-/// What a query reads: the datasets beneath the names it gives (datasets and views).
-#[derive(Debug)]
-pub(crate) struct Referenced {
-    pub bases: Vec<Arc<Dataset>>,
-}
-
 impl Engine {
     pub fn new(
         catalog: Arc<Catalog>,
@@ -260,10 +254,20 @@ impl Engine {
             .collect()
     }
 
+    /// The names (datasets and views) a query reads, each one granted to the caller.
+    fn granted_names(&self, ctx: &SessionContext, query: &Query, grant: &Grant) -> Result<Vec<String>> {
+        let names = referenced_datasets(ctx, query)?;
+        for name in &names {
+            grant.check(name)?;
+        }
+        Ok(names)
+    }
+
     /// Registers every dataset and view the query names (all must exist and be granted),
-    /// the datasets beneath those views (as built by `table`) and the ops. Only these are
-    /// tables of the query: it cannot read anything else. A view is planned here, over the
-    /// tables of this query, so what is asked of it reaches the scans beneath.
+    /// the datasets beneath those views (as built by `table`) and the ops; returns those
+    /// datasets. Only these are tables of the query: it cannot read anything else. A view
+    /// is planned here, over the tables of this query, so what is asked of it reaches the
+    /// scans beneath.
     pub(crate) async fn register_referenced(
         &self,
         ctx: &SessionContext,
@@ -272,11 +276,22 @@ impl Engine {
         query: &Query,
         limits: &OpLimits,
         table: impl Fn(&Dataset) -> Arc<ShardTable>,
-    ) -> Result<Referenced> {
-        let names = referenced_datasets(ctx, query)?;
-        for name in &names {
-            grant.check(name)?;
-        }
+    ) -> Result<Vec<Arc<Dataset>>> {
+        let names = self.granted_names(ctx, query, grant)?;
+        self.register_names(ctx, datasets, grant, &names, limits, table)
+            .await
+    }
+
+    /// [`Self::register_referenced`] for names already parsed and checked.
+    async fn register_names(
+        &self,
+        ctx: &SessionContext,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+        grant: &Grant,
+        names: &[String],
+        limits: &OpLimits,
+        table: impl Fn(&Dataset) -> Arc<ShardTable>,
+    ) -> Result<Vec<Arc<Dataset>>> {
         let base_names: BTreeSet<String> = names.iter().flat_map(|n| self.views.bases_of(n)).collect();
         let mut bases = Vec::with_capacity(base_names.len());
         for name in &base_names {
@@ -315,7 +330,7 @@ impl Engine {
             let provider = datafusion::catalog::view::ViewTable::new(plan, Some(view.sql.clone()));
             ctx.register_table(view.name.as_str(), Arc::new(provider))?;
         }
-        Ok(Referenced { bases })
+        Ok(bases)
     }
 
     /// A query's result schema and logical plan (its parameters unbound), planned without
@@ -336,11 +351,6 @@ impl Engine {
         ))
     }
 
-    /// A request's result schema (see [`Self::describe`]).
-    pub(crate) async fn schema_of(&self, request: &ScanRequest, grant: &Grant) -> Result<SchemaRef> {
-        Ok(self.describe(&request.query, grant).await?.0)
-    }
-
     /// `GetFlightInfo`: the result schema, the shape, and the shards, for a caller holding
     /// `grant`.
     pub async fn plan(&self, request: &ScanRequest, grant: &Grant) -> Result<Planned> {
@@ -354,7 +364,7 @@ impl Engine {
             })
             .await?;
         // Unreadable files fail the request before anything else is said about it.
-        for dataset in &referenced.bases {
+        for dataset in &referenced {
             dataset.check_readable()?;
         }
         let df = dataframe(&ctx, &request.query).await?;
@@ -377,7 +387,7 @@ impl Engine {
             || matches!(&request.query, Query::Fragment(f) if f.predicate.is_some());
         let scanned: Vec<Arc<Dataset>> = match &row_wise {
             Some(dataset) => vec![Arc::clone(dataset)],
-            None => referenced.bases.clone(),
+            None => referenced.clone(),
         };
         if request.filter_pushdown == FilterPushdown::Auto {
             let on = match (&row_wise, &scan) {
@@ -509,10 +519,7 @@ impl Engine {
             Some(shard) => {
                 // Before the shard is looked at: the names the query gives are granted, and
                 // one of them reads the shard's dataset (itself, or a view over it).
-                let names = referenced_datasets(&self.session(1), &ticket.request.query)?;
-                for name in &names {
-                    grant.check(name)?;
-                }
+                let names = self.granted_names(&self.session(1), &ticket.request.query, grant)?;
                 if !names
                     .iter()
                     .any(|n| self.views.bases_of(n).contains(&shard.dataset))
@@ -559,7 +566,7 @@ impl Engine {
                 ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
                 let limits = self.op_limits(&ctx);
                 // Views over the shard's dataset read the shard table just registered.
-                self.register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
+                self.register_names(&ctx, &datasets, grant, &names, &limits, |d| {
                     self.full_table(d, pushdown)
                 })
                 .await?;
@@ -589,7 +596,7 @@ impl Engine {
                     })
                     .await?;
                 let mut row_groups = 0;
-                for dataset in &referenced.bases {
+                for dataset in &referenced {
                     dataset.check_readable()?;
                     row_groups += dataset
                         .files

@@ -337,15 +337,15 @@ impl PushdownService {
     ) -> Result<Vec<(Arc<crate::views::View>, arrow::datatypes::SchemaRef)>> {
         let mut out = Vec::new();
         for view in self.state.engine.visible_views(&grant) {
-            let request = ScanRequest::new(Query::Fragment(Fragment {
+            let query = Query::Fragment(Fragment {
                 dataset: view.name.clone(),
                 ..Fragment::default()
-            }));
+            });
             let state = Arc::clone(&self.state);
             let grant = Arc::clone(&grant);
             let schema = self
                 .on_cpu("planning a view", async move {
-                    state.engine.schema_of(&request, &grant).await
+                    Ok(state.engine.describe(&query, &grant).await?.0)
                 })
                 .await;
             match schema {
