@@ -446,6 +446,11 @@ async fn in_process_server(
     let config = ServerConfig {
         cpu_threads: 1,
         store_reads_in_flight: reads_in_flight,
+        // Contenders compute every repetition: nothing served from the fragment cache.
+        cache: pushdown_server::CacheConfig {
+            default_mode: pushdown_server::CacheMode::Off,
+            ..pushdown_server::CacheConfig::default()
+        },
         ..ServerConfig::default()
     };
     Ok(Server::builder(store).config(config).open().await?)

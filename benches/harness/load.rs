@@ -37,6 +37,11 @@ pub fn serve(far: &FarArgs) -> Result<()> {
             max_concurrent_streams: STREAM_SLOTS,
             queue_timeout: Duration::from_secs(120),
             max_op_batch_bytes: 64 << 20,
+            // The bound checked is the query pool's; the cache's budget is another.
+            cache: pushdown_server::CacheConfig {
+                default_mode: pushdown_server::CacheMode::Off,
+                ..pushdown_server::CacheConfig::default()
+            },
             ..pushdown_server::ServerConfig::default()
         };
         let tokens = pushdown_server::Tokens::parse(&format!("{ADMIN} *\n{IMAGES_ONLY} images\n"))

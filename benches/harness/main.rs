@@ -9,6 +9,7 @@
 //! iproute2), falling back to a pacing TCP proxy on loopback. Each suite prints its table
 //! and replaces its own section of `benches/RESULTS.md`.
 
+mod cache;
 mod compare;
 mod finished;
 mod fleet;
@@ -17,6 +18,7 @@ mod load;
 mod placement;
 mod process;
 mod s3;
+mod scale;
 mod scan;
 
 use std::path::{Path, PathBuf};
@@ -68,6 +70,18 @@ enum Command {
     /// 64 concurrent clients for a bounded time against one server with tokens and caps:
     /// failed requests, refusals and the server's peak memory against its pool.
     Load {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// 4 concurrent trials of the images pipeline against one server, the fragment cache off
+    /// and on: server CPU seconds and samples/s per trial.
+    Cache {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The scaling signal against measurement: a trainer that waits on one server, the
+    /// servers the signal asks for, and the wait they remove.
+    Scale {
         #[command(flatten)]
         options: Options,
     },
@@ -258,6 +272,8 @@ fn main() -> Result<()> {
         Command::Fleet { options } => ("fleet", options.resolve()),
         Command::Scan { options } => ("scan", options.resolve()),
         Command::Load { options } => ("load", options.resolve()),
+        Command::Cache { options } => ("cache", options.resolve()),
+        Command::Scale { options } => ("scale", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -276,6 +292,8 @@ fn main() -> Result<()> {
                 "fleet" => fleet::suite(&options, &data, &command).await?,
                 "scan" => scan::suite(&options, &data, &command).await?,
                 "load" => load::suite(&options, &data, &command).await?,
+                "cache" => cache::suite(&options, &data, &command).await?,
+                "scale" => scale::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");
@@ -308,12 +326,27 @@ fn main() -> Result<()> {
 }
 
 /// A server over `data` (a folder or an `s3://` URL) with `threads` CPU threads, reading
-/// from the store as `pushdown serve` would.
+/// from the store as `pushdown serve` would. Its fragment cache is off unless
+/// `PUSHDOWN_CACHE` says otherwise: benchmarks of computing measure computing (repetitions
+/// would otherwise be served from the cache); the `cache` suite turns it on.
 pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server::Server> {
     let data = data.to_string_lossy();
+    let cache_mode = match std::env::var("PUSHDOWN_CACHE") {
+        Ok(mode) => mode.parse().map_err(anyhow::Error::msg)?,
+        Err(_) => pushdown_server::CacheMode::Off,
+    };
+    let scaling_window = match std::env::var("PUSHDOWN_SCALING_WINDOW") {
+        Ok(secs) => Duration::from_secs(secs.parse()?),
+        Err(_) => pushdown_server::ServerConfig::default().scaling_window,
+    };
     let config = pushdown_server::ServerConfig {
         cpu_threads: threads,
+        scaling_window,
         store_reads_in_flight: pushdown_server::reads_in_flight_for(&data),
+        cache: pushdown_server::CacheConfig {
+            default_mode: cache_mode,
+            ..pushdown_server::CacheConfig::default()
+        },
         ..pushdown_server::ServerConfig::default()
     };
     let store = pushdown_server::open_store(&data)?;

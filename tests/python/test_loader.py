@@ -122,6 +122,25 @@ def test_pipeline_pixels_and_flip_rate(server):
     assert abs(mirrored / 300 - 0.5) < 4 * (0.25 / 300) ** 0.5
 
 
+def test_echo_repeats_each_row_and_resumes_exactly(server):
+    plain = [i for b in ids(make(server, epochs=1)) for i in b]
+    loader = make(server, epochs=1, echo=2)
+    echoed = [i for b in ids(loader) for i in b]
+    assert sorted(echoed) == sorted(plain * 2), "every row exactly twice"
+    stats = loader.stats
+    assert stats["rows"] == 2 * len(plain) and stats["distinct_rows"] == len(plain)
+    assert stats["echo"] == 2
+    # Resumed halfway, the echoed sequence goes on exactly.
+    whole = ids(make(server, echo=2))
+    first = make(server, echo=2)
+    head = [next(first)["id"].tolist() for _ in range(7)]
+    restored = make(server, echo=2)
+    restored.load_state_dict(first.state_dict())
+    assert head + ids(restored) == whole
+    auto = make(server, epochs=1, echo="auto")
+    assert len(ids(auto)) >= len(ids(make(server, epochs=1)))
+
+
 def test_bad_arguments_are_clear(server):
     with pytest.raises(ValueError, match="exactly one"):
         pushdown.Loader(server)
@@ -131,6 +150,10 @@ def test_bad_arguments_are_clear(server):
         make(server, rank=2, world_size=2)
     with pytest.raises(ValueError, match="compression"):
         make(server, compression="gzip")
+    with pytest.raises(ValueError, match="echo"):
+        make(server, echo="twice")
+    with pytest.raises(ValueError, match="echo"):
+        make(server, echo=0)
     loader = make(server)
     with pytest.raises(ValueError):
         loader.load_state_dict({"pushdown_loader": b"garbage"})

@@ -458,3 +458,134 @@ async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
         "shards of several row groups, each decoded on its own core"
     );
 }
+
+/// The scaling signal end to end: a real loader reports its consumer's wait; the server
+/// answers the `scaling` action, `/scaling` and the metrics from it; bad reports are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loaders_report_their_wait_and_servers_answer_how_many_servers_remove_it() {
+    use pushdown_protocol::{ClientReport, ScalingSignal};
+    let fx = Fixture::images(256).await;
+    let url = fx.running.url();
+
+    // Before any report: one server, nobody waiting.
+    let (_, before) = fx.client.scaling().await.expect("scaling").remove(0);
+    assert_eq!((before.clients, before.servers, before.servers_wanted), (0, 1, 1));
+
+    // A loader whose consumer takes 20 ms a batch, reporting every 10 ms.
+    let loader_url = url.clone();
+    let delivered = tokio::task::spawn_blocking(move || {
+        let options = LoaderOptions {
+            batch_size: Some(16),
+            report_every: Some(std::time::Duration::from_millis(10)),
+            ..LoaderOptions::default()
+        };
+        let loader = pushdown_client::Loader::new(
+            &[loader_url],
+            LoaderSource::Sql("SELECT id, thumbnail(image, 16) AS t FROM images".into()),
+            options,
+        )
+        .expect("loader");
+        let mut rows = 0;
+        for batch in loader {
+            rows += batch.expect("batch").rows;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        rows
+    })
+    .await
+    .expect("loader thread");
+    assert_eq!(delivered, 256);
+    // Reports are sent in the background: wait for the loader's to arrive.
+    let mut signal = before;
+    for _ in 0..100 {
+        signal = fx.client.scaling().await.expect("scaling").remove(0).1;
+        if signal.clients == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(signal.clients, 1, "{signal:?}");
+    assert_eq!(signal.servers, 1);
+    assert!((0.0..=1.0).contains(&signal.wait_fraction), "{signal:?}");
+    assert!((0.0..=1.0).contains(&signal.busy_fraction), "{signal:?}");
+    assert!(signal.demand_factor >= 1.0, "{signal:?}");
+    assert!(signal.cores >= 1 && !signal.reason.is_empty(), "{signal:?}");
+
+    // Reports with known numbers: a client of a 3-server fleet waiting half its time wants
+    // twice its rate; the signal's arithmetic follows from the busy fraction it measured.
+    let report = |client, wait| ClientReport {
+        client,
+        servers: 3,
+        elapsed_seconds: 10.0,
+        wait_seconds: wait,
+        rows: 100_000,
+    };
+    let raw = pushdown_tests::raw_client(url.clone()).await;
+    for client in [100, 101] {
+        let action = arrow_flight::Action::new(ActionKind::Report.name(), report(client, 5.0).to_bytes());
+        let results: Vec<_> = raw
+            .clone()
+            .do_action(action)
+            .await
+            .expect("report")
+            .into_inner()
+            .try_collect()
+            .await
+            .expect("report results");
+        assert!(results.is_empty());
+    }
+    let body = fx
+        .client
+        .action(ActionKind::Scaling, bytes::Bytes::new())
+        .await
+        .expect("scaling action");
+    let s = ScalingSignal::from_bytes(&body[0]).expect("decode");
+    assert_eq!((s.clients, s.servers), (3, 3), "{s:?}");
+    assert!(s.demand_factor > 1.5, "two of three clients want 2×: {s:?}");
+    match s.bottleneck.as_str() {
+        "server_cpu" => assert!(s.servers_wanted >= 4, "{s:?}"),
+        "not_server" => assert_eq!(s.servers_wanted, 3, "{s:?}"),
+        other => panic!("a stall is either the server's or not: {other} in {s:?}"),
+    }
+
+    // Bad reports are the caller's error, named; nothing is recorded.
+    for (body, what) in [
+        (bytes::Bytes::from_static(b"\xff\xff\xff"), "ClientReport"),
+        (report(102, -1.0).to_bytes(), "wait_seconds"),
+        (report(103, f64::NAN).to_bytes(), "wait_seconds"),
+    ] {
+        let err = raw
+            .clone()
+            .do_action(arrow_flight::Action::new(ActionKind::Report.name(), body))
+            .await
+            .expect_err("bad report");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(err.message().contains(what), "{err}");
+    }
+    let (_, after) = fx.client.scaling().await.expect("scaling").remove(0);
+    assert_eq!(after.clients, 3, "bad reports are not counted");
+
+    // The same signal over HTTP: JSON on /scaling, gauges on /metrics.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics = tokio::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
+        let _ = stopped.await;
+    }));
+    let json = http_get(addr, "/scaling").await;
+    assert!(json.contains("application/json"), "{json}");
+    assert!(json.contains("\"servers\":3,\"servers_wanted\":"), "{json}");
+    let text = http_get(addr, "/metrics").await;
+    for name in [
+        "pushdown_scaling_servers 3",
+        "pushdown_scaling_clients 3",
+        "pushdown_scaling_servers_wanted ",
+        "pushdown_scaling_load_ratio ",
+        "pushdown_busy_fraction ",
+        "pushdown_client_wait_fraction ",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    let _ = stop.send(());
+    metrics.await.expect("join").expect("metrics server");
+}

@@ -200,3 +200,225 @@ async fn planning_prunes_nullable_and_negated_predicates_correctly() {
         assert_eq!(sorted_rows(&batches), sorted_rows(&local), "{predicate}");
     }
 }
+
+// The fragment cache: what a repeated or equivalent fragment costs the second time.
+
+mod cache {
+    use std::collections::BTreeSet;
+
+    use pushdown_protocol::{Fragment, OpCall, Query, ScanRequest, Value};
+    use pushdown_server::{CacheConfig, CacheMode, ServerConfig};
+    use pushdown_tests::{Fixture, num_rows, small_shards, sorted_rows, write_images};
+
+    fn cached(mode: CacheMode) -> ServerConfig {
+        ServerConfig {
+            cache: CacheConfig {
+                default_mode: mode,
+                ..CacheConfig::default()
+            },
+            ..small_shards()
+        }
+    }
+
+    /// A counter of the server's metrics, by its exposition line prefix.
+    fn metric(fx: &Fixture, line: &str) -> f64 {
+        fx.server
+            .metrics()
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    fn lookups(fx: &Fixture, outcome: &str) -> u64 {
+        metric(
+            fx,
+            &format!("pushdown_cache_lookups_total{{outcome=\"{outcome}\"}}"),
+        ) as u64
+    }
+
+    fn thumbs(columns: &[&str], predicate: &str) -> ScanRequest {
+        ScanRequest::new(Query::Fragment(Fragment {
+            dataset: "images".into(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            predicate: Some(predicate.into()),
+            ops: vec![OpCall::new("thumbnail", "image", vec![Value::Int(8)], "thumb")],
+        }))
+    }
+
+    /// Rows as text, columns in name order: the same set of columns in any order compares
+    /// equal.
+    fn by_name(batches: &[arrow::array::RecordBatch]) -> Vec<String> {
+        let batches: Vec<_> = batches
+            .iter()
+            .map(|b| {
+                let schema = b.schema();
+                let mut names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                names.sort();
+                let indices: Vec<usize> = names
+                    .iter()
+                    .map(|n| schema.index_of(n).expect("column"))
+                    .collect();
+                b.project(&indices).expect("project")
+            })
+            .collect();
+        sorted_rows(&batches)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn equivalent_fragments_written_differently_share_entries_and_read_nothing() {
+        let fx = Fixture::new(cached(CacheMode::On), |root| {
+            write_images(root, 512);
+        })
+        .await;
+        let first = thumbs(&["id", "label", "thumb"], "id < 300 AND label >= 10");
+        let (a, _) = fx.collect(&first).await.expect("first");
+        let shards = fx.client.plan(&first).await.expect("plan").endpoint.len() as u64;
+        assert!(shards >= 3, "{shards} shards");
+        assert!(fx.bytes_read() > 0);
+        assert_eq!(lookups(&fx, "miss"), shards);
+
+        // Columns in another order, conjuncts swapped and literals on the left.
+        let second = thumbs(&["thumb", "id", "label"], "10 <= label AND 300 > id");
+        let (b, _) = fx.collect(&second).await.expect("second");
+        assert_eq!(fx.bytes_read(), 0, "served from the cache: nothing read");
+        assert_eq!(lookups(&fx, "hit_memory"), shards);
+        assert_eq!(lookups(&fx, "miss"), shards);
+        assert_eq!(by_name(&a), by_name(&b));
+        assert_eq!(
+            b[0].schema().field(0).name(),
+            "thumb",
+            "the second request's column order"
+        );
+        assert!(num_rows(&a) > 100);
+
+        // The same fragment as SQL is the same plan.
+        let sql = "SELECT id, label, thumbnail(image, 8) AS thumb FROM images WHERE label >= 10 AND id < 300";
+        let c = fx.sql(sql).await.expect("sql");
+        assert_eq!(by_name(&a), by_name(&c));
+        assert_eq!(
+            lookups(&fx, "hit_memory"),
+            2 * shards,
+            "SQL hits the fragment's entries"
+        );
+
+        // A different fragment (another predicate) is its own entry.
+        fx.collect(&thumbs(&["id", "thumb"], "id < 299 AND label >= 10"))
+            .await
+            .expect("other");
+        assert!(fx.bytes_read() > 0);
+        assert_eq!(lookups(&fx, "miss"), 2 * shards);
+
+        // Explain says what the cache holds for this fragment.
+        let explain = fx
+            .client
+            .action(pushdown_protocol::ActionKind::Explain, second.encode())
+            .await
+            .expect("explain");
+        let text = String::from_utf8_lossy(&explain[0]).to_string();
+        assert!(
+            text.contains(&format!("cache: mode on; {shards} of {shards} shards cached")),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn touching_a_file_invalidates_its_entries_only() {
+        let fx = Fixture::new(cached(CacheMode::On), |root| {
+            write_images(root, 512);
+        })
+        .await;
+        let request = thumbs(&["id", "thumb"], "id >= 0");
+        let (before, _) = fx.collect(&request).await.expect("first");
+        let shards = lookups(&fx, "miss");
+        fx.bytes_read();
+        // Same bytes, new modification time: the file is another version to the cache.
+        let dir = fx.root.path().join("images");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        files.sort();
+        let touched = std::fs::File::options()
+            .write(true)
+            .open(&files[0])
+            .expect("open");
+        touched
+            .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+            .expect("touch");
+        drop(touched);
+        let (after, _) = fx.collect(&request).await.expect("again");
+        assert_eq!(sorted_rows(&before), sorted_rows(&after));
+        let recomputed = lookups(&fx, "miss") - shards;
+        let per_file = shards / files.len() as u64;
+        assert_eq!(
+            recomputed, per_file,
+            "only the touched file's shards are computed again"
+        );
+        assert_eq!(lookups(&fx, "hit_memory"), shards - per_file);
+        assert!(fx.bytes_read() > 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_identical_requests_compute_once() {
+        let fx = Fixture::new(cached(CacheMode::On), |root| {
+            write_images(root, 512);
+        })
+        .await;
+        let request = thumbs(&["id", "thumb"], "label < 500");
+        let options = || pushdown_client::StreamOptions {
+            concurrency: 4,
+            ..Default::default()
+        };
+        let (a, b, c) = tokio::join!(
+            pushdown_tests::collect_with(&fx.client, &request, options()),
+            pushdown_tests::collect_with(&fx.client, &request, options()),
+            pushdown_tests::collect_with(&fx.client, &request, options()),
+        );
+        let rows: BTreeSet<_> = [a, b, c]
+            .into_iter()
+            .map(|r| sorted_rows(&r.expect("stream").0))
+            .collect();
+        assert_eq!(rows.len(), 1, "every request got the same rows");
+        let shards = fx.client.plan(&request).await.expect("plan").endpoint.len() as u64;
+        assert_eq!(lookups(&fx, "miss"), shards, "each shard computed once");
+        assert_eq!(lookups(&fx, "hit_memory"), 2 * shards);
+        // The image column of each file read once (plus footers' neighbours): not three times.
+        let read = fx.bytes_read();
+        assert!(
+            read <= fx.images_bytes() * 11 / 10,
+            "read {read} of {}",
+            fx.images_bytes()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn off_never_caches_and_auto_keeps_only_what_pays() {
+        // Off: the same request twice reads twice.
+        let fx = Fixture::new(cached(CacheMode::Off), |root| {
+            write_images(root, 256);
+        })
+        .await;
+        let request = thumbs(&["id", "thumb"], "id >= 0");
+        fx.collect(&request).await.expect("first");
+        let once = fx.bytes_read();
+        fx.collect(&request).await.expect("second");
+        assert_eq!(fx.bytes_read(), once);
+        assert_eq!(lookups(&fx, "hit_memory"), 0);
+        assert!(lookups(&fx, "bypass") > 0);
+
+        // Auto: a JPEG re-encode costs far more than reading its small output back, and a
+        // dataset forced off stays off.
+        let mut config = cached(CacheMode::Auto);
+        config.cache.modes.insert("text".into(), CacheMode::Off);
+        let fx = Fixture::new(config, |root| {
+            write_images(root, 256);
+        })
+        .await;
+        fx.collect(&request).await.expect("first");
+        let shards = lookups(&fx, "miss");
+        fx.collect(&request).await.expect("second");
+        assert_eq!(lookups(&fx, "hit_memory"), shards, "thumbnails are worth caching");
+        assert_eq!(metric(&fx, "pushdown_cache_admitted_total") as u64, shards);
+    }
+}

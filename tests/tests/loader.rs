@@ -568,3 +568,166 @@ fn datasets_that_grow_change_the_next_epoch_only() {
         "the same sequence as the loader that saw the change"
     );
 }
+
+/// The rows of each batch of `l` as (id, crop bytes), batch by batch.
+fn id_crops(l: &mut Loader, limit: usize) -> Vec<Vec<(i64, Vec<u8>)>> {
+    l.by_ref()
+        .take(limit)
+        .map(|b| {
+            let b = b.expect("batch");
+            let crop = match b.column("crop").expect("crop") {
+                Column::Tensor { values, .. } => values.as_primitive::<UInt8Type>().values().to_vec(),
+                Column::Arrow(_) => panic!("crop is a tensor"),
+            };
+            let per = crop.len() / b.rows.max(1);
+            ids(&b)
+                .into_iter()
+                .enumerate()
+                .map(|(r, id)| (id, crop[r * per..(r + 1) * per].to_vec()))
+                .collect()
+        })
+        .collect()
+}
+
+fn crop_pipeline() -> Pipeline {
+    Pipeline::new("images")
+        .map("decode_resize", "image", [16i64, 12], "pixels")
+        .select(["id", "pixels"])
+        .map("random_crop", "pixels", [8i64, 8], "crop")
+        .select(["id", "crop"])
+}
+
+#[test]
+fn echoing_delivers_each_sample_k_times_augmented_anew_and_resumes_exactly() {
+    let s = setup(200);
+    let servers = vec![s.fx.running.url()];
+    let o = LoaderOptions {
+        batch_size: Some(32),
+        shuffle_buffer: Some(64),
+        seed: 3,
+        epochs: 1,
+        echo: pushdown_client::Echo::Fixed(2),
+        ..LoaderOptions::default()
+    };
+    let mut l = Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), o.clone()).expect("loader");
+    assert_eq!(l.epoch_len(), (400, 13), "twice the rows per epoch");
+    let batches = id_crops(&mut l, usize::MAX);
+    let stats = l.stats();
+    assert_eq!((stats.rows, stats.distinct_rows, stats.echo), (400, 200, 2));
+    let rows: Vec<(i64, Vec<u8>)> = batches.iter().flatten().cloned().collect();
+    let mut by_id: std::collections::BTreeMap<i64, Vec<&Vec<u8>>> = Default::default();
+    for (id, crop) in &rows {
+        by_id.entry(*id).or_default().push(crop);
+    }
+    assert_eq!(by_id.len(), 200);
+    assert!(by_id.values().all(|c| c.len() == 2), "each sample exactly twice");
+    let differ = by_id.values().filter(|c| c[0] != c[1]).count();
+    assert!(
+        differ >= 160,
+        "repeats augmented anew: only {differ} of 200 differ"
+    );
+    assert!(
+        rows.windows(2).all(|w| w[0].0 != w[1].0),
+        "repeats are never adjacent"
+    );
+
+    // Resumed after 5 batches: the same rest, crops included.
+    let mut first =
+        Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), o.clone()).expect("loader");
+    let head = id_crops(&mut first, 5);
+    assert_eq!(head, batches[..5]);
+    let state = first.state();
+    assert_eq!(state.echo, 2);
+    let mut resumed =
+        Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), o.clone()).expect("loader");
+    resumed.restore(state).expect("restore");
+    assert_eq!(id_crops(&mut resumed, usize::MAX), batches[5..]);
+
+    // A state of another echo factor belongs to another sequence.
+    let other = LoaderOptions {
+        echo: pushdown_client::Echo::Fixed(3),
+        ..o
+    };
+    let mut l3 = Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), other).expect("loader");
+    assert!(l3.restore(state).is_err());
+}
+
+#[test]
+fn cached_reduced_samples_still_get_new_augmentations_each_epoch() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let config = pushdown_server::ServerConfig {
+        cache: pushdown_server::CacheConfig {
+            default_mode: pushdown_server::CacheMode::On,
+            ..Default::default()
+        },
+        ..small_shards()
+    };
+    let fx = runtime.block_on(Fixture::new(config, |root| {
+        write_images(root, 128);
+    }));
+    let o = LoaderOptions {
+        batch_size: Some(32),
+        shuffle_buffer: Some(64),
+        seed: 11,
+        epochs: 2,
+        push: pushdown_client::Push::First(1),
+        ..LoaderOptions::default()
+    };
+    let mut l = Loader::new(&[fx.running.url()], LoaderSource::Pipeline(crop_pipeline()), o).expect("loader");
+    let (_, per_epoch) = l.epoch_len();
+    let epochs: Vec<Vec<(i64, Vec<u8>)>> = (0..2)
+        .map(|_| {
+            let mut rows: Vec<_> = id_crops(&mut l, per_epoch as usize)
+                .into_iter()
+                .flatten()
+                .collect();
+            rows.sort();
+            rows
+        })
+        .collect();
+    let metrics = fx.server.metrics().encode();
+    let hits = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pushdown_cache_lookups_total{outcome=\"hit_memory\"}"))
+        .map_or(0.0, |v| v.trim().parse::<f64>().expect("number"));
+    assert!(
+        hits >= 1.0,
+        "the second epoch's decode_resize came from the cache:\n{metrics}"
+    );
+    let differ = epochs[0]
+        .iter()
+        .zip(&epochs[1])
+        .filter(|(a, b)| {
+            assert_eq!(a.0, b.0);
+            a.1 != b.1
+        })
+        .count();
+    assert!(differ >= 100, "only {differ} of 128 crops changed between epochs");
+}
+
+/// Each epoch after the first is started while the one before ends (its first window filled
+/// ahead); the batches are still exactly those of the epoch planned on its own.
+#[test]
+fn epochs_started_ahead_are_the_epochs_planned_at_their_start() {
+    let s = setup(300);
+    let url = s.fx.running.url();
+    let mut o = options(11);
+    o.epochs = 3;
+    o.prefetch = 1;
+    let straight = drain(&mut loader(std::slice::from_ref(&url), o.clone()), usize::MAX);
+    let mut fresh = Vec::new();
+    for epoch in 0..3 {
+        let mut l = loader(std::slice::from_ref(&url), o.clone());
+        let mut state = l.state();
+        state.epoch = epoch;
+        l.restore(state).expect("restore at an epoch's start");
+        let (_, batches) = l.epoch_len();
+        fresh.extend(drain(&mut l, batches as usize));
+    }
+    assert_eq!(straight.len(), fresh.len());
+    assert_eq!(straight, fresh, "an epoch started ahead is the same epoch");
+}

@@ -45,6 +45,9 @@ enum Command {
     Explain(ExplainArgs),
     /// Generate a small dataset, serve it in-process, run a pipeline, print the savings.
     Demo(DemoArgs),
+    /// Ask servers how many servers would remove their clients' stall (the scaling signal:
+    /// each server's busy fraction and the wait its loaders report).
+    Scaling(ScalingArgs),
 }
 
 /// Where the datasets live.
@@ -65,7 +68,8 @@ struct ListenArgs {
     /// Flight (gRPC) address; port 0 picks a free port (printed on stdout).
     #[arg(long, env = "PUSHDOWN_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// Prometheus metrics address (GET /metrics); off when not set.
+    /// Metrics address: Prometheus text on GET /metrics, the scaling signal as JSON on GET
+    /// /scaling; off when not set.
     #[arg(long, env = "PUSHDOWN_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
     /// Location advertised in endpoints (grpc://host:port); default: none, meaning "this server".
@@ -115,6 +119,9 @@ struct LimitsArgs {
     /// Longest SQL text or predicate accepted, in KiB.
     #[arg(long, env = "PUSHDOWN_MAX_SQL_KIB", default_value_t = 64)]
     max_sql_kib: usize,
+    /// Seconds of loaders' reports and of this server's CPU use the scaling signal covers.
+    #[arg(long, env = "PUSHDOWN_SCALING_WINDOW_SECS", default_value_t = 10)]
+    scaling_window_secs: u64,
 }
 
 /// Who may connect and what they may read.
@@ -148,6 +155,35 @@ struct ServeArgs {
     /// Named views, served as datasets (TOML: `[[view]] name = "…" sql = "SELECT …"`).
     #[arg(long, env = "PUSHDOWN_CATALOG")]
     catalog: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+/// The fragment cache: reduced shard outputs kept for the next epoch, trial or restart.
+#[derive(Debug, Args)]
+struct CacheArgs {
+    /// Memory for cached shard outputs, in MiB (0: none in memory).
+    #[arg(long, env = "PUSHDOWN_CACHE_MEMORY_MIB", default_value_t = 256)]
+    cache_memory_mib: u64,
+    /// Directory for cached shard outputs that do not fit in memory; they outlive restarts.
+    #[arg(long, env = "PUSHDOWN_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Disk space for --cache-dir, in MiB.
+    #[arg(long, env = "PUSHDOWN_CACHE_DISK_MIB", default_value_t = 8192)]
+    cache_disk_mib: u64,
+    /// Caching for datasets not named by --cache-dataset: auto (when measured to pay), on, off.
+    #[arg(long, env = "PUSHDOWN_CACHE", default_value = "auto")]
+    cache: pushdown_server::CacheMode,
+    /// Forces caching for a dataset or view: `NAME=on` or `NAME=off` (repeatable).
+    #[arg(long = "cache-dataset", value_parser = parse_cache_dataset)]
+    cache_datasets: Vec<(String, pushdown_server::CacheMode)>,
+}
+
+fn parse_cache_dataset(s: &str) -> Result<(String, pushdown_server::CacheMode), String> {
+    let (name, mode) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=on|off|auto"))?;
+    Ok((name.trim().to_owned(), mode.trim().parse()?))
 }
 
 #[derive(Debug, Args)]
@@ -278,6 +314,18 @@ enum Format {
 }
 
 #[derive(Debug, Args)]
+struct ScalingArgs {
+    /// A server to ask (repeatable: each answers for the clients it hears from).
+    #[arg(long = "server", required = true)]
+    servers: Vec<String>,
+    /// Output format (json: one object per line, as GET /scaling on the metrics port).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    #[command(flatten)]
+    credentials: CredentialArgs,
+}
+
+#[derive(Debug, Args)]
 struct DemoArgs {
     /// Images to generate.
     #[arg(long, default_value_t = 2048)]
@@ -302,6 +350,7 @@ fn main() -> Result<()> {
             Command::Gen(args) => gen_dataset(args),
             Command::Run(args) => run_pipeline(args).await,
             Command::Explain(args) => explain(args).await,
+            Command::Scaling(args) => scaling(args).await,
             Command::Demo(args) => {
                 let mut stdout = std::io::stdout();
                 pushdown_cli::demo::demo(args.rows, true, &mut stdout)
@@ -328,9 +377,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_op_row_bytes: args.limits.max_op_row_mib << 20,
         max_op_batch_bytes: args.limits.max_op_batch_mib << 20,
         max_sql_bytes: args.limits.max_sql_kib << 10,
+        scaling_window: Duration::from_secs(args.limits.scaling_window_secs.max(1)),
         catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
         advertise: args.listen.advertise,
         plain_client_codec: args.listen.plain_client_codec,
+        cache: pushdown_server::CacheConfig {
+            memory_bytes: args.cache.cache_memory_mib << 20,
+            disk: args.cache.cache_dir.clone(),
+            disk_bytes: args.cache.cache_disk_mib << 20,
+            default_mode: args.cache.cache,
+            modes: args.cache.cache_datasets.iter().cloned().collect(),
+        },
         ..defaults
     };
     let store = open_store(&args.storage.data)?;
@@ -479,6 +536,29 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     print!("{report}");
     if let Some(out) = args.out {
         println!("wrote {} rows to {}", report.rows, out.display());
+    }
+    Ok(())
+}
+
+async fn scaling(args: ScalingArgs) -> Result<()> {
+    let client = PushdownClient::connect_with(&args.servers, args.credentials.options()?).await?;
+    for (url, s) in client.scaling().await? {
+        match args.format {
+            Format::Json => println!("{}", pushdown_server::scaling_json(&s)),
+            Format::Text => println!(
+                "{url}: {} of {} server(s) wanted ({}); busy {:.0}% of {} core(s); {} client(s) \
+                 waiting {:.0}% of their time over {:.0} s\n  {}",
+                s.servers_wanted,
+                s.servers,
+                s.bottleneck,
+                s.busy_fraction * 100.0,
+                s.cores,
+                s.clients,
+                s.wait_fraction * 100.0,
+                s.window_seconds,
+                s.reason
+            ),
+        }
     }
     Ok(())
 }

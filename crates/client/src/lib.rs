@@ -35,8 +35,8 @@ use pushdown_protocol::{ActionKind, CountReply, PlanEstimate, ScanRequest};
 use crate::fleet::{Failure, Fleet};
 
 pub use loader::{
-    Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared, Push,
-    TensorBatch,
+    Column, Echo, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared,
+    Push, TensorBatch,
 };
 pub use plan::{Link, costed_plan};
 pub use steps::RowSteps;
@@ -407,6 +407,45 @@ impl PushdownClient {
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok((node.url.clone(), versions))
+        }))
+        .await
+    }
+
+    /// Sends a loader's report (its wait and rows since the last one) to every server, for
+    /// their scaling signal. Best effort: a server that cannot take it (down, or older than
+    /// the `report` action) is skipped; the loader never fails for a report.
+    pub async fn report(&self, report: &pushdown_protocol::ClientReport) {
+        let body = report.to_bytes();
+        futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
+            let action = Action::new(ActionKind::Report.name(), body.clone());
+            async move {
+                match tokio::time::timeout(Duration::from_secs(2), node.action(action)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => {
+                        tracing::debug!(server = %node.url, %status, "a server did not take the report")
+                    }
+                    Err(_) => tracing::debug!(server = %node.url, "a server did not take the report in 2 s"),
+                }
+            }
+        }))
+        .await;
+    }
+
+    /// Each server's scaling signal: its busy fraction, its clients' wait, and how many
+    /// servers would remove their stall.
+    pub async fn scaling(&self) -> Result<Vec<(String, pushdown_protocol::ScalingSignal)>> {
+        futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let action = Action::new(ActionKind::Scaling.name(), bytes::Bytes::new());
+            let results = node
+                .action(action)
+                .await
+                .map_err(|status| ClientError::server(&node.url, status))?;
+            let body = results
+                .first()
+                .ok_or_else(|| ClientError::Invalid("the scaling action returned nothing".into()))?;
+            let signal = pushdown_protocol::ScalingSignal::from_bytes(&body.body)
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            Ok((node.url.clone(), signal))
         }))
         .await
     }

@@ -100,6 +100,56 @@ pub struct LoaderOptions {
     pub push: Push,
     /// The token and TLS settings the servers need.
     pub connect: ConnectOptions,
+    /// Data echoing: each sample delivered more than once per epoch when reading it is the
+    /// bottleneck (needs a shuffle window to spread the repeats).
+    pub echo: Echo,
+    /// How often the loader tells its servers how long its consumer waits (the `report`
+    /// action, for their scaling signal); `None` never.
+    pub report_every: Option<Duration>,
+}
+
+/// Data echoing (Choi et al., "Faster Neural Network Training with Data Echoing"): each
+/// reduced sample is repeated before the client's random ops, so every repeat is augmented
+/// anew, and the repeats are spread through the shuffle window, never adjacent. An epoch of
+/// a loader echoing `k` times delivers `k` × its rows; the sequence is a function of the
+/// seed, epoch, rank and `k`, and `k` is part of the state a loader resumes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Echo {
+    /// Every sample once.
+    #[default]
+    Off,
+    /// Every sample `k` times per epoch.
+    Fixed(u32),
+    /// `k` chosen when each epoch starts, from the share of the previous epoch the consumer
+    /// spent waiting: `⌈1 / (1 − wait)⌉` repeats cover the stall, at most `max`. The first
+    /// epoch is not echoed.
+    Auto { max: u32 },
+}
+
+impl Echo {
+    /// Repeats in an epoch that follows one whose consumer waited `wait` of its time (none
+    /// measured yet: `None`).
+    pub fn factor(self, wait: Option<f64>) -> u64 {
+        match self {
+            Self::Off => 1,
+            Self::Fixed(k) => u64::from(k.max(1)),
+            Self::Auto { max } => match wait {
+                Some(w) if w.is_finite() => {
+                    let k = (1.0 / (1.0 - w.clamp(0.0, 0.99))).ceil() as u64;
+                    k.clamp(1, u64::from(max.max(1)))
+                }
+                _ => 1,
+            },
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            Self::Off => 1,
+            Self::Fixed(k) => u64::from(k.max(1)),
+            Self::Auto { max } => (1 << 32) | u64::from(max),
+        }
+    }
 }
 
 /// Which of a pipeline's ops run on the servers.
@@ -130,6 +180,8 @@ impl Default for LoaderOptions {
             link: Link::bandwidth(1e9 / 8.0),
             push: Push::Costed,
             connect: ConnectOptions::default(),
+            echo: Echo::Off,
+            report_every: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -237,15 +289,25 @@ pub struct LoaderState {
     /// The shards `epoch` was planned on (files, versions, row groups), when `batches > 0`:
     /// resuming mid-epoch needs that same dataset version. 0 at an epoch boundary.
     pub version: u64,
+    /// Times `epoch` repeats each sample (data echoing; 1: not echoed).
+    pub echo: u64,
 }
 
-const STATE_MAGIC: &[u8; 4] = b"PDL2";
-const STATE_LEN: usize = 4 + 4 * 8;
+const STATE_MAGIC: &[u8; 4] = b"PDL3";
+const STATE_LEN: usize = 4 + 5 * 8;
+/// States saved before data echoing: no echo word.
+const STATE_MAGIC_V2: &[u8; 4] = b"PDL2";
 
 impl LoaderState {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = STATE_MAGIC.to_vec();
-        for v in [self.fingerprint, self.epoch, self.batches, self.version] {
+        for v in [
+            self.fingerprint,
+            self.epoch,
+            self.batches,
+            self.version,
+            self.echo,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
@@ -261,10 +323,11 @@ impl LoaderState {
         }
         let bad = || {
             ClientError::Invalid(format!(
-                "not a pushdown loader state (expected {STATE_LEN} bytes starting PDL2)"
+                "not a pushdown loader state (expected {STATE_LEN} bytes starting PDL3)"
             ))
         };
-        if bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC {
+        let v2 = bytes.len() == STATE_LEN - 8 && bytes.starts_with(STATE_MAGIC_V2);
+        if !v2 && (bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC) {
             return Err(bad());
         }
         let word = |i: usize| {
@@ -277,6 +340,7 @@ impl LoaderState {
             epoch: word(1),
             batches: word(2),
             version: word(3),
+            echo: if v2 { 1 } else { word(4).max(1) },
         })
     }
 }
@@ -285,7 +349,12 @@ impl LoaderState {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoaderStats {
     pub batches: u64,
+    /// Samples delivered (each echo counted).
     pub rows: u64,
+    /// Distinct samples read from the servers (rows of the shuffle windows filled).
+    pub distinct_rows: u64,
+    /// Times the current epoch repeats each sample.
+    pub echo: u64,
     /// Time spent inside `next` waiting for a batch.
     pub waited: Duration,
     /// Time since the first `next`.
@@ -314,6 +383,8 @@ struct Shared {
     fingerprint: u64,
     plan: Option<Plan>,
     compression: Compression,
+    /// Rows read into shuffle windows, every epoch (the distinct samples of [`LoaderStats`]).
+    distinct: std::sync::atomic::AtomicU64,
 }
 
 /// The query planned on one version of its dataset: the shards the servers listed, and their
@@ -461,7 +532,9 @@ impl Prepared {
         let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
         let producer = tokio::spawn(async move {
             let finish = |batch, _, _| Ok(batch);
-            if let Err(e) = produce(shared, shards, epoch, first, tx.clone(), finish, totals).await {
+            // `run` has no consumer to measure: an automatic echo is not applied.
+            let echo = shared.options.echo.factor(None);
+            if let Err(e) = produce(shared, shards, epoch, echo, first, tx.clone(), finish, totals).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -507,6 +580,37 @@ pub struct Loader {
     stats: LoaderStats,
     started: Option<Instant>,
     failed: bool,
+    /// Repeats of each sample in the current epoch (data echoing).
+    echo: u64,
+    /// When the current epoch's first batch was asked for, and the wait counted by then: the
+    /// next epoch's automatic echo is chosen from this epoch's share of waiting.
+    epoch_start: Option<(Instant, Duration)>,
+    /// The share of the last whole epoch the consumer waited.
+    last_wait: Option<f64>,
+    /// Tells the loaders apart in the servers' scaling signal.
+    client_id: u64,
+    /// When the last report was sent, and the wait and rows counted by then.
+    reported: Option<(Instant, Duration, u64)>,
+    /// The next epoch, started once this one's last shards are in flight.
+    ahead: Option<Ahead>,
+}
+
+/// A batch as the [`Loader`] hands it out.
+fn to_tensors(batch: RecordBatch, epoch: u64, index: u64) -> Result<TensorBatch> {
+    Ok(TensorBatch::from_record_batch(&batch, epoch, index))
+}
+
+/// An epoch started before the consumer reaches it, so that filling its first shuffle
+/// window overlaps the end of the epoch before instead of stalling the trainer at every
+/// boundary. Its plan is checked when it begins: if the servers list other shards by then
+/// (a file added, removed or rewritten), it is dropped and the epoch planned afresh, so an
+/// epoch still reads what the servers list when it starts.
+struct Ahead {
+    epoch: u64,
+    echo: u64,
+    rx: mpsc::Receiver<Result<TensorBatch>>,
+    producer: tokio::task::JoinHandle<()>,
+    prepared: tokio::sync::oneshot::Receiver<Prepared>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -529,6 +633,7 @@ impl Loader {
             .build()
             .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let shared_echo = options.echo;
         let (shared, shards) = runtime.block_on(async move {
             let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
             prepare(client, source, options, true).await
@@ -554,6 +659,12 @@ impl Loader {
             stats: LoaderStats::default(),
             started: None,
             failed: false,
+            echo: shared_echo.factor(None),
+            epoch_start: None,
+            last_wait: None,
+            client_id: rand::random(),
+            reported: None,
+            ahead: None,
         })
     }
 
@@ -562,11 +673,12 @@ impl Loader {
         self.prepared.shared.steps.schema()
     }
 
-    /// Rows each rank gets per epoch, and batches per epoch, as the current (or last) epoch was
-    /// planned: a growing dataset gives later epochs more.
+    /// Rows each rank gets per epoch (echoes counted), and batches per epoch, as the current
+    /// (or last) epoch was planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
         let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
         let (rows, _) = rank_range(n, &self.prepared.shared.options);
+        let rows = rows * self.echo;
         (
             rows,
             batches_in(
@@ -584,6 +696,7 @@ impl Loader {
             epoch: self.epoch,
             batches: self.batches,
             version: if mid_epoch { self.prepared.version() } else { 0 },
+            echo: self.echo,
         }
     }
 
@@ -616,6 +729,13 @@ impl Loader {
         }
         self.epoch = state.epoch;
         self.batches = state.batches;
+        // Mid-epoch, the epoch goes on with the repeats it was started with; at a boundary a
+        // fixed echo is the options' and an automatic one restarts from the saved one.
+        self.echo = match self.prepared.shared.options.echo {
+            Echo::Auto { max } => state.echo.clamp(1, u64::from(max.max(1))),
+            fixed => fixed.factor(None),
+        };
+        self.epoch_start = None;
         self.failed = false;
         Ok(())
     }
@@ -631,13 +751,139 @@ impl Loader {
     pub fn stats(&self) -> LoaderStats {
         let mut s = self.stats;
         s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
+        s.distinct_rows = self
+            .prepared
+            .shared
+            .distinct
+            .load(std::sync::atomic::Ordering::Relaxed);
+        s.echo = self.echo;
         s
+    }
+
+    /// Every `report_every`, sends the servers the consumer's wait and rows since the last
+    /// report, in the background (a report never delays or fails a batch).
+    fn maybe_report(&mut self) {
+        let Some(every) = self.prepared.shared.options.report_every else {
+            return;
+        };
+        let now = Instant::now();
+        let Some((since, waited, rows)) = self.reported else {
+            // The window starts at the first batch: connecting and planning are not a stall.
+            self.reported = Some((now, self.stats.waited, self.stats.rows));
+            return;
+        };
+        if now.duration_since(since) < every {
+            return;
+        }
+        let Some(runtime) = &self.runtime else { return };
+        let client = self.prepared.shared.client.clone();
+        let report = pushdown_protocol::ClientReport {
+            client: self.client_id,
+            servers: client.urls().len().try_into().unwrap_or(u32::MAX),
+            elapsed_seconds: now.duration_since(since).as_secs_f64(),
+            wait_seconds: (self.stats.waited - waited).as_secs_f64(),
+            rows: self.stats.rows - rows,
+        };
+        self.reported = Some((now, self.stats.waited, self.stats.rows));
+        runtime.spawn(async move { client.report(&report).await });
     }
 
     fn stop_producer(&mut self) {
         self.rx = None;
         if let Some(p) = self.producer.take() {
             p.abort();
+        }
+        if let Some(ahead) = self.ahead.take() {
+            ahead.producer.abort();
+        }
+    }
+
+    /// Once the current epoch's last shards are in flight (or its producer is done), starts
+    /// the next epoch's producer (planned now, checked again when it begins). Not with an
+    /// automatic echo, whose factor is chosen from the whole epoch's wait.
+    fn start_ahead(&mut self) {
+        let options = &self.prepared.shared.options;
+        let epoch = self.epoch + 1;
+        if self.ahead.is_some() || epoch >= options.epochs as u64 || matches!(options.echo, Echo::Auto { .. })
+        {
+            return;
+        }
+        // Start when this epoch's last shards are in flight: from then on its streams leave
+        // servers idle (fewer shards than streams), so the next epoch's take up the slack.
+        let shards = self.prepared.shards.info.endpoint.len().max(1) as u64;
+        let all_rows: u64 = self.prepared.shards.counts.iter().flatten().sum();
+        let horizon = all_rows.div_ceil(shards) * self.echo * options.stream.concurrency.max(1) as u64;
+        let (rows, _) = self.epoch_len();
+        let remaining = rows.saturating_sub(self.batches * self.prepared.shared.batch_size as u64);
+        let produced = self.rx.as_ref().is_some_and(|rx| rx.is_closed());
+        if !(produced || remaining <= horizon) {
+            return;
+        }
+        let Some(runtime) = &self.runtime else { return };
+        let (tx, rx) = mpsc::channel(options.prefetch.max(1));
+        let (planned, prepared) = tokio::sync::oneshot::channel();
+        let base = self.prepared.clone();
+        let echo = options.echo.factor(None);
+        let producer = runtime.spawn(async move {
+            let next = match base.replan().await {
+                Ok(next) => next,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
+            let _ = planned.send(next);
+            if let Err(e) = produce(
+                shared,
+                shards,
+                epoch,
+                echo,
+                0,
+                tx.clone(),
+                to_tensors,
+                Arc::default(),
+            )
+            .await
+            {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        self.ahead = Some(Ahead {
+            epoch,
+            echo,
+            rx,
+            producer,
+            prepared,
+        });
+    }
+
+    /// Begins the current epoch with the one started ahead, if it is this epoch, with this
+    /// echo, on the shards the servers list now.
+    fn adopt_ahead(&mut self, ahead: Ahead) {
+        let Some(runtime) = &self.runtime else { return };
+        if ahead.epoch != self.epoch || ahead.echo != self.echo || self.batches != 0 {
+            ahead.producer.abort();
+            return;
+        }
+        let Ok(prepared) = runtime.block_on(ahead.prepared) else {
+            // Its planning failed: the error waits in its channel.
+            self.rx = Some(ahead.rx);
+            self.producer = Some(ahead.producer);
+            self.planned_epoch = self.epoch;
+            return;
+        };
+        let shared = Arc::clone(&prepared.shared);
+        let current = runtime.block_on(async move { shared.client.plan(&shared.request).await });
+        match current.map(|info| Shards::new(info, None).version) {
+            Ok(version) if version == prepared.version() => {
+                self.prepared = prepared;
+                self.planned_epoch = self.epoch;
+                self.rx = Some(ahead.rx);
+                self.producer = Some(ahead.producer);
+            }
+            // The shards changed (or the servers cannot say): plan the epoch afresh.
+            _ => ahead.producer.abort(),
         }
     }
 
@@ -652,17 +898,16 @@ impl Loader {
             Arc::clone(&self.prepared.shared),
             Arc::clone(&self.prepared.shards),
         );
-        let (epoch, first) = (self.epoch, self.batches);
+        let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Invalid("the loader is shut down".into()));
         };
         let handle = runtime.spawn(async move {
-            let to_tensors =
-                |batch: RecordBatch, epoch, index| Ok(TensorBatch::from_record_batch(&batch, epoch, index));
             if let Err(e) = produce(
                 shared,
                 shards,
                 epoch,
+                echo,
                 first,
                 tx.clone(),
                 to_tensors,
@@ -699,6 +944,9 @@ impl Iterator for Loader {
             }
             let rx = self.rx.as_mut()?;
             let start = Instant::now();
+            if self.batches == 0 && self.epoch_start.is_none() {
+                self.epoch_start = Some((start, self.stats.waited));
+            }
             let got = rx.blocking_recv();
             self.stats.waited += start.elapsed();
             match got {
@@ -706,6 +954,8 @@ impl Iterator for Loader {
                     self.batches += 1;
                     self.stats.batches += 1;
                     self.stats.rows += batch.rows as u64;
+                    self.maybe_report();
+                    self.start_ahead();
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {
@@ -714,9 +964,18 @@ impl Iterator for Loader {
                     return Some(Err(e));
                 }
                 None => {
+                    let ahead = self.ahead.take();
                     self.stop_producer();
+                    if let Some((since, waited)) = self.epoch_start.take() {
+                        let wait = (self.stats.waited - waited).as_secs_f64();
+                        self.last_wait = Some(wait / since.elapsed().as_secs_f64().max(1e-9));
+                    }
+                    self.echo = self.prepared.shared.options.echo.factor(self.last_wait);
                     self.epoch += 1;
                     self.batches = 0;
+                    if let Some(ahead) = ahead {
+                        self.adopt_ahead(ahead);
+                    }
                 }
             }
         }
@@ -793,6 +1052,13 @@ async fn prepare(
     request.stats = true;
     let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
     let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
+    if options.echo != Echo::Off && window < 2 {
+        return Err(ClientError::Invalid(
+            "data echoing spreads each sample's repeats through the shuffle window: set a \
+             shuffle buffer of 2 rows or more"
+                .into(),
+        ));
+    }
     // No endpoints is an answer: the server's statistics ruled every row group out, or the
     // dataset is empty. Epochs are then empty.
     let info = client.plan(&request).await?;
@@ -829,6 +1095,7 @@ async fn prepare(
         fingerprint,
         plan,
         compression,
+        distinct: Default::default(),
     };
     Ok((shared, Shards::new(info, counts)))
 }
@@ -840,15 +1107,19 @@ async fn count_rows(
     info: &FlightInfo,
     known: &std::collections::HashMap<&[u8], u64>,
 ) -> Result<Vec<u64>> {
-    futures::stream::iter(info.endpoint.iter().map(|e| async move {
-        match e.ticket.as_ref().and_then(|t| known.get(&t.ticket[..])) {
-            Some(rows) => Ok(*rows),
-            None => client.count(e).await,
-        }
-    }))
-    .buffered(16)
-    .try_collect()
-    .await
+    // Collected first: a stream over a mapping closure is not provably `Send` for every
+    // lifetime (rustc's higher-ranked check), and loaders plan on spawned tasks.
+    let counts: Vec<_> = info
+        .endpoint
+        .iter()
+        .map(|e| async move {
+            match e.ticket.as_ref().and_then(|t| known.get(&t.ticket[..])) {
+                Some(rows) => Ok(*rows),
+                None => client.count(e).await,
+            }
+        })
+        .collect();
+    futures::stream::iter(counts).buffered(16).try_collect().await
 }
 
 /// FNV-1a: stable across processes and versions (unlike `std`'s hasher).
@@ -885,6 +1156,7 @@ fn fingerprint(request: &ScanRequest, o: &LoaderOptions, batch: usize, window: u
         batch as u64,
         window as u64,
         u64::from(o.drop_last),
+        o.echo.code(),
     ] {
         h.eat(&v.to_le_bytes());
     }
@@ -949,25 +1221,32 @@ fn batch_key(shared: &Shared, epoch: u64, batch: u64) -> u64 {
 
 /// Produces batches `first..` of `epoch` into `tx`, each finished by `finish(batch, epoch,
 /// index)` on a worker thread; adds what the streams cost to `totals` at the end.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the epoch, its echo and where to start are what make a producer"
+)]
 async fn produce<T: Send + 'static>(
     shared: Arc<Shared>,
     shards: Arc<Shards>,
     epoch: u64,
+    echo: u64,
     first: u64,
     tx: mpsc::Sender<Result<T>>,
     finish: fn(RecordBatch, u64, u64) -> Result<T>,
     totals: Arc<std::sync::Mutex<StreamTotals>>,
 ) -> Result<()> {
     let (b, s) = (shared.batch_size as u64, shared.window as u64);
+    let echo = echo.max(1);
     let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
+    // Positions are in the echoed sequence: a window of `s` rows read gives `s × echo`.
     let skip = first * b;
-    let mut window = skip / s;
-    let mut drop_rows = (skip - window * s) as usize;
+    let mut window = skip / (s * echo);
+    let mut drop_rows = (skip - window * s * echo) as usize;
     let (segments, total_batches): (Vec<Segment>, u64) = match &shards.counts {
         Some(counts) => {
             let n: u64 = counts.iter().sum();
             let (per_rank, rank_start) = rank_range(n, &shared.options);
-            let total_batches = batches_in(per_rank, b, shared.options.drop_last);
+            let total_batches = batches_in(per_rank * echo, b, shared.options.drop_last);
             if first >= total_batches {
                 return Ok(());
             }
@@ -1042,17 +1321,22 @@ async fn produce<T: Send + 'static>(
             };
             let parts = split_rows(&mut pending, take);
             pending_rows -= take;
-            let mut order: Vec<(u32, u32)> = parts
+            shared
+                .distinct
+                .fetch_add(take as u64, std::sync::atomic::Ordering::Relaxed);
+            let rows: Vec<(u32, u32)> = parts
                 .iter()
                 .enumerate()
                 .flat_map(|(p, b)| (0..b.num_rows() as u32).map(move |r| (p as u32, r)))
                 .collect();
-            if unshuffled {
+            let order = if unshuffled {
                 window += take as u64;
+                rows
             } else {
-                order.shuffle(&mut window_rng(&shared, epoch, window));
+                let order = echoed_order(rows, echo, &mut window_rng(&shared, epoch, window));
                 window += 1;
-            }
+                order
+            };
             let d = drop_rows.min(order.len());
             drop_rows -= d;
             let order: VecDeque<(u32, u32)> = order.into_iter().skip(d).collect();
@@ -1088,6 +1372,22 @@ async fn produce<T: Send + 'static>(
     }
     *totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
     Ok(())
+}
+
+/// A window's rows in the order they are delivered: `echo` rounds, each a permutation of the
+/// window drawn from `rng`, so a sample's repeats are a round apart; where one round ends with
+/// the row the next begins with, the next round's first two are swapped (never adjacent).
+fn echoed_order(rows: Vec<(u32, u32)>, echo: u64, rng: &mut ChaCha8Rng) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(rows.len() * echo as usize);
+    for _ in 0..echo {
+        let mut round = rows.clone();
+        round.shuffle(rng);
+        if round.len() > 1 && out.last() == round.first() {
+            round.swap(0, 1);
+        }
+        out.extend(round);
+    }
+    out
 }
 
 /// A permuted window: the received batches holding its rows, and the rows' order as
@@ -1221,6 +1521,41 @@ mod tests {
     }
 
     #[test]
+    fn echoed_windows_repeat_each_row_k_times_never_adjacent() {
+        let rows: Vec<(u32, u32)> = (0..10).map(|r| (0, r)).collect();
+        for seed in 0..200 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let order = echoed_order(rows.clone(), 3, &mut rng);
+            assert_eq!(order.len(), 30);
+            for r in &rows {
+                assert_eq!(order.iter().filter(|x| *x == r).count(), 3);
+            }
+            assert!(order.windows(2).all(|w| w[0] != w[1]), "seed {seed}: {order:?}");
+        }
+        // Without echoing the order is the plain shuffle of the window (sequences saved
+        // before echoing existed are unchanged).
+        let mut plain = rows.clone();
+        plain.shuffle(&mut ChaCha8Rng::seed_from_u64(9));
+        assert_eq!(echoed_order(rows, 1, &mut ChaCha8Rng::seed_from_u64(9)), plain);
+    }
+
+    #[test]
+    fn automatic_echo_covers_the_measured_stall() {
+        let auto = Echo::Auto { max: 4 };
+        assert_eq!(auto.factor(None), 1, "nothing measured yet");
+        assert_eq!(auto.factor(Some(0.0)), 1);
+        assert_eq!(
+            auto.factor(Some(0.5)),
+            2,
+            "waiting half the time: twice the samples"
+        );
+        assert_eq!(auto.factor(Some(0.6)), 3);
+        assert_eq!(auto.factor(Some(0.99)), 4, "capped");
+        assert_eq!(Echo::Fixed(3).factor(Some(0.9)), 3);
+        assert_eq!(Echo::Off.factor(Some(0.9)), 1);
+    }
+
+    #[test]
     fn shard_orders_change_by_epoch_and_are_reproducible() {
         assert_eq!(shard_order(1, 0, 50), shard_order(1, 0, 50));
         assert_ne!(shard_order(1, 0, 50), shard_order(1, 1, 50));
@@ -1234,9 +1569,16 @@ mod tests {
             epoch: 2,
             batches: 31,
             version: 0xfeed,
+            echo: 3,
         };
         assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
-        assert!(LoaderState::from_bytes(b"PDL2").is_err());
+        assert!(LoaderState::from_bytes(b"PDL3").is_err());
+        // A state saved before echoing had no echo word: it resumes unechoed.
+        let mut v2 = s.to_bytes();
+        v2[..4].copy_from_slice(b"PDL2");
+        v2.truncate(STATE_LEN - 8);
+        let echo = LoaderState { echo: 1, ..s };
+        assert_eq!(LoaderState::from_bytes(&v2).expect("v2 state"), echo);
         assert!(LoaderState::from_bytes(&[0u8; STATE_LEN]).is_err());
         let old = LoaderState::from_bytes(&[&b"PDL1"[..], &[0u8; 24]].concat()).expect_err("old");
         assert!(old.to_string().contains("older pushdown"), "{old}");

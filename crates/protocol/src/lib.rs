@@ -382,16 +382,20 @@ pub enum ActionKind {
     Count,
     Tokenizer,
     Refresh,
+    Report,
+    Scaling,
 }
 
 impl ActionKind {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Health,
         Self::Explain,
         Self::Profile,
         Self::Count,
         Self::Tokenizer,
         Self::Refresh,
+        Self::Report,
+        Self::Scaling,
     ];
 
     /// The `DoAction` type string.
@@ -403,6 +407,8 @@ impl ActionKind {
             Self::Count => "count",
             Self::Tokenizer => "tokenizer",
             Self::Refresh => "refresh",
+            Self::Report => "report",
+            Self::Scaling => "scaling",
         }
     }
 
@@ -428,6 +434,14 @@ impl ActionKind {
                 "No body. Lists the data root now (files added, removed or rewritten) instead of at the \
                  next polling interval; returns one pushdown.v1.DatasetVersion per dataset, in \
                  ListFlights order"
+            }
+            Self::Report => {
+                "Body: a pushdown.v1.ClientReport (a loader's wait and rows since its last report). \
+                 Returns nothing; feeds the scaling signal"
+            }
+            Self::Scaling => {
+                "No body. Returns a pushdown.v1.ScalingSignal: this server's busy fraction, the \
+                 reporting clients' wait, and how many servers would remove their stall"
             }
         }
     }
@@ -476,6 +490,47 @@ impl DatasetVersion {
             version: m.version,
             files: m.files,
             broken_files: m.broken_files,
+        })
+    }
+}
+
+pub use proto::{ClientReport, ScalingSignal};
+
+impl ClientReport {
+    pub fn to_bytes(&self) -> Bytes {
+        self.encode_to_vec().into()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let report = Self::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "ClientReport",
+            source,
+        })?;
+        for (field, x) in [
+            ("elapsed_seconds", report.elapsed_seconds),
+            ("wait_seconds", report.wait_seconds),
+        ] {
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(ProtocolError::Invalid {
+                    message: "ClientReport",
+                    field,
+                    reason: format!("{x} is not a finite, non-negative number of seconds"),
+                });
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl ScalingSignal {
+    pub fn to_bytes(&self) -> Bytes {
+        self.encode_to_vec().into()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        Self::decode(bytes).map_err(|source| ProtocolError::Decode {
+            message: "ScalingSignal",
+            source,
         })
     }
 }

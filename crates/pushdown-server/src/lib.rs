@@ -28,6 +28,7 @@
 //! ```
 
 mod auth;
+mod cache;
 mod catalog;
 mod codec;
 mod error;
@@ -37,6 +38,7 @@ mod pool;
 mod profile;
 mod query;
 mod runtime;
+mod scaling;
 mod service;
 mod store;
 mod table;
@@ -55,6 +57,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
+pub use cache::{CacheConfig, CacheMode};
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use error::ServerError;
 pub use flight_sql::{FlightSql, Prepared};
@@ -62,6 +65,7 @@ pub use metrics::{Metrics, serve_metrics};
 /// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
 pub use pushdown_protocol::Compression;
 pub use query::{MAX_EXPR_DEPTH, Planned, Shape, dataframe};
+pub use scaling::to_json as scaling_json;
 pub use service::PushdownService;
 pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
 pub use udf::{DatasetResources, OpLimits, udfs};
@@ -120,6 +124,11 @@ pub struct ServerConfig {
     /// The most memory one query may hold, out of `memory_limit` (every query has a pool
     /// of its own over the server's).
     pub max_query_memory: usize,
+    /// The fragment cache: budgets, disk directory, modes by dataset.
+    pub cache: CacheConfig,
+    /// The scaling signal's window: clients' reports and the server's CPU use over this
+    /// long answer "how many servers would remove the stall".
+    pub scaling_window: Duration,
 }
 
 impl Default for ServerConfig {
@@ -143,6 +152,8 @@ impl Default for ServerConfig {
             max_op_batch_bytes: 256 << 20,
             max_sql_bytes: 64 << 10,
             max_query_memory: 512 << 20,
+            cache: CacheConfig::default(),
+            scaling_window: Duration::from_secs(10),
         }
     }
 }
@@ -207,6 +218,8 @@ pub(crate) struct State {
     engine: Engine,
     metrics: Arc<Metrics>,
     cpu: CpuRuntime,
+    cache: Arc<cache::FragmentCache>,
+    scaling: Arc<scaling::Scaling>,
     streams: Arc<Semaphore>,
     config: Arc<ServerConfig>,
     /// The tokens requests must carry; none: every request reads everything.
@@ -291,7 +304,15 @@ impl ServerBuilder {
         );
         let cpu = CpuRuntime::new(config.cpu_threads)
             .map_err(|e| ServerError::Internal(format!("starting the CPU runtime: {e}")))?;
+        let cache = Arc::new(cache::FragmentCache::open(
+            config.cache.clone(),
+            Arc::clone(&metrics),
+        )?);
+        let scaling = Arc::new(scaling::Scaling::new(config.cpu_threads, config.scaling_window));
+        metrics.watch_scaling(Arc::clone(&scaling));
         let state = Arc::new(State {
+            cache,
+            scaling,
             engine: Engine::new(
                 catalog,
                 Arc::new(self.views),

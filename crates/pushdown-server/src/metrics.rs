@@ -18,6 +18,11 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodecLabels {
     pub codec: &'static str,
 }
@@ -50,6 +55,22 @@ pub struct Metrics {
     pub dataset_files: Family<DatasetLabels, Gauge>,
     pub panics_contained: Counter,
     pub batches_sent: Family<CodecLabels, Counter>,
+    pub cache_lookups: Family<OutcomeLabels, Counter>,
+    pub cache_admitted: Counter,
+    pub cache_declined: Counter,
+    pub cache_evicted: Counter,
+    pub cache_saved_seconds: Counter<f64, AtomicU64>,
+    pub cache_memory_bytes: Gauge,
+    pub cache_disk_bytes: Gauge,
+    pub cache_entries: Gauge,
+    pub busy_fraction: Gauge<f64, AtomicU64>,
+    pub client_wait_fraction: Gauge<f64, AtomicU64>,
+    pub scaling_clients: Gauge,
+    pub scaling_servers: Gauge,
+    pub scaling_servers_wanted: Gauge,
+    pub scaling_load_ratio: Gauge<f64, AtomicU64>,
+    /// Where the scaling gauges come from (set when the server opens; read on each scrape).
+    scaling: std::sync::OnceLock<Arc<crate::scaling::Scaling>>,
 }
 
 impl Default for Metrics {
@@ -80,7 +101,97 @@ impl Metrics {
             dataset_files: Family::default(),
             panics_contained: Counter::default(),
             batches_sent: Family::default(),
+            cache_lookups: Family::default(),
+            cache_admitted: Counter::default(),
+            cache_declined: Counter::default(),
+            cache_evicted: Counter::default(),
+            cache_saved_seconds: Counter::default(),
+            cache_memory_bytes: Gauge::default(),
+            cache_disk_bytes: Gauge::default(),
+            cache_entries: Gauge::default(),
+            busy_fraction: Gauge::default(),
+            client_wait_fraction: Gauge::default(),
+            scaling_clients: Gauge::default(),
+            scaling_servers: Gauge::default(),
+            scaling_servers_wanted: Gauge::default(),
+            scaling_load_ratio: Gauge::default(),
+            scaling: std::sync::OnceLock::new(),
         };
+        registry.register(
+            "busy_fraction",
+            "This server's CPU use over the scaling window, as a fraction of its cores",
+            m.busy_fraction.clone(),
+        );
+        registry.register(
+            "client_wait_fraction",
+            "The share of their time the reporting loaders waited for batches, over the scaling \
+             window",
+            m.client_wait_fraction.clone(),
+        );
+        registry.register(
+            "scaling_clients",
+            "Loaders that reported their wait in the scaling window",
+            m.scaling_clients.clone(),
+        );
+        registry.register(
+            "scaling_servers",
+            "Servers the reporting loaders read from now (the largest fleet one reports)",
+            m.scaling_servers.clone(),
+        );
+        registry.register(
+            "scaling_servers_wanted",
+            "Servers that would remove the loaders' stall, from this server's busy fraction and \
+             their wait (never more than now when the stall is not this server's CPU)",
+            m.scaling_servers_wanted.clone(),
+        );
+        registry.register(
+            "scaling_load_ratio",
+            "scaling_servers_wanted / scaling_servers: the per-server value a Kubernetes HPA \
+             averages against a target of 1",
+            m.scaling_load_ratio.clone(),
+        );
+        registry.register(
+            "cache_lookups",
+            "Shard streams by what the fragment cache had: hit_memory, hit_disk, miss (computed \
+             here), bypass (caching off for the dataset)",
+            m.cache_lookups.clone(),
+        );
+        registry.register(
+            "cache_admitted",
+            "Computed shard outputs the cache kept (their saving beat the space they take)",
+            m.cache_admitted.clone(),
+        );
+        registry.register(
+            "cache_declined",
+            "Computed shard outputs the cache did not keep (reading back saves too little, too \
+             large, or no room worth making)",
+            m.cache_declined.clone(),
+        );
+        registry.register(
+            "cache_evicted",
+            "Entries moved out of memory or dropped from disk to make room for more valuable ones",
+            m.cache_evicted.clone(),
+        );
+        registry.register(
+            "cache_saved_seconds",
+            "Compute time the cache's hits saved (compute time of the entry minus its read time)",
+            m.cache_saved_seconds.clone(),
+        );
+        registry.register(
+            "cache_memory_bytes",
+            "Bytes of cache entries in memory",
+            m.cache_memory_bytes.clone(),
+        );
+        registry.register(
+            "cache_disk_bytes",
+            "Bytes of cache entries on disk",
+            m.cache_disk_bytes.clone(),
+        );
+        registry.register(
+            "cache_entries",
+            "Cache entries, both tiers",
+            m.cache_entries.clone(),
+        );
         registry.register(
             "unreadable_files",
             "Files the catalog holds as unusable now (unreadable footer, damaged layout, other \
@@ -173,6 +284,10 @@ impl Metrics {
             .inc();
     }
 
+    pub(crate) fn cache_lookups(&self, outcome: &'static str) {
+        self.cache_lookups.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
     pub(crate) fn record_batch(&self, codec: pushdown_protocol::Compression) {
         let codec = match codec {
             pushdown_protocol::Compression::None => "none",
@@ -193,8 +308,25 @@ impl Metrics {
         self.stream_seconds.observe(stats.elapsed_ns as f64 / 1e9);
     }
 
+    pub(crate) fn watch_scaling(&self, scaling: Arc<crate::scaling::Scaling>) {
+        let _ = self.scaling.set(scaling);
+    }
+
+    /// The scaling signal now (and the gauges set from it); none before the server opens.
+    pub fn scaling_signal(&self) -> Option<pushdown_protocol::ScalingSignal> {
+        let signal = self.scaling.get()?.signal();
+        self.busy_fraction.set(signal.busy_fraction);
+        self.client_wait_fraction.set(signal.wait_fraction);
+        self.scaling_clients.set(i64::from(signal.clients));
+        self.scaling_servers.set(i64::from(signal.servers));
+        self.scaling_servers_wanted.set(i64::from(signal.servers_wanted));
+        self.scaling_load_ratio.set(crate::scaling::load_ratio(&signal));
+        Some(signal)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        self.scaling_signal();
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "encoding metrics");
@@ -203,27 +335,42 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` until `shutdown` completes.
+/// Serves `GET /metrics` (Prometheus text) and `GET /scaling` (the scaling signal as JSON,
+/// for KEDA's metrics-api scaler or curl) until `shutdown` completes.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let metrics = Arc::clone(&metrics);
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
-            }
-        }),
-    );
+    let scaling = Arc::clone(&metrics);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        metrics.encode(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/scaling",
+            get(move || {
+                let metrics = Arc::clone(&scaling);
+                async move {
+                    let body = metrics
+                        .scaling_signal()
+                        .map_or_else(|| "{}".to_owned(), |s| crate::scaling::to_json(&s));
+                    ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
+                }
+            }),
+        );
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -85,6 +85,8 @@ pub struct Planned {
     pub row_groups_pruned: u64,
     pub has_filter: bool,
     pub optimized: LogicalPlan,
+    /// The names the query gives, granted (datasets and views).
+    pub names: Vec<String>,
 }
 
 impl Planned {
@@ -105,6 +107,24 @@ impl Planned {
     pub fn is_row_wise(&self) -> bool {
         matches!(self.shape, Shape::RowWise { .. })
     }
+
+    /// The cache keys of the plan's shards as their files are listed now (none for a whole
+    /// query or a volatile plan).
+    pub fn cache_keys(&self) -> Result<Vec<crate::cache::Key>> {
+        let Shape::RowWise { dataset, shards } = &self.shape else {
+            return Ok(vec![]);
+        };
+        let Some(print) = crate::cache::query_print(&self.optimized, &self.names)? else {
+            return Ok(vec![]);
+        };
+        Ok(shards
+            .iter()
+            .filter_map(|s| {
+                let file = dataset.file(&s.file)?;
+                Some(crate::cache::shard_key(print, &dataset.name, file, &s.row_groups))
+            })
+            .collect())
+    }
 }
 
 /// A ticket ready to run.
@@ -112,6 +132,8 @@ pub struct Opened {
     pub plan: Arc<dyn ExecutionPlan>,
     pub ctx: SessionContext,
     pub row_groups: u64,
+    /// The shard's cache key and what it reads; `None` for whole queries and volatile plans.
+    pub cacheable: Option<crate::cache::Cacheable>,
 }
 
 impl std::fmt::Debug for Opened {
@@ -358,8 +380,9 @@ impl Engine {
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
         let limits = self.op_limits(&ctx);
+        let names = self.granted_names(&ctx, &request.query, grant)?;
         let referenced = self
-            .register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
+            .register_names(&ctx, &datasets, grant, &names, &limits, |d| {
                 self.full_table(d, false)
             })
             .await?;
@@ -464,6 +487,7 @@ impl Engine {
             row_groups_pruned,
             has_filter,
             optimized,
+            names,
         })
     }
 
@@ -471,7 +495,14 @@ impl Engine {
     /// is read as up to `parallelism` contiguous row-group ranges, decoded at once and
     /// emitted in order (see [`ordered_stream`]): one stream can use several cores.
     pub async fn open(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Opened> {
-        let (ctx, df, row_groups, limits) = self.dataframe_for(ticket, parallelism, grant).await?;
+        let framed = self.dataframe_for(ticket, parallelism, grant).await?;
+        let Framed {
+            ctx,
+            df,
+            row_groups,
+            limits,
+            source,
+        } = framed;
         // Batches small enough that one batch of the largest op output stays under the cap.
         let rows = limits.batch_rows(self.config.batch_size);
         let (mut state, logical) = df.into_parts();
@@ -485,18 +516,35 @@ impl Engine {
                 .execution
                 .batch_size = rows;
         }
-        let plan = state.create_physical_plan(&logical).await?;
+        let optimized = state.optimize(&logical)?;
+        let cacheable = match source {
+            Some(source) => crate::cache::query_print(&optimized, &source.names)?.map(|print| {
+                let bases = source.names.iter().flat_map(|n| self.views.bases_of(n));
+                let names: Vec<String> = source.names.iter().cloned().chain(bases).collect();
+                crate::cache::Cacheable {
+                    key: crate::cache::shard_key(print, &source.dataset, &source.file, &source.row_groups),
+                    mode: self.config.cache.mode_of(names.iter().map(String::as_str)),
+                    names: source.names,
+                }
+            }),
+            None => None,
+        };
+        let plan = state
+            .query_planner()
+            .create_physical_plan(&optimized, &state)
+            .await?;
         Ok(Opened {
             plan,
             ctx,
             row_groups,
+            cacheable,
         })
     }
 
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
-        let (_ctx, df, _, _) = self.dataframe_for(ticket, 1, grant).await?;
+        let df = self.dataframe_for(ticket, 1, grant).await?.df;
         let n = df
             .count()
             .await
@@ -505,12 +553,7 @@ impl Engine {
     }
 
     /// The ticket's query as a DataFrame over its shard (or the whole catalog), checked.
-    async fn dataframe_for(
-        &self,
-        ticket: &ShardTicket,
-        parallelism: usize,
-        grant: &Grant,
-    ) -> Result<(SessionContext, DataFrame, u64, OpLimits)> {
+    async fn dataframe_for(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Framed> {
         // A ticket is the caller's own text: its grant is checked again, never trusted.
         self.check_size(&ticket.request.query)?;
         let datasets = self.catalog.datasets().await?;
@@ -577,7 +620,18 @@ impl Engine {
                     ));
                 }
                 let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
-                Ok((ctx, df, row_groups, limits))
+                Ok(Framed {
+                    ctx,
+                    df,
+                    row_groups,
+                    limits,
+                    source: Some(ShardSource {
+                        names,
+                        dataset: dataset.name.clone(),
+                        file: file.clone(),
+                        row_groups: shard.row_groups.clone(),
+                    }),
+                })
             }
             None => {
                 if ticket.skip_rows > 0 {
@@ -605,10 +659,35 @@ impl Engine {
                         .sum::<u64>();
                 }
                 let df = dataframe(&ctx, &ticket.request.query).await?;
-                Ok((ctx, df, row_groups, limits))
+                Ok(Framed {
+                    ctx,
+                    df,
+                    row_groups,
+                    limits,
+                    source: None,
+                })
             }
         }
     }
+}
+
+/// A ticket's query framed over its shard (or the whole catalog), checked.
+struct Framed {
+    ctx: SessionContext,
+    df: DataFrame,
+    row_groups: u64,
+    limits: OpLimits,
+    source: Option<ShardSource>,
+}
+
+/// What a shard's output is computed from, for its cache key.
+struct ShardSource {
+    /// The names the query gives, granted (datasets and views).
+    names: Vec<String>,
+    dataset: String,
+    /// The file as it is now.
+    file: crate::catalog::DataFile,
+    row_groups: std::ops::Range<u32>,
 }
 
 /// Parser nesting depth (DataFusion's default, set deliberately).

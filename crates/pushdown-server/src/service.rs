@@ -13,7 +13,9 @@ use arrow_flight::{
 };
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
-use pushdown_protocol::{ActionKind, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket};
+use pushdown_protocol::{
+    ActionKind, ClientReport, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket,
+};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -224,7 +226,14 @@ impl PushdownService {
         );
         let (tx, rx) = mpsc::channel(2);
         let state = Arc::clone(&self.state);
-        let producer = produce(state, ticket, opened, permit, tx.clone());
+        let producer = produce(
+            state,
+            ticket,
+            opened,
+            Arc::clone(&caller.grant),
+            permit,
+            tx.clone(),
+        );
         let metrics = Arc::clone(&self.state.metrics);
         let shard_name = shard
             .as_ref()
@@ -389,8 +398,13 @@ impl PushdownService {
                 ActionKind::ALL.map(ActionKind::name).join(", ")
             )));
         };
-        if matches!(kind, ActionKind::Health) {
-            return Ok(vec![arrow_flight::Result::new("ok")]);
+        // Cheap answers from memory take no stream slot: a saturated server must still
+        // answer its probes and hear its clients' reports.
+        if matches!(
+            kind,
+            ActionKind::Health | ActionKind::Report | ActionKind::Scaling
+        ) {
+            return self.run_action(kind, action, grant).await;
         }
         // Every other action plans or reads: it takes a stream slot and runs under the
         // request deadline, like a stream (a `profile` or `count` scans data).
@@ -410,6 +424,14 @@ impl PushdownService {
     ) -> Result<Vec<arrow_flight::Result>> {
         match kind {
             ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
+            ActionKind::Report => {
+                let report = ClientReport::from_bytes(&action.body).map_err(ServerError::BadCommand)?;
+                self.state.scaling.record(report);
+                Ok(vec![])
+            }
+            ActionKind::Scaling => Ok(vec![arrow_flight::Result::new(
+                self.state.scaling.signal().to_bytes(),
+            )]),
             ActionKind::Explain => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
                 let planned = self.plan_on_cpu(request, Arc::clone(&grant)).await?;
@@ -419,8 +441,24 @@ impl PushdownService {
                     }
                     Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
                 };
+                let cache = match planned.cache_keys()?.as_slice() {
+                    [] => "not cached (not row-wise, or not deterministic)".to_string(),
+                    keys => {
+                        let names = planned.names.iter().flat_map(|n| {
+                            self.state
+                                .engine
+                                .views()
+                                .bases_of(n)
+                                .into_iter()
+                                .chain([n.clone()])
+                        });
+                        let names: Vec<String> = names.collect();
+                        let mode = self.state.config.cache.mode_of(names.iter().map(String::as_str));
+                        format!("mode {mode}; {}", self.state.cache.describe(keys))
+                    }
+                };
                 let text = format!(
-                    "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\n\n{}",
+                    "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\ncache: {cache}\n\n{}",
                     planned.request.filter_pushdown,
                     planned.rows_upper_bound,
                     planned.bytes_to_scan,
@@ -508,20 +546,22 @@ const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
 
-/// Runs an opened query on the CPU runtime and sends its encoded batches to `tx`.
+/// Runs an opened query on the CPU runtime and sends its encoded batches to `tx`. A
+/// cacheable shard is served from the fragment cache when stored there (after waiting for a
+/// stream computing it now), else computed and offered to the cache once whole.
 async fn produce(
     state: Arc<State>,
     ticket: ShardTicket,
     opened: crate::query::Opened,
+    grant: Arc<Grant>,
     _permit: OwnedSemaphorePermit,
     tx: mpsc::Sender<Result<FlightData, Status>>,
 ) -> Result<bool, Status> {
+    use crate::cache::Lookup;
     let start = Instant::now();
     let deadline = state.config.request_timeout;
     let plan = Arc::clone(&opened.plan);
     let schema = plan.schema();
-    let batches =
-        crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)?;
 
     let shard = ticket.shard.clone();
     let mut skip = ticket.skip_rows;
@@ -530,10 +570,33 @@ async fn produce(
     let mut rows_sent = 0u64;
     let mut output = 0u64;
     let mut bytes_sent = 0u64;
+    // Time spent producing batches (scan, ops, codec), not waiting for the client: what the
+    // cache weighs a computed shard by, and a hit's read cost.
+    let mut producing_total = std::time::Duration::ZERO;
+    let mut claim = None;
+    let mut hit_bytes = None;
     let mut governor = Governor::new(ticket.request.compression);
     let mut encoder = Encoder::new(state.config.max_flight_data_bytes)
         .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
     let stream_all = async {
+        let lookup = match &opened.cacheable {
+            Some(cacheable) => state.cache.lookup(cacheable, &schema, &grant).await?,
+            None => Lookup::Bypass,
+        };
+        let computed = || {
+            crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)
+        };
+        let batches = match lookup {
+            Lookup::Hit(hit) => {
+                hit_bytes = Some(hit.bytes());
+                futures::stream::iter(hit.batches().into_iter().map(Ok)).boxed()
+            }
+            Lookup::Compute(c, tee) => {
+                claim = Some((c, tee));
+                computed()?
+            }
+            Lookup::Bypass => computed()?,
+        };
         let mut batches = std::pin::pin!(batches);
         let schema_message = encoder.schema(&schema);
         bytes_sent += schema_message.data_header.len() as u64;
@@ -544,6 +607,9 @@ async fn produce(
         while let Some(item) = batches.next().await {
             let batch =
                 item.map_err(|e| Status::from(ServerError::from_scan(e, shard.as_ref()).after_rows(output)))?;
+            if let Some((_, tee)) = &mut claim {
+                tee.push(&batch);
+            }
             let n = batch.num_rows() as u64;
             output += n;
             let batch = if skip >= n {
@@ -562,6 +628,7 @@ async fn produce(
                 .batch(&batch, codec)
                 .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
             let producing = ready_since.elapsed();
+            producing_total += producing;
             let sending_since = Instant::now();
             for data in messages {
                 bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
@@ -574,12 +641,24 @@ async fn produce(
             ready_since = Instant::now();
             governor.observe(producing, ready_since - sending_since);
         }
+        producing_total += ready_since.elapsed();
         Ok::<bool, Status>(true)
     };
     let completed = match tokio::time::timeout(deadline, stream_all).await {
         Ok(result) => result?,
         Err(_) => return Err(ServerError::Deadline(deadline).into()),
     };
+    if completed {
+        // Only a whole output is offered to the cache; a claim dropped unfinished lets the
+        // next request compute it.
+        if let Some((claim, tee)) = claim.take() {
+            let decision = claim.finish(*tee, producing_total);
+            tracing::debug!(%decision, "fragment cache");
+        }
+        if let Some(bytes) = hit_bytes {
+            state.cache.observe_read(bytes, producing_total);
+        }
+    }
 
     let mut stats = scan_stats(&plan);
     stats.rows_sent = rows_sent;

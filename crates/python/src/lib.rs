@@ -18,7 +18,8 @@ use arrow::datatypes::{
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
 use pushdown_client::{
-    Column, ConnectOptions, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps, StreamOptions,
+    Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps,
+    StreamOptions,
 };
 use pushdown_planner::{Pipeline, Step};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -30,6 +31,26 @@ type PyColumn = (String, &'static str, Py<PyAny>);
 
 fn runtime_error(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
+}
+
+/// `echo=`: repeats per sample, or `"auto"` (from the measured wait).
+#[derive(Debug, FromPyObject)]
+enum EchoArg {
+    Times(u32),
+    Name(String),
+}
+
+impl<'py> IntoPyObject<'py> for EchoArg {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
+        match self {
+            Self::Times(k) => Ok(k.into_pyobject(py)?.into_any()),
+            Self::Name(n) => Ok(n.into_pyobject(py)?.into_any()),
+        }
+    }
 }
 
 /// The Rust loader. Use `pushdown.Loader`, which wraps it.
@@ -45,7 +66,8 @@ impl PyLoader {
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3,
-        token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None
+        token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
+        echo_max=4, report_every_s=1.0
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -71,7 +93,30 @@ impl PyLoader {
         tls_ca: Option<String>,
         tls_client_cert: Option<String>,
         tls_client_key: Option<String>,
+        echo: EchoArg,
+        echo_max: u32,
+        report_every_s: f64,
     ) -> PyResult<Self> {
+        let echo = match echo {
+            EchoArg::Times(0) => return Err(PyValueError::new_err("echo= is a count ≥ 1 or \"auto\"")),
+            EchoArg::Times(1) => Echo::Off,
+            EchoArg::Times(k) => Echo::Fixed(k),
+            EchoArg::Name(name) if name == "auto" => Echo::Auto { max: echo_max.max(1) },
+            EchoArg::Name(name) => {
+                return Err(PyValueError::new_err(format!(
+                    "echo={name:?}: a count ≥ 1 or \"auto\""
+                )));
+            }
+        };
+        // 0 turns the wait reports off.
+        let report_every = if report_every_s == 0.0 {
+            None
+        } else {
+            Some(
+                std::time::Duration::try_from_secs_f64(report_every_s)
+                    .map_err(|_| PyValueError::new_err("report_every_s must be a number of seconds ≥ 0"))?,
+            )
+        };
         // Unset arguments fall back to PUSHDOWN_TOKEN / PUSHDOWN_TLS_* in the environment.
         let env = ConnectOptions::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut connect = ConnectOptions::from_parts(
@@ -125,6 +170,8 @@ impl PyLoader {
             compression,
             link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
             connect,
+            echo,
+            report_every,
             ..LoaderOptions::default()
         };
         let loader = py
@@ -181,6 +228,8 @@ impl PyLoader {
         d.set_item("waited_s", s.waited.as_secs_f64())?;
         d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
         d.set_item("wait_fraction", s.wait_fraction())?;
+        d.set_item("distinct_rows", s.distinct_rows)?;
+        d.set_item("echo", s.echo)?;
         Ok(d)
     }
 }

@@ -220,6 +220,59 @@ pub struct CountReply {
     #[prost(uint64, tag = "1")]
     pub rows: u64,
 }
+/// The `report` action's body: what one consumer of batches (a Loader) saw since its last
+/// report. Clients send one to each server they read from about once a second.
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct ClientReport {
+    /// Random per loader: tells clients apart (a client that stops reporting ages out).
+    #[prost(uint64, tag = "1")]
+    pub client: u64,
+    /// The servers the client reads from: the fleet's size as it sees it.
+    #[prost(uint32, tag = "2")]
+    pub servers: u32,
+    /// Seconds this report covers, and of those the seconds the consumer waited for a batch.
+    #[prost(double, tag = "3")]
+    pub elapsed_seconds: f64,
+    #[prost(double, tag = "4")]
+    pub wait_seconds: f64,
+    /// Rows the consumer was given in that time.
+    #[prost(uint64, tag = "5")]
+    pub rows: u64,
+}
+/// The answer to the `scaling` action: how many servers would remove the clients' stall, from
+/// the last window's measurements (the same numbers as /scaling and the pushdown_scaling_*
+/// metrics).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ScalingSignal {
+    /// Servers the clients read from now, and the number that would remove their wait.
+    #[prost(uint32, tag = "1")]
+    pub servers: u32,
+    #[prost(uint32, tag = "2")]
+    pub servers_wanted: u32,
+    /// This server's CPU use over the window, as a fraction of its cores.
+    #[prost(double, tag = "3")]
+    pub busy_fraction: f64,
+    /// The share of their time the reporting clients waited for batches.
+    #[prost(double, tag = "4")]
+    pub wait_fraction: f64,
+    /// How much faster the clients would consume if they never waited (1 = no stall).
+    #[prost(double, tag = "5")]
+    pub demand_factor: f64,
+    #[prost(uint32, tag = "6")]
+    pub clients: u32,
+    /// The window the numbers cover, in seconds.
+    #[prost(double, tag = "7")]
+    pub window_seconds: f64,
+    /// What limits the clients: "none", "server_cpu", or "not_server" (they wait while this
+    /// server has idle cores: the link, the clients' own CPU, or too few streams).
+    #[prost(string, tag = "8")]
+    pub bottleneck: ::prost::alloc::string::String,
+    /// One sentence: why `servers_wanted` is what it is.
+    #[prost(string, tag = "9")]
+    pub reason: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "10")]
+    pub cores: u32,
+}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum Compression {

@@ -53,6 +53,13 @@ class Loader:
     default: the system's roots), and ``tls_client_cert`` + ``tls_client_key`` (PEM files)
     answer servers that require mutual TLS. Unset, each falls back to ``PUSHDOWN_TOKEN``,
     ``PUSHDOWN_TLS_CA``, ``PUSHDOWN_TLS_CLIENT_CERT`` and ``PUSHDOWN_TLS_CLIENT_KEY``.
+
+    Data echoing: ``echo=k`` delivers each reduced sample ``k`` times per epoch, before the
+    pipeline's random ops (each repeat augmented anew) and spread by the shuffle window
+    (needs ``shuffle_buffer`` ≥ 2); ``echo="auto"`` picks ``k`` ≤ ``echo_max`` each epoch
+    from the share of the last one spent waiting. Either way the sequence is a function of
+    the seed and resumes exactly. Every ``report_every_s`` seconds (0: never) the loader
+    tells its servers how long it waits, for their scaling signal.
     """
 
     def __init__(
@@ -78,6 +85,9 @@ class Loader:
         tls_ca: Optional[str] = None,
         tls_client_cert: Optional[str] = None,
         tls_client_key: Optional[str] = None,
+        echo: Union[int, str] = 1,
+        echo_max: int = 4,
+        report_every_s: float = 1.0,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -105,6 +115,9 @@ class Loader:
             tls_ca=None if tls_ca is None else str(tls_ca),
             tls_client_cert=None if tls_client_cert is None else str(tls_client_cert),
             tls_client_key=None if tls_client_key is None else str(tls_client_key),
+            echo=echo,
+            echo_max=echo_max,
+            report_every_s=report_every_s,
         )
         self.epochs = epochs
 
@@ -130,7 +143,8 @@ class Loader:
 
     @property
     def stats(self) -> Dict[str, float]:
-        """Batches and rows delivered, and the fraction of time the consumer waited."""
+        """Batches and rows delivered, the fraction of time the consumer waited, the distinct
+        rows read (fewer than ``rows`` when echoing) and the current echo factor."""
         return dict(self._inner.stats())
 
 
