@@ -34,6 +34,11 @@ const SATURATED: f64 = 0.75;
 const MAX_WAIT: f64 = 0.95;
 /// Reports kept per client (about a minute at one a second).
 const MAX_REPORTS: usize = 64;
+/// Clients tracked at once: reports from more (a flood of made-up ids) are ignored until
+/// some age out, so memory stays bounded whatever callers send.
+const MAX_CLIENTS: usize = 4096;
+/// The largest fleet a report may claim (more is taken as this many).
+const MAX_SERVERS: u32 = 100_000;
 
 /// What the server measures for the signal: its CPU over time and the clients' reports.
 #[derive(Debug)]
@@ -85,6 +90,22 @@ impl Scaling {
     /// Records a client's report.
     pub fn record(&self, report: ClientReport) {
         self.with_sample(|inner, now| {
+            if inner.reports.len() >= MAX_CLIENTS && !inner.reports.contains_key(&report.client) {
+                tracing::warn!(
+                    clients = MAX_CLIENTS,
+                    "scaling: too many clients reporting; report ignored"
+                );
+                return;
+            }
+            // A report covers about a second: an hour bounds any honest one, and keeps sums
+            // of many finite.
+            let elapsed_seconds = report.elapsed_seconds.min(3600.0);
+            let report = ClientReport {
+                servers: report.servers.min(MAX_SERVERS),
+                elapsed_seconds,
+                wait_seconds: report.wait_seconds.min(elapsed_seconds),
+                ..report
+            };
             let reports = inner.reports.entry(report.client).or_default();
             if reports.len() == MAX_REPORTS {
                 reports.pop_front();
@@ -172,7 +193,7 @@ fn decide(busy: f64, clients: &[Client], cores: usize, window: f64) -> ScalingSi
             "no client reported in the window: one server is enough for nobody".to_owned(),
         )
     } else if demand > STALL_DEMAND && busy >= SATURATED {
-        let wanted = ((n * busy * demand - 0.05).ceil() as u32).max(servers + 1);
+        let wanted = ((n * busy * demand - 0.05).ceil() as u32).max(servers.saturating_add(1));
         (
             wanted,
             "server_cpu",
@@ -307,6 +328,29 @@ mod tests {
         assert_eq!(s.servers_wanted, 1, "fed clients never ask for more");
         let s = decide(0.0, &[], 1, 10.0);
         assert_eq!((s.servers, s.servers_wanted), (1, 1));
+    }
+
+    #[test]
+    fn hostile_reports_neither_overflow_nor_grow_without_bound() {
+        let s = decide(1.0, &[client(9.0, 1.0, u32::MAX)], 1, 10.0);
+        assert_eq!(s.servers_wanted, u32::MAX, "saturates, never wraps or panics");
+        let scaling = Scaling::new(1, Duration::from_secs(60));
+        for id in 0..(MAX_CLIENTS as u64 + 10) {
+            scaling.record(ClientReport {
+                client: id,
+                servers: u32::MAX,
+                elapsed_seconds: f64::MAX,
+                wait_seconds: f64::MAX,
+                rows: u64::MAX,
+            });
+        }
+        let signal = scaling.signal();
+        assert_eq!(signal.clients as usize, MAX_CLIENTS);
+        assert_eq!(signal.servers, MAX_SERVERS);
+        assert!(
+            signal.demand_factor.is_finite() && signal.wait_fraction <= 1.0,
+            "{signal:?}"
+        );
     }
 
     #[test]
