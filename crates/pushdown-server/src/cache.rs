@@ -376,16 +376,24 @@ pub enum Lookup {
     Bypass,
 }
 
-/// Copies a computed stream's batches into an entry, up to the entry cap.
+/// Copies a computed stream's batches into an entry, up to the entry cap. In `auto` mode it
+/// stops copying as soon as the output so far reads back too fast to be worth keeping (a
+/// plain projection, after its first batches), so a stream the cache will decline pays for
+/// encoding a batch or two, not its whole output.
 pub struct Tee {
     writer: Option<StreamWriter<Vec<u8>>>,
     cap: u64,
     over: bool,
     error: Option<String>,
+    /// `auto` mode: the cache's measured read rate (bytes/s), to decline early.
+    auto_read_rate: Option<f64>,
+    /// Why copying stopped early (`auto`'s rule, met part way).
+    declined: Option<String>,
+    batches: u64,
 }
 
 impl Tee {
-    fn new(schema: &Schema, names: &[String], cap: u64) -> Self {
+    fn new(schema: &Schema, names: &[String], cap: u64, auto_read_rate: Option<f64>) -> Self {
         let mut metadata = schema.metadata().clone();
         metadata.insert(NAMES_KEY.to_owned(), names.join(","));
         let schema = schema.clone().with_metadata(metadata);
@@ -400,22 +408,47 @@ impl Tee {
             cap,
             over: false,
             error,
+            auto_read_rate,
+            declined: None,
+            batches: 0,
         }
     }
 
-    /// Adds one batch of the shard's output (before any rows are skipped).
-    pub fn push(&mut self, batch: &RecordBatch) {
+    /// Adds one batch of the shard's output (before any rows are skipped), `compute` into
+    /// producing it so far.
+    pub fn push(&mut self, batch: &RecordBatch, compute: Duration) {
         let Some(writer) = &mut self.writer else { return };
         if let Err(e) = writer.write(batch) {
             self.error = Some(e.to_string());
             self.writer = None;
-        } else if writer.get_ref().len() as u64 > self.cap {
+            return;
+        }
+        let size = writer.get_ref().len() as u64;
+        self.batches += 1;
+        if size > self.cap {
             self.over = true;
             self.writer = None;
+        } else if let Some(rate) = self.auto_read_rate {
+            // The same rule as admission, on the output so far; the first batch alone
+            // carries the scan's start-up, so judge from the second on.
+            let read = size as f64 / rate;
+            if self.batches >= 2 && read > MAX_READ_SHARE * compute.as_secs_f64() {
+                self.declined = Some(format!(
+                    "reading back would save under half of computing (after {} batches: computing \
+                     {:.1} ms, reading back ≈ {:.1} ms)",
+                    self.batches,
+                    ms(compute),
+                    read * 1e3
+                ));
+                self.writer = None;
+            }
         }
     }
 
     fn finish(self) -> std::result::Result<Vec<u8>, String> {
+        if let Some(reason) = self.declined {
+            return Err(reason);
+        }
         if self.over {
             return Err(format!("its output is over the entry cap ({} bytes)", self.cap));
         }
@@ -546,13 +579,14 @@ impl FragmentCache {
         }
         self.metrics.cache_lookups("miss");
         let cap = self.config.max_entry_bytes();
+        let auto_read_rate = (cacheable.mode == CacheMode::Auto).then(|| self.lock().read_rate);
         Ok(Lookup::Compute(
             Claim {
                 cache: Arc::clone(self),
                 cacheable: cacheable.clone(),
                 _guard: guard,
             },
-            Box::new(Tee::new(schema, &cacheable.names, cap)),
+            Box::new(Tee::new(schema, &cacheable.names, cap, auto_read_rate)),
         ))
     }
 
@@ -959,7 +993,7 @@ mod tests {
     ) -> Option<String> {
         match cache.lookup(c, &schema(), &Grant::All).await.expect("lookup") {
             Lookup::Compute(claim, mut tee) => {
-                tee.push(&batch(rows));
+                tee.push(&batch(rows), compute);
                 Some(claim.finish(*tee, compute))
             }
             Lookup::Hit(_) | Lookup::Bypass => None,
@@ -1047,8 +1081,8 @@ mod tests {
     #[tokio::test]
     async fn memory_spills_the_least_valuable_to_disk_which_survives_a_restart() {
         let dir = tempfile::tempdir().expect("dir");
-        let mut tee = Tee::new(&schema(), &["images".into()], u64::MAX);
-        tee.push(&batch(1000));
+        let mut tee = Tee::new(&schema(), &["images".into()], u64::MAX, None);
+        tee.push(&batch(1000), Duration::ZERO);
         let size = tee.finish().expect("encoded").len() as u64;
         let config = CacheConfig {
             // One entry fits in memory, not two.
@@ -1154,5 +1188,22 @@ mod tests {
         assert_eq!(config.mode_of(["c"]), CacheMode::Auto);
         assert_eq!("OFF".parse::<CacheMode>(), Ok(CacheMode::Off));
         assert!("sometimes".parse::<CacheMode>().is_err());
+    }
+
+    #[test]
+    fn auto_stops_copying_an_output_cheaper_to_compute_than_to_read() {
+        let mut tee = Tee::new(&schema(), &["images".into()], u64::MAX, Some(1e3));
+        tee.push(&batch(1000), Duration::from_micros(10));
+        assert!(tee.writer.is_some(), "the first batch alone does not decide");
+        tee.push(&batch(1000), Duration::from_micros(20));
+        assert!(tee.writer.is_none(), "copying stops once the rule is met");
+        let reason = tee.finish().expect_err("declined");
+        assert!(reason.contains("under half of computing"), "{reason}");
+
+        let mut kept = Tee::new(&schema(), &["images".into()], u64::MAX, Some(1e12));
+        for ms in 1..=3 {
+            kept.push(&batch(1000), Duration::from_millis(ms));
+        }
+        assert!(kept.finish().is_ok(), "expensive output is copied whole");
     }
 }

@@ -518,15 +518,13 @@ impl Engine {
         }
         let optimized = state.optimize(&logical)?;
         let cacheable = match source {
-            Some(source) => crate::cache::query_print(&optimized, &source.names)?.map(|print| {
-                let bases = source.names.iter().flat_map(|n| self.views.bases_of(n));
-                let names: Vec<String> = source.names.iter().cloned().chain(bases).collect();
-                crate::cache::Cacheable {
+            Some(source) => {
+                crate::cache::query_print(&optimized, &source.names)?.map(|print| crate::cache::Cacheable {
                     key: crate::cache::shard_key(print, &source.dataset, &source.file, &source.row_groups),
-                    mode: self.config.cache.mode_of(names.iter().map(String::as_str)),
+                    mode: self.cache_mode(&source.names),
                     names: source.names,
-                }
-            }),
+                })
+            }
             None => None,
         };
         let plan = state
@@ -539,6 +537,14 @@ impl Engine {
             row_groups,
             cacheable,
         })
+    }
+
+    /// The fragment cache's mode for a query over `names` (datasets and views): set by
+    /// them and by the datasets their views read.
+    pub fn cache_mode(&self, names: &[String]) -> crate::CacheMode {
+        let bases = names.iter().flat_map(|n| self.views.bases_of(n));
+        let all: Vec<String> = names.iter().cloned().chain(bases).collect();
+        self.config.cache.mode_of(all.iter().map(String::as_str))
     }
 
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only

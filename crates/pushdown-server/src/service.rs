@@ -443,19 +443,11 @@ impl PushdownService {
                 };
                 let cache = match planned.cache_keys()?.as_slice() {
                     [] => "not cached (not row-wise, or not deterministic)".to_string(),
-                    keys => {
-                        let names = planned.names.iter().flat_map(|n| {
-                            self.state
-                                .engine
-                                .views()
-                                .bases_of(n)
-                                .into_iter()
-                                .chain([n.clone()])
-                        });
-                        let names: Vec<String> = names.collect();
-                        let mode = self.state.config.cache.mode_of(names.iter().map(String::as_str));
-                        format!("mode {mode}; {}", self.state.cache.describe(keys))
-                    }
+                    keys => format!(
+                        "mode {}; {}",
+                        self.state.engine.cache_mode(&planned.names),
+                        self.state.cache.describe(keys)
+                    ),
                 };
                 let text = format!(
                     "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\ncache: {cache}\n\n{}",
@@ -573,6 +565,7 @@ async fn produce(
     // Time spent producing batches (scan, ops, codec), not waiting for the client: what the
     // cache weighs a computed shard by, and a hit's read cost.
     let mut producing_total = std::time::Duration::ZERO;
+    let mut copying_total = std::time::Duration::ZERO;
     let mut claim = None;
     let mut hit_bytes = None;
     let mut governor = Governor::new(ticket.request.compression);
@@ -608,7 +601,13 @@ async fn produce(
             let batch =
                 item.map_err(|e| Status::from(ServerError::from_scan(e, shard.as_ref()).after_rows(output)))?;
             if let Some((_, tee)) = &mut claim {
-                tee.push(&batch);
+                // Copying into the cache is not computing: its time is left out of `compute`.
+                let copying = Instant::now();
+                tee.push(
+                    &batch,
+                    (producing_total + ready_since.elapsed()).saturating_sub(copying_total),
+                );
+                copying_total += copying.elapsed();
             }
             let n = batch.num_rows() as u64;
             output += n;
@@ -652,7 +651,7 @@ async fn produce(
         // Only a whole output is offered to the cache; a claim dropped unfinished lets the
         // next request compute it.
         if let Some((claim, tee)) = claim.take() {
-            let decision = claim.finish(*tee, producing_total);
+            let decision = claim.finish(*tee, producing_total.saturating_sub(copying_total));
             tracing::debug!(%decision, "fragment cache");
         }
         if let Some(bytes) = hit_bytes {
