@@ -378,8 +378,8 @@ pub enum Lookup {
 
 /// Copies a computed stream's batches into an entry, up to the entry cap. In `auto` mode it
 /// stops copying as soon as the output so far reads back too fast to be worth keeping (a
-/// plain projection, after its first batches), so a stream the cache will decline pays for
-/// encoding a batch or two, not its whole output.
+/// plain projection, usually at its first batch), so a stream the cache will decline pays
+/// for no encoding at all, or a few batches'.
 pub struct Tee {
     writer: Option<StreamWriter<Vec<u8>>>,
     cap: u64,
@@ -389,7 +389,8 @@ pub struct Tee {
     auto_read_rate: Option<f64>,
     /// Why copying stopped early (`auto`'s rule, met part way).
     declined: Option<String>,
-    batches: u64,
+    /// Arrow bytes of the batches written so far.
+    raw: u64,
 }
 
 impl Tee {
@@ -410,39 +411,45 @@ impl Tee {
             error,
             auto_read_rate,
             declined: None,
-            batches: 0,
+            raw: 0,
         }
     }
 
-    /// Adds one batch of the shard's output (before any rows are skipped), `compute` into
-    /// producing it so far.
+    /// Adds one batch of the shard's output (before any rows are skipped); `compute` is the
+    /// time producing the output took so far, this batch included.
     pub fn push(&mut self, batch: &RecordBatch, compute: Duration) {
         let Some(writer) = &mut self.writer else { return };
-        if let Err(e) = writer.write(batch) {
-            self.error = Some(e.to_string());
-            self.writer = None;
-            return;
-        }
-        let size = writer.get_ref().len() as u64;
-        self.batches += 1;
-        if size > self.cap {
-            self.over = true;
-            self.writer = None;
-        } else if let Some(rate) = self.auto_read_rate {
-            // The same rule as admission, on the output so far; the first batch alone
-            // carries the scan's start-up, so judge from the second on.
-            let read = size as f64 / rate;
-            if self.batches >= 2 && read > MAX_READ_SHARE * compute.as_secs_f64() {
+        let raw = batch.get_array_memory_size() as u64;
+        if let Some(rate) = self.auto_read_rate {
+            // The admission rule on the output so far, checked before encoding: this batch's
+            // entry bytes estimated at the compression seen so far (none for the first).
+            let written = writer.get_ref().len() as f64;
+            let ratio = if self.raw > 0 {
+                written / self.raw as f64
+            } else {
+                1.0
+            };
+            let read = (written + raw as f64 * ratio) / rate;
+            if read > MAX_READ_SHARE * compute.as_secs_f64() {
                 self.declined = Some(format!(
-                    "reading back would save under half of computing (after {} batches: computing \
-                     {:.1} ms, reading back ≈ {:.1} ms)",
-                    self.batches,
+                    "reading back would save under half of computing (stopped after {} bytes \
+                     of output: computing {:.1} ms, reading back ≈ {:.1} ms)",
+                    self.raw + raw,
                     ms(compute),
                     read * 1e3
                 ));
                 self.writer = None;
+                return;
             }
         }
+        if let Err(e) = writer.write(batch) {
+            self.error = Some(e.to_string());
+            self.writer = None;
+        } else if writer.get_ref().len() as u64 > self.cap {
+            self.over = true;
+            self.writer = None;
+        }
+        self.raw += raw;
     }
 
     fn finish(self) -> std::result::Result<Vec<u8>, String> {
@@ -1192,11 +1199,20 @@ mod tests {
 
     #[test]
     fn auto_stops_copying_an_output_cheaper_to_compute_than_to_read() {
-        let mut tee = Tee::new(&schema(), &["images".into()], u64::MAX, Some(1e3));
-        tee.push(&batch(1000), Duration::from_micros(10));
-        assert!(tee.writer.is_some(), "the first batch alone does not decide");
-        tee.push(&batch(1000), Duration::from_micros(20));
+        // Read back at 1 MB/s. The first batch took 3× its reading time: kept.
+        let mut tee = Tee::new(&schema(), &["images".into()], u64::MAX, Some(1e6));
+        let size = batch(1000).get_array_memory_size() as f64;
+        tee.push(&batch(1000), Duration::from_secs_f64(3.0 * size / 1e6));
+        let written = tee
+            .writer
+            .as_ref()
+            .map(|w| w.get_ref().len())
+            .expect("still copying") as f64;
+        // Twice the entry bytes, now read in more than half the (given) compute: stopped,
+        // before encoding the second batch.
+        tee.push(&batch(1000), Duration::from_secs_f64(written / 1e6));
         assert!(tee.writer.is_none(), "copying stops once the rule is met");
+        assert_eq!(tee.raw as f64, size, "the declined batch was not encoded");
         let reason = tee.finish().expect_err("declined");
         assert!(reason.contains("under half of computing"), "{reason}");
 
