@@ -731,3 +731,143 @@ fn epochs_started_ahead_are_the_epochs_planned_at_their_start() {
     assert_eq!(straight.len(), fresh.len());
     assert_eq!(straight, fresh, "an epoch started ahead is the same epoch");
 }
+
+/// Where a pipeline's reducing ops run never changes its samples: all on the server, all on
+/// the trainer (planned so, or shards the server leaves un-reduced), split between them, or
+/// adapted while the epoch runs give the same rows, values and order.
+mod placement {
+    use super::*;
+    use arrow::datatypes::Int32Type;
+    use pushdown_client::Push;
+
+    type Sample = (i64, Vec<u8>, i32);
+
+    fn pipeline() -> Pipeline {
+        Pipeline::new("images")
+            .filter("label < 700")
+            .map("decode_resize", "image", [16i64, 12], "pixels")
+            .map("hash_bucket", "caption", [50i64], "bucket")
+            .select(["id", "pixels", "bucket"])
+            .map("random_crop", "pixels", [8i64, 8], "crop")
+            .select(["id", "crop", "bucket"])
+    }
+
+    fn samples(servers: &[String], push: Push) -> (Vec<Vec<Sample>>, pushdown_client::LoaderStats) {
+        let o = LoaderOptions {
+            batch_size: Some(24),
+            shuffle_buffer: Some(50),
+            seed: 5,
+            epochs: 2,
+            push,
+            compression: Some(Compression::None),
+            ..LoaderOptions::default()
+        };
+        let mut l = Loader::new(servers, LoaderSource::Pipeline(pipeline()), o).expect("loader");
+        let batches = id_crops(&mut l, usize::MAX);
+        // Re-read the bucket column of the same sequence (a second loader, same seed).
+        let stats = l.stats();
+        let o = LoaderOptions {
+            batch_size: Some(24),
+            shuffle_buffer: Some(50),
+            seed: 5,
+            epochs: 2,
+            push,
+            compression: Some(Compression::None),
+            ..LoaderOptions::default()
+        };
+        let buckets: Vec<Vec<i32>> = Loader::new(servers, LoaderSource::Pipeline(pipeline()), o)
+            .expect("loader")
+            .map(|b| match b.expect("batch").column("bucket").expect("bucket") {
+                Column::Tensor { values, .. } => values.as_primitive::<Int32Type>().values().to_vec(),
+                Column::Arrow(_) => panic!("bucket is a tensor"),
+            })
+            .collect();
+        let out = batches
+            .into_iter()
+            .zip(buckets)
+            .map(|(b, k)| {
+                assert_eq!(b.len(), k.len());
+                b.into_iter()
+                    .zip(k)
+                    .map(|((id, crop), k)| (id, crop, k))
+                    .collect()
+            })
+            .collect();
+        (out, stats)
+    }
+
+    fn server(s: &Setup, reducing_streams: Option<usize>) -> String {
+        s.runtime.block_on(async {
+            let store = pushdown_server::open_store(&s.fx.root.path().to_string_lossy()).expect("store");
+            let server = Server::builder(store)
+                .config(pushdown_server::ServerConfig {
+                    cpu_threads: 1,
+                    reducing_streams,
+                    ..small_shards()
+                })
+                .open()
+                .await
+                .expect("server");
+            let running = server.spawn("127.0.0.1:0".parse().unwrap()).await.expect("spawn");
+            let url = running.url();
+            // The server lives as long as the runtime.
+            std::mem::forget(running);
+            url
+        })
+    }
+
+    #[test]
+    fn every_placement_gives_the_same_samples_in_the_same_order() {
+        let s = setup(600);
+        let url = vec![s.fx.running.url()];
+        let (reference, stats) = samples(&url, Push::First(2));
+        let rows: usize = reference.iter().map(Vec::len).sum();
+        assert!(rows > 700, "two epochs of the filtered rows: {rows}");
+        assert_eq!(stats.completed.rows, 0, "all on the server");
+        let buckets: std::collections::BTreeSet<i32> =
+            reference.iter().flatten().map(|(_, _, k)| *k).collect();
+        assert!(buckets.len() > 10, "hash_bucket ran: {buckets:?}");
+
+        let busy = vec![server(&s, Some(0))];
+        let mixed = vec![server(&s, None)];
+        for (name, servers, push) in [
+            ("planned on the trainer", &url, Push::First(0)),
+            (
+                "left to the trainer by the server",
+                &url,
+                Push::Split {
+                    first: 2,
+                    server_fraction: 0.0,
+                },
+            ),
+            (
+                "split",
+                &url,
+                Push::Split {
+                    first: 2,
+                    server_fraction: 0.5,
+                },
+            ),
+            ("adaptive, the server always busy", &busy, Push::Adaptive(2)),
+            ("adaptive, one reducing stream", &mixed, Push::Adaptive(2)),
+        ] {
+            let (got, stats) = samples(servers, push);
+            assert!(
+                got == reference,
+                "{name}: the samples differ from all-server placement"
+            );
+            let done = stats.completed.rows;
+            match name {
+                "planned on the trainer" => assert_eq!(done, 0, "{name}: nothing deferred"),
+                "left to the trainer by the server" | "adaptive, the server always busy" => {
+                    assert_eq!(done as usize, rows, "{name}: every row's ops ran on the trainer")
+                }
+                "split" => assert!(
+                    done > 0 && (done as usize) < rows,
+                    "{name}: {done} of {rows} rows' ops on the trainer"
+                ),
+                _ => {}
+            }
+        }
+    }
+}

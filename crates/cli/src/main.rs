@@ -102,6 +102,10 @@ struct LimitsArgs {
     /// Threads decoding, filtering and encoding (default: all cores).
     #[arg(long, env = "PUSHDOWN_CPU_THREADS")]
     cpu_threads: Option<usize>,
+    /// Streams running their ops here at once before a client that allows it gets its
+    /// shards un-reduced and runs the ops itself (default: --cpu-threads; 0: always).
+    #[arg(long, env = "PUSHDOWN_REDUCING_STREAMS")]
+    reducing_streams: Option<usize>,
     /// Row-group ranges read from the store at once, shared by the running streams
     /// (default: 8 for an object store URL, whose round trips would bound a stream, 1 for
     /// local files).
@@ -369,6 +373,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_query_memory: args.limits.max_query_memory_mib << 20,
         request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
         cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
+        reducing_streams: args.limits.reducing_streams,
         store_reads_in_flight: args
             .limits
             .store_reads_in_flight

@@ -16,6 +16,7 @@
 //! The interleave order depends only on each shard's batches, never on network timing, so
 //! with a seed the delivered sequence is reproducible.
 
+mod completion;
 mod fleet;
 mod loader;
 mod plan;
@@ -34,6 +35,7 @@ use pushdown_protocol::{ActionKind, CountReply, PlanEstimate, ScanRequest};
 
 use crate::fleet::{Failure, Fleet};
 
+pub use completion::{Completion, CompletionTotals, ShardPlacement};
 pub use loader::{
     Column, Echo, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared,
     Push, TensorBatch,
@@ -508,12 +510,25 @@ impl PushdownClient {
     /// declare them ([`pushdown_ops::Op::needs`]): the tokenizers their calls name, or
     /// `dataset`'s for calls that name none.
     pub async fn resources_for(&self, steps: &[pushdown_planner::Step], dataset: &str) -> Result<Tokenizers> {
+        let calls: Vec<pushdown_ops::Call> = steps
+            .iter()
+            .filter_map(|step| match step {
+                pushdown_planner::Step::Map(m) => Some(m.call()),
+                _ => None,
+            })
+            .collect();
+        self.resources_for_calls(&calls, dataset).await
+    }
+
+    /// [`Self::resources_for`] op calls (a fragment's ops the server may leave to this client).
+    pub async fn resources_for_calls(
+        &self,
+        calls: &[pushdown_ops::Call],
+        dataset: &str,
+    ) -> Result<Tokenizers> {
         let mut tokenizers = Tokenizers::new(Some(dataset.to_owned()));
-        for step in steps {
-            let pushdown_planner::Step::Map(m) = step else {
-                continue;
-            };
-            for need in m.call().needs()? {
+        for call in calls {
+            for need in call.needs()? {
                 match need {
                     pushdown_ops::Need::Tokenizer(name) => {
                         let name = name.unwrap_or_else(|| dataset.to_owned());

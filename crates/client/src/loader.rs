@@ -48,6 +48,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc;
 
+use crate::completion::{Completion, CompletionTotals, ShardPlacement};
 use crate::steps::RowSteps;
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
@@ -152,15 +153,26 @@ impl Echo {
     }
 }
 
-/// Which of a pipeline's ops run on the servers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which of a pipeline's ops run on the servers. Placement never changes the samples: a
+/// shard the server leaves un-reduced is finished by this client with the same kernels.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum Push {
-    /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`].
+    /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`]
+    /// (which may split an op's shards between the servers and this client), adapted while
+    /// the epoch runs: a server whose cores are taken leaves its shards' ops to this client
+    /// while this client has cores to spare.
     #[default]
     Costed,
-    /// Exactly the first `k` ops that may run on a server (benchmarks that measure every
-    /// placement). Not costed: the codec is [`Compression::for_link`] unless forced.
+    /// Exactly the first `k` ops that may run on a server, on every shard (benchmarks that
+    /// measure every placement). Not costed: the codec is [`Compression::for_link`] unless
+    /// forced.
     First(usize),
+    /// The first `first` ops on the server for `server_fraction` of the shards; the other
+    /// shards arrive un-reduced and this client runs those ops. Not adapted.
+    Split { first: usize, server_fraction: f64 },
+    /// The first `k` ops asked of the server for every shard, left to this client whenever
+    /// the server's cores are taken and this client has room.
+    Adaptive(usize),
 }
 
 impl Default for LoaderOptions {
@@ -355,6 +367,8 @@ pub struct LoaderStats {
     pub distinct_rows: u64,
     /// Times the current epoch repeats each sample.
     pub echo: u64,
+    /// The fragment ops this loader ran on shards the servers left un-reduced.
+    pub completed: CompletionTotals,
     /// Time spent inside `next` waiting for a batch.
     pub waited: Duration,
     /// Time since the first `next`.
@@ -383,6 +397,8 @@ struct Shared {
     fingerprint: u64,
     plan: Option<Plan>,
     compression: Compression,
+    /// Finishes shards the servers leave un-reduced; where each shard's ops run.
+    completion: Option<Arc<Completion>>,
     /// Rows read into shuffle windows, every epoch (the distinct samples of [`LoaderStats`]).
     distinct: std::sync::atomic::AtomicU64,
 }
@@ -518,6 +534,14 @@ impl Prepared {
     /// How the servers compress the streams.
     pub fn compression(&self) -> Compression {
         self.shared.compression
+    }
+
+    /// What this client did of the fragment's ops, on shards the servers left un-reduced.
+    pub fn completed(&self) -> CompletionTotals {
+        self.shared
+            .completion
+            .as_ref()
+            .map_or_else(CompletionTotals::default, |c| c.totals())
     }
 
     /// Shard streams (endpoints) per epoch.
@@ -757,6 +781,7 @@ impl Loader {
             .distinct
             .load(std::sync::atomic::Ordering::Relaxed);
         s.echo = self.echo;
+        s.completed = self.prepared.completed();
         s
     }
 
@@ -1014,15 +1039,37 @@ async fn prepare(
         }
         LoaderSource::Pipeline(pipeline) => {
             let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let (plan, compression) = match options.push {
+            let cores = options.link.client_cores.map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |c| c.ceil() as usize,
+            );
+            let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
+                Ok((
+                    pushdown_planner::plan_limited(pipeline, &schema, first)?,
+                    Compression::for_link(options.link.bandwidth_bytes_per_s),
+                    ShardPlacement {
+                        server_fraction,
+                        adaptive,
+                        cores,
+                    },
+                ))
+            };
+            let (plan, compression, placement) = match options.push {
                 Push::Costed => {
                     let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
-                    (costed.plan, costed.chosen.compression)
+                    let placement = ShardPlacement {
+                        server_fraction: costed.chosen.server_fraction,
+                        adaptive: true,
+                        cores,
+                    };
+                    (costed.plan, costed.chosen.compression, placement)
                 }
-                Push::First(k) => (
-                    pushdown_planner::plan_limited(pipeline, &schema, k)?,
-                    Compression::for_link(options.link.bandwidth_bytes_per_s),
-                ),
+                Push::First(k) => forced(k, 1.0, false)?,
+                Push::Split {
+                    first,
+                    server_fraction,
+                } => forced(first, server_fraction, false)?,
+                Push::Adaptive(k) => forced(k, 1.0, true)?,
             };
             let (mut batch, mut shuffle) = (None, None);
             let mut row_steps = Vec::new();
@@ -1041,7 +1088,7 @@ async fn prepare(
                 Some(pipeline.dataset.clone()),
                 batch,
                 shuffle,
-                Some(plan),
+                Some((plan, placement)),
             )
         }
     };
@@ -1081,6 +1128,20 @@ async fn prepare(
         None => Arc::new(pushdown_ops::NoResources),
     };
     let schema = Arc::new(info.clone().try_decode_schema()?);
+    let completion = match (&plan, &dataset) {
+        (Some((plan, placement)), Some(d)) if !plan.fragment.ops.is_empty() => {
+            let ops = plan.fragment.ops.clone();
+            let resources = Arc::new(client.resources_for_calls(&ops, d).await?);
+            Some(Arc::new(Completion::new(
+                *placement,
+                ops,
+                Arc::clone(&schema),
+                resources,
+            )))
+        }
+        _ => None,
+    };
+    let plan = plan.map(|(plan, _)| plan);
     let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
     let fingerprint = fingerprint(&request, &options, batch_size, window);
     let compression = request.compression;
@@ -1095,6 +1156,7 @@ async fn prepare(
         fingerprint,
         plan,
         compression,
+        completion,
         distinct: Default::default(),
     };
     Ok((shared, Shards::new(info, counts)))
@@ -1285,7 +1347,8 @@ async fn produce<T: Send + 'static>(
     };
     let mut options = shared.options.stream.clone();
     options.order = Order::Sequential;
-    let mut stream = ShardStream::segments(shared.client.clone(), &shards.info, segments, options)?;
+    let mut stream = ShardStream::segments(shared.client.clone(), &shards.info, segments, options)?
+        .with_completion(shared.completion.clone());
     let schema = stream.schema();
 
     let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window

@@ -58,6 +58,10 @@ pub struct RunReport {
     pub epochs: usize,
     /// Summed over epochs.
     pub totals: StreamTotals,
+    /// The fragment ops this client ran on shards the servers left un-reduced.
+    pub completed: crate::CompletionTotals,
+    /// Rows of the fragment's output (every row passes through each of its ops).
+    pub fragment_ops: usize,
 }
 
 impl RunReport {
@@ -128,6 +132,8 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         waited,
         epochs: loader.epochs,
         totals,
+        completed: prepared.completed(),
+        fragment_ops: prepared.plan().map_or(0, |p| p.fragment.ops.len()),
     })
 }
 
@@ -170,6 +176,16 @@ impl std::fmt::Display for RunReport {
             s.row_groups_pruned + planned_out,
             s.row_groups + planned_out
         )?;
+        if self.fragment_ops > 0 {
+            let client = self.completed.rows;
+            let server = s.rows_output.saturating_sub(client);
+            writeln!(
+                f,
+                "fragment ops ran on the server for {server} rows, on this client for {client} rows \
+                 ({} shard streams left un-reduced; {:.2} s of this client's CPU)",
+                self.completed.streams, self.completed.seconds
+            )?;
+        }
         if self.totals.retries > 0 {
             writeln!(f, "resumed {} failed streams", self.totals.retries)?;
         }

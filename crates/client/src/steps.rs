@@ -50,7 +50,12 @@ impl RowSteps {
                     i += 1;
                 }
                 Step::Map(_) => {
-                    let first = i;
+                    // Seeded by the random ops before it, which are the trainer's wherever
+                    // the deterministic ones run: placement never changes a draw.
+                    let first = steps[..i]
+                        .iter()
+                        .filter(|s| matches!(s, Step::Map(_)) && !s.is_deterministic())
+                        .count();
                     let mut calls = Vec::new();
                     while let Some(Step::Map(m)) = steps.get(i) {
                         calls.push(m.call());

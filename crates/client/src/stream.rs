@@ -15,6 +15,7 @@ use futures::{Stream, StreamExt};
 use pushdown_protocol::{ShardTicket, StreamStats};
 use tokio::sync::mpsc;
 
+use crate::completion::Completion;
 use crate::fleet::{Failure, Fleet, Node};
 use crate::{ClientError, PushdownClient, Result};
 
@@ -169,6 +170,9 @@ pub struct ShardStream {
     options: StreamOptions,
     totals: Arc<Mutex<StreamTotals>>,
     failed: bool,
+    /// Runs the ops a server left to this client; none: a stream that arrives un-reduced
+    /// is an error.
+    completion: Option<Arc<Completion>>,
 }
 
 impl std::fmt::Debug for ShardStream {
@@ -213,7 +217,14 @@ impl ShardStream {
             options,
             totals: Arc::default(),
             failed: false,
+            completion: None,
         })
+    }
+
+    /// Finishes shards that arrive un-reduced with `completion`.
+    pub fn with_completion(mut self, completion: Option<Arc<Completion>>) -> Self {
+        self.completion = completion;
+        self
     }
 
     pub fn schema(&self) -> SchemaRef {
@@ -240,6 +251,7 @@ impl ShardStream {
             tx,
             self.options.clone(),
             Arc::clone(&self.totals),
+            self.completion.clone(),
         ));
         self.active.push_back(Active {
             rx,
@@ -302,6 +314,7 @@ async fn run_endpoint(
     tx: Buffer,
     options: StreamOptions,
     totals: Arc<Mutex<StreamTotals>>,
+    completion: Option<Arc<Completion>>,
 ) {
     let index = segment.index;
     let fail = |e: ClientError| {
@@ -359,12 +372,17 @@ async fn run_endpoint(
             })
             .await;
         };
+        // Where this shard's ops run is asked anew on each request (a resumed stream too).
+        let deferral = completion.as_ref().map(|c| c.deferral_for(index));
         let bytes = match &resumable {
-            Some(t) if delivered > 0 => ShardTicket {
-                skip_rows: t.skip_rows + delivered,
-                ..t.clone()
+            Some(t) if delivered > 0 || deferral.is_some() => {
+                let mut t = t.clone();
+                t.skip_rows += delivered;
+                if let Some(deferral) = deferral {
+                    t.request.deferral = deferral;
+                }
+                t.encode()
             }
-            .encode(),
             _ => ticket.ticket.clone(),
         };
         if !tried.contains(&node.url) {
@@ -384,6 +402,7 @@ async fn run_endpoint(
                     end,
                     expect_trailer,
                     stall: options.stall_timeout,
+                    completion: completion.as_ref(),
                 },
             )
             .await
@@ -446,6 +465,33 @@ async fn run_endpoint(
     }
 }
 
+/// Runs the ops the server at `url` left to this client on `batch`, on a blocking thread.
+async fn complete(
+    completion: Option<&Arc<Completion>>,
+    batch: RecordBatch,
+    from: usize,
+    index: usize,
+    url: &str,
+    active: &mut Option<crate::completion::Active>,
+) -> Result<RecordBatch, Fetch> {
+    let Some(completion) = completion else {
+        return Err(Fetch::Failed(ClientError::Decode {
+            endpoint: index,
+            reason: format!("{url} left ops to this client, which cannot run them"),
+        }));
+    };
+    if active.is_none() {
+        *active = Some(completion.stream_started());
+    }
+    let completion = Arc::clone(completion);
+    match tokio::task::spawn_blocking(move || completion.complete(batch, from)).await {
+        Ok(done) => done.map_err(Fetch::Failed),
+        Err(e) => Err(Fetch::Failed(ClientError::Invalid(format!(
+            "completing a deferred batch: {e}"
+        )))),
+    }
+}
+
 /// A wait in [d/2, d]: retries of many streams do not arrive together.
 fn jittered(d: Duration) -> Duration {
     use rand::Rng;
@@ -461,6 +507,7 @@ struct Progress<'a> {
     expect_trailer: bool,
     /// Longest wait for the next message.
     stall: Duration,
+    completion: Option<&'a Arc<Completion>>,
 }
 
 enum Fetch {
@@ -483,7 +530,10 @@ async fn fetch(
         end,
         expect_trailer,
         stall,
+        completion,
     } = progress;
+    // Held while this stream arrives un-reduced: the client's room for more.
+    let mut deferred: Option<crate::completion::Active> = None;
     if end.is_some_and(|e| *delivered >= e) {
         return Ok(());
     }
@@ -547,6 +597,9 @@ async fn fetch(
                     if (batch.num_rows() as u64) > left {
                         batch = batch.slice(0, left as usize);
                     }
+                }
+                if let Some(from) = Completion::deferred_from(&batch).map_err(Fetch::Failed)? {
+                    batch = complete(completion, batch, from, index, &node.url, &mut deferred).await?;
                 }
                 let rows = batch.num_rows() as u64;
                 if !tx.push(batch).await {

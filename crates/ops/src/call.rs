@@ -156,8 +156,9 @@ impl Calls {
         self.bound.is_empty()
     }
 
-    /// Runs every call on `batch`. Call `k` draws its randomness from
-    /// [`call_seed`]`(ctx.seed, k)` and the row.
+    /// Runs every call on `batch`. The `k`-th random call draws its randomness from
+    /// [`call_seed`]`(ctx.seed, k)` and the row: deterministic calls are not counted, so
+    /// where they run (pushed to a server or not) never changes a random call's draws.
     pub fn apply(&self, batch: RecordBatch, ctx: &Context<'_>) -> Result<RecordBatch> {
         self.apply_observed(batch, ctx, |_| {})
     }
@@ -169,11 +170,13 @@ impl Calls {
         ctx: &Context<'_>,
         mut observe: impl FnMut(CallRun<'_>),
     ) -> Result<RecordBatch> {
-        for (k, b) in self.bound.iter().enumerate() {
+        let mut random = 0;
+        for b in &self.bound {
             let call_ctx = Context {
-                seed: call_seed(ctx.seed, k),
+                seed: call_seed(ctx.seed, random),
                 resources: ctx.resources,
             };
+            random += usize::from(!b.op.is_deterministic());
             let input = batch.column(b.input);
             let start = Instant::now();
             let out = b.op.apply_in(input, &b.input_field, &b.call.params, &call_ctx)?;

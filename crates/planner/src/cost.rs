@@ -48,6 +48,9 @@ pub struct OpCost {
 pub struct Estimate {
     /// Ops of the fragment pushed to the server.
     pub pushed: usize,
+    /// The share of shards whose pushed ops run on the server (1: all of them). The others
+    /// arrive un-reduced and the trainer runs those ops: a split placement.
+    pub server_fraction: f64,
     pub server_rows_per_s: f64,
     pub network_rows_per_s: f64,
     pub client_rows_per_s: f64,
@@ -111,22 +114,35 @@ pub fn plan_with_profile(
 ) -> Result<CostedPlan, PlanError> {
     let full = plan_limited(pipeline, schema, usize::MAX)?;
     let eligible = full.fragment.ops.len();
+    let none = plan_limited(pipeline, schema, 0)?;
+    let unreduced = wire_bytes(&none, 0, profile);
     let mut best: Option<(Plan, Estimate)> = None;
     let mut candidates = Vec::new();
     for pushed in 0..=eligible {
         let candidate = plan_limited(pipeline, schema, pushed)?;
-        let estimate = estimate(&candidate, pushed, profile, env);
-        candidates.push(estimate.clone());
-        let better = match &best {
-            None => true,
-            Some((_, b)) => {
-                estimate.estimated_rows_per_s > b.estimated_rows_per_s * (1.0 + TIE)
-                    || (estimate.estimated_rows_per_s >= b.estimated_rows_per_s * (1.0 - TIE)
-                        && estimate.wire_bytes_per_row < b.wire_bytes_per_row)
+        let costs = Costs::of(&candidate, pushed, profile, unreduced);
+        // The whole placement, then (when ops are pushed) the best split of them.
+        let mut estimates = vec![costs.estimate(pushed, 1.0, profile, env)];
+        if pushed > 0 {
+            let split = (1..SPLIT_STEPS)
+                .map(|k| costs.estimate(pushed, k as f64 / SPLIT_STEPS as f64, profile, env))
+                .max_by(|a, b| a.estimated_rows_per_s.total_cmp(&b.estimated_rows_per_s));
+            let whole = estimates[0].estimated_rows_per_s;
+            estimates.extend(split.filter(|s| s.estimated_rows_per_s > whole * (1.0 + TIE)));
+        }
+        for estimate in estimates {
+            candidates.push(estimate.clone());
+            let better = match &best {
+                None => true,
+                Some((_, b)) => {
+                    estimate.estimated_rows_per_s > b.estimated_rows_per_s * (1.0 + TIE)
+                        || (estimate.estimated_rows_per_s >= b.estimated_rows_per_s * (1.0 - TIE)
+                            && estimate.wire_bytes_per_row < b.wire_bytes_per_row)
+                }
+            };
+            if better {
+                best = Some((candidate.clone(), estimate));
             }
-        };
-        if better {
-            best = Some((candidate, estimate));
         }
     }
     let (plan, chosen) = best.ok_or_else(|| PlanError::Format("no placement".into()))?;
@@ -158,55 +174,98 @@ pub fn plan_with_profile(
     })
 }
 
-fn estimate(plan: &Plan, pushed: usize, profile: &Profile, env: &Environment) -> Estimate {
-    let sel = profile.selectivity.clamp(1e-9, 1.0);
+/// Split placements are tried in steps of this many parts.
+const SPLIT_STEPS: usize = 20;
+
+/// Bytes per delivered row of `plan`'s columns when its first `pushed` ops ran on the server.
+fn wire_bytes(plan: &Plan, pushed: usize, profile: &Profile) -> f64 {
     let mut sizes: BTreeMap<&str, f64> = profile
         .column_bytes_per_row
         .iter()
         .map(|(k, v)| (k.as_str(), *v))
         .collect();
-    let mut server_ns = 0.0;
-    let mut client_ns = 0.0;
-    for (i, op) in profile.ops.iter().enumerate() {
-        if i < pushed {
-            server_ns += op.ns_per_row;
-            sizes.insert(op.output.as_str(), op.bytes_out_per_row);
-        } else {
-            client_ns += op.ns_per_row;
-        }
+    for op in profile.ops.iter().take(pushed) {
+        sizes.insert(op.output.as_str(), op.bytes_out_per_row);
     }
-    let wire: f64 = plan
-        .fragment
+    plan.fragment
         .columns
         .iter()
         .map(|c| sizes.get(c.as_str()).copied().unwrap_or(0.0))
-        .sum();
-    let rate = |cores: f64, ns: f64| {
-        if ns <= 0.0 {
+        .sum()
+}
+
+/// What one placement of a fragment's ops costs per row, from the profile.
+struct Costs {
+    /// Selectivity of the filter.
+    sel: f64,
+    /// Scanning, per scanned row (server).
+    scan_ns: f64,
+    /// The pushed ops, per row that passes the filter.
+    pushed_ns: f64,
+    /// The ops left to the trainer, per row that passes.
+    rest_ns: f64,
+    /// Bytes per delivered row with the pushed ops run, and with none run.
+    wire: f64,
+    unreduced: f64,
+}
+
+impl Costs {
+    fn of(plan: &Plan, pushed: usize, profile: &Profile, unreduced: f64) -> Self {
+        let (mut pushed_ns, mut rest_ns) = (0.0, 0.0);
+        for (i, op) in profile.ops.iter().enumerate() {
+            if i < pushed {
+                pushed_ns += op.ns_per_row;
+            } else {
+                rest_ns += op.ns_per_row;
+            }
+        }
+        Self {
+            sel: profile.selectivity.clamp(1e-9, 1.0),
+            scan_ns: profile.scan_ns_per_row,
+            pushed_ns,
+            rest_ns,
+            wire: wire_bytes(plan, pushed, profile),
+            unreduced,
+        }
+    }
+
+    /// The placement's throughput with the pushed ops run on the server for `fraction` of
+    /// the shards and on the trainer for the rest: each stage's rate is its capacity over
+    /// its work per row (a split adds work to both ends and moves the mix of bytes).
+    fn estimate(&self, pushed: usize, fraction: f64, profile: &Profile, env: &Environment) -> Estimate {
+        let (sel, f) = (self.sel, fraction);
+        let wire = f * self.wire + (1.0 - f) * self.unreduced;
+        let rate = |cores: f64, ns: f64| {
+            if ns <= 0.0 {
+                f64::INFINITY
+            } else {
+                cores.max(0.01) * 1e9 / ns
+            }
+        };
+        // Rates in sampled (scanned) rows per second.
+        let server = rate(env.server_cores, self.scan_ns + sel * f * self.pushed_ns);
+        let network = if wire <= 0.0 {
             f64::INFINITY
         } else {
-            cores.max(0.01) * 1e9 / ns
-        }
-    };
-    // Rates in sampled (scanned) rows per second.
-    let server = rate(env.server_cores, profile.scan_ns_per_row + sel * server_ns);
-    let network = if wire <= 0.0 {
-        f64::INFINITY
-    } else {
-        env.bandwidth_bytes_per_s / (sel * wire)
-    };
-    let client = rate(env.client_cores, sel * client_ns);
-    let mut estimate = Estimate {
-        pushed,
-        server_rows_per_s: sel * server,
-        network_rows_per_s: sel * network,
-        client_rows_per_s: sel * client,
-        wire_bytes_per_row: wire,
-        estimated_rows_per_s: sel * server.min(network).min(client),
-        compression: Compression::None,
-    };
-    estimate.compression = codec(estimate.link_bound(), profile, env);
-    estimate
+            env.bandwidth_bytes_per_s / (sel * wire)
+        };
+        let client = rate(
+            env.client_cores,
+            sel * ((1.0 - f) * self.pushed_ns + self.rest_ns),
+        );
+        let mut estimate = Estimate {
+            pushed,
+            server_fraction: f,
+            server_rows_per_s: sel * server,
+            network_rows_per_s: sel * network,
+            client_rows_per_s: sel * client,
+            wire_bytes_per_row: wire,
+            estimated_rows_per_s: sel * server.min(network).min(client),
+            compression: Compression::None,
+        };
+        estimate.compression = codec(estimate.link_bound(), profile, env);
+        estimate
+    }
 }
 
 impl CostedPlan {
@@ -232,24 +291,40 @@ impl CostedPlan {
         );
         let _ = writeln!(
             out,
-            "  {:>6} {:>14} {:>14} {:>14} {:>14} {:>14}",
-            "pushed", "server", "network", "client", "wire B/row", "estimate"
+            "  {:>6} {:>9} {:>14} {:>14} {:>14} {:>14} {:>14}",
+            "pushed", "on server", "server", "network", "client", "wire B/row", "estimate"
         );
         for c in &self.candidates {
-            let mark = if c.pushed == self.chosen.pushed {
+            let mark = if c.pushed == self.chosen.pushed && c.server_fraction == self.chosen.server_fraction {
                 " ← chosen"
             } else {
                 ""
             };
             let _ = writeln!(
                 out,
-                "  {:>6} {:>14} {:>14} {:>14} {:>14.0} {:>14}{mark}",
+                "  {:>6} {:>8.0}% {:>14} {:>14} {:>14} {:>14.0} {:>14}{mark}",
                 c.pushed,
+                c.server_fraction * 100.0,
                 rate(c.server_rows_per_s),
                 rate(c.network_rows_per_s),
                 rate(c.client_rows_per_s),
                 c.wire_bytes_per_row,
                 rate(c.estimated_rows_per_s),
+            );
+        }
+        if self.chosen.server_fraction < 1.0 {
+            let _ = writeln!(
+                out,
+                "\nsplit: {:.0}% of the shards run the pushed ops on the server, {:.0}% arrive \
+                 un-reduced and the trainer runs them (alone, the server would run them for \
+                 {} rows/s, the trainer for {})",
+                self.chosen.server_fraction * 100.0,
+                (1.0 - self.chosen.server_fraction) * 100.0,
+                rate(
+                    self.whole(self.chosen.pushed)
+                        .map_or(f64::NAN, |w| w.server_rows_per_s)
+                ),
+                rate(self.whole(0).map_or(f64::NAN, |w| w.client_rows_per_s)),
             );
         }
         let _ = writeln!(
@@ -263,6 +338,13 @@ impl CostedPlan {
             }
         );
         out
+    }
+
+    /// The estimate of pushing `pushed` ops for every shard.
+    fn whole(&self, pushed: usize) -> Option<&Estimate> {
+        self.candidates
+            .iter()
+            .find(|c| c.pushed == pushed && c.server_fraction >= 1.0)
     }
 
     /// `{"ops": [...], "estimated_rows_per_s": …, "compression": "zstd", "candidates": [...]}`. A stage with no work

@@ -283,6 +283,53 @@ mod cost {
         assert_eq!(costed.chosen.pushed, 0, "{}", costed.explain());
     }
 
+    /// One server core and one trainer core, each as fast at the op, and a link with room:
+    /// each end decoding half of the shards is twice either alone.
+    #[test]
+    fn equal_ends_and_a_roomy_link_split_the_op() {
+        let env = Environment {
+            bandwidth_bytes_per_s: GBIT,
+            server_cores: 1.0,
+            client_cores: 1.0,
+        };
+        let mut profile = profile(12_000.0);
+        profile.ops[0].ns_per_row = 400_000.0;
+        let costed = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
+        let chosen = &costed.chosen;
+        assert_eq!(chosen.pushed, 1, "{}", costed.explain());
+        assert!(
+            (chosen.server_fraction - 0.5).abs() < 0.06,
+            "{}",
+            costed.explain()
+        );
+        let whole = costed
+            .candidates
+            .iter()
+            .filter(|c| c.server_fraction == 1.0)
+            .map(|c| c.estimated_rows_per_s)
+            .fold(0.0, f64::max);
+        assert!(chosen.estimated_rows_per_s > 1.9 * whole, "{}", costed.explain());
+        // The split moves both kinds of rows: its bytes are between the two.
+        assert!(chosen.wire_bytes_per_row > 12_004.0 && chosen.wire_bytes_per_row < 15_004.0);
+        assert!(
+            costed.explain().contains("split: 50% of the shards"),
+            "{}",
+            costed.explain()
+        );
+        // A slow link keeps the op whole on the server: only reduced rows fit.
+        let slow = Environment {
+            bandwidth_bytes_per_s: GBIT / 100.0,
+            ..env
+        };
+        let costed = plan_with_profile(&pipeline(64), &images(), &profile, &slow).unwrap();
+        assert_eq!(
+            (costed.chosen.pushed, costed.chosen.server_fraction),
+            (1, 1.0),
+            "{}",
+            costed.explain()
+        );
+    }
+
     #[test]
     fn bandwidths_parse() {
         assert_eq!(parse_bandwidth("1Gbit").unwrap(), 125e6);

@@ -89,7 +89,27 @@ pub struct ScanRequest {
     /// End every stream with a metadata-only message carrying [`StreamStats`].
     pub stats: bool,
     pub filter_pushdown: FilterPushdown,
+    /// Which of a fragment's ops the server may leave to the client.
+    pub deferral: Deferral,
 }
+
+/// Which ops of a fragment the server may leave to the client: ops `from..` then run on the
+/// client, over the rows the server streams un-reduced ([`Fragment::deferred`]), and the
+/// stream's schema says so ([`DEFERRED_FROM_KEY`]). Only the place an op runs changes: the
+/// rows, their order and their values do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deferral {
+    /// The server runs every op.
+    #[default]
+    Never,
+    /// The server defers when its cores are taken by other reducing streams.
+    IfBusy { from: u32 },
+    /// The server defers: the shard is the client's (a split placement).
+    Always { from: u32 },
+}
+
+/// Schema metadata of a stream whose fragment ops from this index on were left to the client.
+pub const DEFERRED_FROM_KEY: &str = "pushdown.deferred_from";
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Query {
@@ -555,6 +575,39 @@ impl CountReply {
     }
 }
 
+impl Fragment {
+    /// The fragment the server runs when ops `from..` are left to the client: those ops
+    /// dropped, and each column they would have written replaced by the columns they read
+    /// (as they were before the first dropped op), so the client can run them on the rows.
+    /// Running ops `from..` on this fragment's rows, then selecting [`Self::columns`], gives
+    /// this fragment's rows. With no columns named (every column), only the ops are dropped.
+    pub fn deferred(&self, from: usize) -> Fragment {
+        let from = from.min(self.ops.len());
+        let (kept, dropped) = self.ops.split_at(from);
+        let columns = if self.columns.is_empty() {
+            Vec::new()
+        } else {
+            // Walking the dropped ops backwards: what each needs replaces what it writes.
+            let mut needed: Vec<String> = self.columns.clone();
+            for call in dropped.iter().rev() {
+                if let Some(at) = needed.iter().position(|c| *c == call.output) {
+                    needed.remove(at);
+                    if !needed.contains(&call.input) {
+                        needed.insert(at, call.input.clone());
+                    }
+                }
+            }
+            needed
+        };
+        Fragment {
+            dataset: self.dataset.clone(),
+            columns,
+            predicate: self.predicate.clone(),
+            ops: kept.to_vec(),
+        }
+    }
+}
+
 impl ScanRequest {
     /// A request with default streaming options (zstd, no trailing stats, automatic filter
     /// pushdown).
@@ -564,6 +617,7 @@ impl ScanRequest {
             compression: Compression::default(),
             stats: false,
             filter_pushdown: FilterPushdown::default(),
+            deferral: Deferral::Never,
         }
     }
 
@@ -645,6 +699,17 @@ mod to_proto {
                 FilterPushdown::On => proto::FilterPushdown::On,
                 FilterPushdown::Off => proto::FilterPushdown::Off,
             } as i32,
+            deferral: match r.deferral {
+                Deferral::Never => None,
+                Deferral::IfBusy { from } => Some(proto::Deferral {
+                    when: proto::deferral::When::IfBusy as i32,
+                    from,
+                }),
+                Deferral::Always { from } => Some(proto::Deferral {
+                    when: proto::deferral::When::Always as i32,
+                    from,
+                }),
+            },
         }
     }
 
@@ -725,11 +790,31 @@ mod from_proto {
             proto::scan_request::Query::Fragment(f) => Query::Fragment(fragment(f)?),
             proto::scan_request::Query::Sql(sql) => Query::Sql(sql),
         };
+        let deferral = match m.deferral {
+            None => Deferral::Never,
+            Some(d) => match proto::deferral::When::try_from(d.when) {
+                Ok(proto::deferral::When::Never) => Deferral::Never,
+                Ok(proto::deferral::When::IfBusy) => Deferral::IfBusy { from: d.from },
+                Ok(proto::deferral::When::Always) => Deferral::Always { from: d.from },
+                Err(_) => return Err(invalid("Deferral", "when", d.when)),
+            },
+        };
+        if let (Deferral::IfBusy { from } | Deferral::Always { from }, Query::Fragment(f)) =
+            (deferral, &query)
+            && from as usize > f.ops.len()
+        {
+            return Err(ProtocolError::Invalid {
+                message: "Deferral",
+                field: "from",
+                reason: format!("{from} is past the fragment's {} op(s)", f.ops.len()),
+            });
+        }
         Ok(ScanRequest {
             query,
             compression,
             stats: m.stats,
             filter_pushdown,
+            deferral,
         })
     }
 
@@ -872,7 +957,61 @@ mod tests {
             compression: Compression::Lz4,
             stats: true,
             filter_pushdown: FilterPushdown::On,
+            deferral: Deferral::IfBusy { from: 0 },
         }
+    }
+
+    #[test]
+    fn a_deferred_fragment_reads_what_its_dropped_ops_need() {
+        let call = |op: &str, input: &str, output: &str| OpCall::new(op, input, vec![], output);
+        let f = Fragment {
+            dataset: "d".into(),
+            columns: vec!["pixels".into(), "label".into(), "h2".into()],
+            predicate: Some("label < 3".into()),
+            ops: vec![
+                call("hash_bucket", "c1", "h1"),
+                call("decode_resize", "image", "pixels"),
+                call("hash_bucket", "h1", "h2"),
+            ],
+        };
+        assert_eq!(f.deferred(3), f);
+        let d = f.deferred(1);
+        assert_eq!(d.ops, f.ops[..1]);
+        assert_eq!(d.columns, ["image", "label", "h1"]);
+        assert_eq!(d.predicate, f.predicate);
+        // Everything deferred: the chain h2 ← h1 ← c1 is followed back to the source.
+        assert_eq!(f.deferred(0).columns, ["image", "label", "c1"]);
+        // In place (`op(x) AS x`), and a column both kept and read by a dropped op.
+        let g = Fragment {
+            columns: vec!["image".into(), "label".into()],
+            ops: vec![
+                call("thumbnail", "image", "image"),
+                call("hash_bucket", "label", "label"),
+            ],
+            ..f.clone()
+        };
+        assert_eq!(g.deferred(0).columns, ["image", "label"]);
+        assert_eq!(g.deferred(0).ops, []);
+        assert_eq!(f.deferred(99), f);
+    }
+
+    #[test]
+    fn a_deferral_past_the_ops_is_refused() {
+        let mut ticket = ShardTicket {
+            request: fragment_request(),
+            shard: None,
+            skip_rows: 0,
+        };
+        ticket.request.deferral = Deferral::Always { from: 2 };
+        assert!(matches!(
+            ShardTicket::decode(&ticket.encode()),
+            Err(ProtocolError::Invalid {
+                message: "Deferral",
+                ..
+            })
+        ));
+        ticket.request.deferral = Deferral::Always { from: 1 };
+        assert_eq!(ShardTicket::decode(&ticket.encode()).unwrap(), ticket);
     }
 
     #[test]

@@ -95,6 +95,11 @@ pub struct ServerConfig {
     /// Threads of the CPU runtime (decode, filter, ops, encode); also the partitions of
     /// queries that are not row-wise.
     pub cpu_threads: usize,
+    /// Streams that run their fragment ops here at once before a stream whose client allows
+    /// it (`Deferral::IfBusy`) is answered un-reduced, its ops left to the client. `None`:
+    /// `cpu_threads` (each reducing stream has a core); `Some(0)`: every such stream is
+    /// left to its client.
+    pub reducing_streams: Option<usize>,
     /// Row-group ranges read at once by the streams running now, shared among them: a
     /// store with long round trips (S3: tens of ms per request) is read at its bandwidth
     /// only with several requests in flight, however few cores decode. A stream reads
@@ -142,6 +147,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(3600),
             memory_limit: 1 << 30,
             cpu_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            reducing_streams: None,
             store_reads_in_flight: 1,
             catalog_refresh: Duration::from_secs(5),
             max_flight_data_bytes: 2 << 20,
@@ -221,6 +227,9 @@ pub(crate) struct State {
     cache: Arc<cache::FragmentCache>,
     scaling: Arc<scaling::Scaling>,
     streams: Arc<Semaphore>,
+    /// Streams running fragment ops here now: a stream that may leave its ops to the client
+    /// does so when there are as many as CPU threads.
+    reducing: Arc<std::sync::atomic::AtomicUsize>,
     config: Arc<ServerConfig>,
     /// The tokens requests must carry; none: every request reads everything.
     tokens: Option<Arc<Tokens>>,
@@ -323,6 +332,7 @@ impl ServerBuilder {
             metrics,
             cpu,
             streams: Arc::new(Semaphore::new(config.max_concurrent_streams.max(1))),
+            reducing: Arc::default(),
             config,
             tokens: self.tokens.map(Arc::new),
         });

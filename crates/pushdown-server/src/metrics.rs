@@ -23,6 +23,12 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpSideLabels {
+    pub op: String,
+    pub side: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodecLabels {
     pub codec: &'static str,
 }
@@ -55,6 +61,8 @@ pub struct Metrics {
     pub dataset_files: Family<DatasetLabels, Gauge>,
     pub panics_contained: Counter,
     pub batches_sent: Family<CodecLabels, Counter>,
+    pub op_rows: Family<OpSideLabels, Counter>,
+    pub deferred_streams: Counter,
     pub cache_lookups: Family<OutcomeLabels, Counter>,
     pub cache_admitted: Counter,
     pub cache_declined: Counter,
@@ -101,6 +109,8 @@ impl Metrics {
             dataset_files: Family::default(),
             panics_contained: Counter::default(),
             batches_sent: Family::default(),
+            op_rows: Family::default(),
+            deferred_streams: Counter::default(),
             cache_lookups: Family::default(),
             cache_admitted: Counter::default(),
             cache_declined: Counter::default(),
@@ -149,6 +159,17 @@ impl Metrics {
             "scaling_servers_wanted / scaling_servers: the per-server value a Kubernetes HPA \
              averages against a target of 1",
             m.scaling_load_ratio.clone(),
+        );
+        registry.register(
+            "op_rows",
+            "Rows each fragment op was asked for, by where it ran: server, or client (the \
+             stream left it to the client: a split placement, or this server's cores were taken)",
+            m.op_rows.clone(),
+        );
+        registry.register(
+            "deferred_streams",
+            "Shard streams answered un-reduced, their ops left to the client",
+            m.deferred_streams.clone(),
         );
         registry.register(
             "cache_lookups",
@@ -286,6 +307,16 @@ impl Metrics {
 
     pub(crate) fn cache_lookups(&self, outcome: &'static str) {
         self.cache_lookups.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// `rows` of a stream through `ops`, the first `on_server` of them run here.
+    pub(crate) fn record_op_rows(&self, ops: &[String], on_server: usize, rows: u64) {
+        for (i, op) in ops.iter().enumerate() {
+            let side = if i < on_server { "server" } else { "client" };
+            self.op_rows
+                .get_or_create(&OpSideLabels { op: op.clone(), side })
+                .inc_by(rows);
+        }
     }
 
     pub(crate) fn record_batch(&self, codec: pushdown_protocol::Compression) {

@@ -14,7 +14,8 @@ use arrow_flight::{
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
 use pushdown_protocol::{
-    ActionKind, ClientReport, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket,
+    ActionKind, ClientReport, Compression, CountReply, DEFERRED_FROM_KEY, Deferral, Fragment, Query,
+    ScanRequest, ShardTicket,
 };
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::{Request, Response, Status, Streaming};
@@ -204,6 +205,7 @@ impl PushdownService {
         let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
+        let (ticket, placement) = self.place(ticket);
         // The CPU threads (and reads in flight, for a remote store) shared among the streams
         // running now: a lone reader (pyarrow taking endpoints one by one) decodes its shard
         // on every core; many readers one core each.
@@ -231,7 +233,7 @@ impl PushdownService {
             ticket,
             opened,
             Arc::clone(&caller.grant),
-            permit,
+            (permit, placement),
             tx.clone(),
         );
         let metrics = Arc::clone(&self.state.metrics);
@@ -274,6 +276,45 @@ impl PushdownService {
             item
         });
         Ok(stream.boxed())
+    }
+
+    /// Where this stream's fragment ops run. A ticket that lets the server leave ops `from..`
+    /// to the client gets them left when it says `Always` (a split placement), or `IfBusy`
+    /// and as many streams as CPU threads run ops here now; the ticket's fragment is then
+    /// [`Fragment::deferred`]. A stream that runs ops here counts as reducing while it lives.
+    fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
+        use std::sync::atomic::Ordering;
+        let Query::Fragment(fragment) = &ticket.request.query else {
+            return (ticket, Placement::default());
+        };
+        let ops: Vec<String> = fragment.ops.iter().map(|c| c.op.clone()).collect();
+        let reducing = &self.state.reducing;
+        let from = match ticket.request.deferral {
+            Deferral::Never => None,
+            Deferral::Always { from } => Some(from as usize),
+            Deferral::IfBusy { from } => {
+                let config = &self.state.config;
+                let room = config.reducing_streams.unwrap_or(config.cpu_threads.max(1));
+                (reducing.load(Ordering::Relaxed) >= room).then_some(from as usize)
+            }
+        }
+        .filter(|&from| from < ops.len());
+        let on_server = from.unwrap_or(ops.len());
+        if let Some(from) = from {
+            let deferred = fragment.deferred(from);
+            ticket.request.query = Query::Fragment(deferred);
+            self.state.metrics.deferred_streams.inc();
+        }
+        let guard = (on_server > 0).then(|| Reducing::new(Arc::clone(reducing)));
+        (
+            ticket,
+            Placement {
+                ops,
+                on_server,
+                deferred_from: from,
+                _reducing: guard,
+            },
+        )
     }
 
     async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
@@ -546,7 +587,7 @@ async fn produce(
     ticket: ShardTicket,
     opened: crate::query::Opened,
     grant: Arc<Grant>,
-    _permit: OwnedSemaphorePermit,
+    (_permit, placement): (OwnedSemaphorePermit, Placement),
     tx: mpsc::Sender<Result<FlightData, Status>>,
 ) -> Result<bool, Status> {
     use crate::cache::Lookup;
@@ -554,6 +595,15 @@ async fn produce(
     let deadline = state.config.request_timeout;
     let plan = Arc::clone(&opened.plan);
     let schema = plan.schema();
+    // A stream whose ops were left to the client says so in its schema.
+    let sent_schema = match placement.deferred_from {
+        Some(from) => {
+            let mut metadata = schema.metadata().clone();
+            metadata.insert(DEFERRED_FROM_KEY.to_owned(), from.to_string());
+            Arc::new(schema.as_ref().clone().with_metadata(metadata))
+        }
+        None => Arc::clone(&schema),
+    };
 
     let shard = ticket.shard.clone();
     let mut skip = ticket.skip_rows;
@@ -591,7 +641,7 @@ async fn produce(
             Lookup::Bypass => computed()?,
         };
         let mut batches = std::pin::pin!(batches);
-        let schema_message = encoder.schema(&schema);
+        let schema_message = encoder.schema(&sent_schema);
         bytes_sent += schema_message.data_header.len() as u64;
         if tx.send(Ok(schema_message)).await.is_err() {
             return Ok(false);
@@ -666,6 +716,9 @@ async fn produce(
     stats.row_groups = opened.row_groups;
     stats.elapsed_ns = start.elapsed().as_nanos() as u64;
     state.metrics.record_stream(&stats);
+    state
+        .metrics
+        .record_op_rows(&placement.ops, placement.on_server, output);
     tracing::debug!(?stats, "stream finished");
     if completed && ticket.request.stats {
         let _ = tx
@@ -673,6 +726,33 @@ async fn produce(
             .await;
     }
     Ok(completed)
+}
+
+/// Where a stream's fragment ops run: the first `on_server` here, the rest (from
+/// `deferred_from`) on the client.
+#[derive(Debug, Default)]
+struct Placement {
+    ops: Vec<String>,
+    on_server: usize,
+    deferred_from: Option<usize>,
+    _reducing: Option<Reducing>,
+}
+
+/// One stream running fragment ops on this server, counted while it lives.
+#[derive(Debug)]
+struct Reducing(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Reducing {
+    fn new(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Reducing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The codec for a client that could not choose one, at `peer`: none on this host (on

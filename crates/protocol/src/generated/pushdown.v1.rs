@@ -13,6 +13,9 @@ pub struct ScanRequest {
     /// Whether filters are evaluated inside the Parquet decoder (late materialization).
     #[prost(enumeration = "FilterPushdown", tag = "5")]
     pub filter_pushdown: i32,
+    /// Which of the fragment's ops the server may leave to the client (placement per shard).
+    #[prost(message, optional, tag = "6")]
+    pub deferral: ::core::option::Option<Deferral>,
     #[prost(oneof = "scan_request::Query", tags = "1, 2")]
     pub query: ::core::option::Option<scan_request::Query>,
 }
@@ -26,6 +29,62 @@ pub mod scan_request {
         /// A read-only SQL SELECT over the catalog's datasets.
         #[prost(string, tag = "2")]
         Sql(::prost::alloc::string::String),
+    }
+}
+/// A fragment's ops `from..` may run on the client instead: the server then streams the rows
+/// un-reduced (the inputs of those ops in place of their outputs) and marks the stream's
+/// schema with `pushdown.deferred_from = from`; the client runs the same kernels. The rows,
+/// their order and (after the client's part) their values are the same either way.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Deferral {
+    #[prost(enumeration = "deferral::When", tag = "1")]
+    pub when: i32,
+    #[prost(uint32, tag = "2")]
+    pub from: u32,
+}
+/// Nested message and enum types in `Deferral`.
+pub mod deferral {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum When {
+        /// The server runs every op (the default; plain Flight clients never see a deferral).
+        Never = 0,
+        /// The server defers when its CPU is taken by other reducing streams.
+        IfBusy = 1,
+        /// The server defers (a split placement: this shard is the client's).
+        Always = 2,
+    }
+    impl When {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Never => "NEVER",
+                Self::IfBusy => "IF_BUSY",
+                Self::Always => "ALWAYS",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "NEVER" => Some(Self::Never),
+                "IF_BUSY" => Some(Self::IfBusy),
+                "ALWAYS" => Some(Self::Always),
+                _ => None,
+            }
+        }
     }
 }
 /// Projection, filter and deterministic row-wise ops over one dataset.
