@@ -20,6 +20,7 @@ mod process;
 mod s3;
 mod scale;
 mod scan;
+mod split;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -82,6 +83,13 @@ enum Command {
     /// The scaling signal against measurement: a trainer that waits on one server, the
     /// servers the signal asks for, and the wait they remove.
     Scale {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The images pipeline over 1 Gbit/s with one server core and one trainer core: the op
+    /// on the server, on the trainer, split between them (the planner's choice, forced,
+    /// adaptive), with the planner's predictions.
+    Split {
         #[command(flatten)]
         options: Options,
     },
@@ -274,6 +282,7 @@ fn main() -> Result<()> {
         Command::Load { options } => ("load", options.resolve()),
         Command::Cache { options } => ("cache", options.resolve()),
         Command::Scale { options } => ("scale", options.resolve()),
+        Command::Split { options } => ("split", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -294,6 +303,7 @@ fn main() -> Result<()> {
                 "load" => load::suite(&options, &data, &command).await?,
                 "cache" => cache::suite(&options, &data, &command).await?,
                 "scale" => scale::suite(&options, &data, &command).await?,
+                "split" => split::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");
@@ -329,6 +339,7 @@ fn main() -> Result<()> {
 /// from the store as `pushdown serve` would. Its fragment cache is off unless
 /// `PUSHDOWN_CACHE` says otherwise: benchmarks of computing measure computing (repetitions
 /// would otherwise be served from the cache); the `cache` suite turns it on.
+/// `PUSHDOWN_SHARD_ROWS` caps the rows of a shard (the `split` suite: many shards to place).
 pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server::Server> {
     let data = data.to_string_lossy();
     let cache_mode = match std::env::var("PUSHDOWN_CACHE") {
@@ -339,9 +350,14 @@ pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server:
         Ok(secs) => Duration::from_secs(secs.parse()?),
         Err(_) => pushdown_server::ServerConfig::default().scaling_window,
     };
+    let shard_max_rows = match std::env::var("PUSHDOWN_SHARD_ROWS") {
+        Ok(rows) => rows.parse()?,
+        Err(_) => pushdown_server::ServerConfig::default().shard_max_rows,
+    };
     let config = pushdown_server::ServerConfig {
         cpu_threads: threads,
         scaling_window,
+        shard_max_rows,
         store_reads_in_flight: pushdown_server::reads_in_flight_for(&data),
         cache: pushdown_server::CacheConfig {
             default_mode: cache_mode,

@@ -24,9 +24,10 @@ pub struct ShardPlacement {
     /// are assigned by their position in the query's endpoints, spread evenly, the same
     /// every epoch.
     pub server_fraction: f64,
-    /// The server's shards are asked `IfBusy`: a server whose cores are taken leaves them to
-    /// this client, while this client has room (fewer un-reduced streams in flight than
-    /// `cores`).
+    /// Adapted at run time: while this client has room (fewer un-reduced streams in flight
+    /// than two per core) the server's shards are asked `IfBusy` (a server whose cores are taken
+    /// leaves them here); while it has none, its own shards are asked `IfBusy` (a server
+    /// with idle cores takes them back).
     pub adaptive: bool,
     /// The client's cores for running deferred ops.
     pub cores: usize,
@@ -110,26 +111,31 @@ impl Completion {
         }
     }
 
-    /// What to ask of the server for shard `index`.
-    pub fn deferral_for(&self, index: usize) -> Deferral {
-        if self.ops.is_empty() {
-            Deferral::Never
-        } else if self.placement.is_clients(index) {
-            Deferral::Always { from: 0 }
-        } else if self.placement.adaptive && self.active.load(Ordering::Relaxed) < self.placement.cores.max(1)
-        {
-            Deferral::IfBusy { from: 0 }
-        } else {
-            Deferral::Never
-        }
+    /// What to ask of the server for shard `index`, and, when the shard may arrive
+    /// un-reduced, a guard that counts it against this client's room until its stream shows
+    /// it did not (or, when it did, until it ends).
+    pub(crate) fn deferral_for(self: &Arc<Self>, index: usize) -> (Deferral, Option<Active>) {
+        // Two streams per core: one being completed, one arriving behind it.
+        let room = self.active.load(Ordering::Relaxed) < 2 * self.placement.cores.max(1);
+        let clients = self.placement.is_clients(index);
+        let deferral = match (self.ops.is_empty(), clients, self.placement.adaptive, room) {
+            (true, ..) => Deferral::Never,
+            // Adapted: the client's own shards go back to a server with idle cores while
+            // this client is the busier end; the server's come here while it is.
+            (_, true, true, false) | (_, false, true, true) => Deferral::IfBusy { from: 0 },
+            (_, true, _, _) => Deferral::Always { from: 0 },
+            (_, false, _, _) => Deferral::Never,
+        };
+        let guard = (deferral != Deferral::Never).then(|| {
+            self.active.fetch_add(1, Ordering::Relaxed);
+            Active(Arc::clone(self))
+        });
+        (deferral, guard)
     }
 
-    /// An un-reduced stream began arriving; it counts against this client's room until the
-    /// guard drops.
-    pub(crate) fn stream_started(self: &Arc<Self>) -> Active {
+    /// A stream arrived un-reduced.
+    pub(crate) fn stream_started(&self) {
         self.streams.fetch_add(1, Ordering::Relaxed);
-        self.active.fetch_add(1, Ordering::Relaxed);
-        Active(Arc::clone(self))
     }
 
     /// Runs ops `from..` on `batch` and selects the planned columns.
@@ -186,7 +192,7 @@ impl Completion {
     }
 }
 
-/// An un-reduced stream being completed (see [`Completion::stream_started`]).
+/// A stream that may arrive, or arrives, un-reduced (see [`Completion::deferral_for`]).
 pub(crate) struct Active(Arc<Completion>);
 
 impl Drop for Active {

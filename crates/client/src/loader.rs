@@ -157,10 +157,10 @@ impl Echo {
 /// shard the server leaves un-reduced is finished by this client with the same kernels.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum Push {
-    /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`]
-    /// (which may split an op's shards between the servers and this client), adapted while
-    /// the epoch runs: a server whose cores are taken leaves its shards' ops to this client
-    /// while this client has cores to spare.
+    /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`],
+    /// which may split an op's shards between the servers and this client. Not adapted at
+    /// run time (see [`Push::Adaptive`]): on one trainer the planned split measures faster
+    /// than the adaptive policy (benches/RESULTS.md, "Split placement").
     #[default]
     Costed,
     /// Exactly the first `k` ops that may run on a server, on every shard (benchmarks that
@@ -1059,7 +1059,7 @@ async fn prepare(
                     let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
                     let placement = ShardPlacement {
                         server_fraction: costed.chosen.server_fraction,
-                        adaptive: true,
+                        adaptive: false,
                         cores,
                     };
                     (costed.plan, costed.chosen.compression, placement)

@@ -373,7 +373,13 @@ async fn run_endpoint(
             .await;
         };
         // Where this shard's ops run is asked anew on each request (a resumed stream too).
-        let deferral = completion.as_ref().map(|c| c.deferral_for(index));
+        let (deferral, tentative) = match &completion {
+            Some(c) => {
+                let (d, guard) = c.deferral_for(index);
+                (Some(d), guard)
+            }
+            None => (None, None),
+        };
         let bytes = match &resumable {
             Some(t) if delivered > 0 || deferral.is_some() => {
                 let mut t = t.clone();
@@ -403,6 +409,7 @@ async fn run_endpoint(
                     expect_trailer,
                     stall: options.stall_timeout,
                     completion: completion.as_ref(),
+                    tentative,
                 },
             )
             .await
@@ -472,7 +479,6 @@ async fn complete(
     from: usize,
     index: usize,
     url: &str,
-    active: &mut Option<crate::completion::Active>,
 ) -> Result<RecordBatch, Fetch> {
     let Some(completion) = completion else {
         return Err(Fetch::Failed(ClientError::Decode {
@@ -480,9 +486,6 @@ async fn complete(
             reason: format!("{url} left ops to this client, which cannot run them"),
         }));
     };
-    if active.is_none() {
-        *active = Some(completion.stream_started());
-    }
     let completion = Arc::clone(completion);
     match tokio::task::spawn_blocking(move || completion.complete(batch, from)).await {
         Ok(done) => done.map_err(Fetch::Failed),
@@ -508,6 +511,8 @@ struct Progress<'a> {
     /// Longest wait for the next message.
     stall: Duration,
     completion: Option<&'a Arc<Completion>>,
+    /// Counts this stream against the client's room while it may arrive un-reduced.
+    tentative: Option<crate::completion::Active>,
 }
 
 enum Fetch {
@@ -531,9 +536,11 @@ async fn fetch(
         expect_trailer,
         stall,
         completion,
+        tentative,
     } = progress;
-    // Held while this stream arrives un-reduced: the client's room for more.
-    let mut deferred: Option<crate::completion::Active> = None;
+    // Held while this stream may arrive, or arrives, un-reduced: the client's room for more.
+    let mut deferred = tentative;
+    let mut placed = false;
     if end.is_some_and(|e| *delivered >= e) {
         return Ok(());
     }
@@ -598,8 +605,17 @@ async fn fetch(
                         batch = batch.slice(0, left as usize);
                     }
                 }
-                if let Some(from) = Completion::deferred_from(&batch).map_err(Fetch::Failed)? {
-                    batch = complete(completion, batch, from, index, &node.url, &mut deferred).await?;
+                let from = Completion::deferred_from(&batch).map_err(Fetch::Failed)?;
+                if !placed {
+                    placed = true;
+                    match (from, completion) {
+                        (None, _) => drop(deferred.take()),
+                        (Some(_), Some(c)) => c.stream_started(),
+                        (Some(_), None) => {}
+                    }
+                }
+                if let Some(from) = from {
+                    batch = complete(completion, batch, from, index, &node.url).await?;
                 }
                 let rows = batch.num_rows() as u64;
                 if !tx.push(batch).await {

@@ -76,9 +76,10 @@ pub struct CostedPlan {
 }
 
 /// The link is taken to bound a stream when it would carry the uncompressed rows at less
-/// than this multiple of the slower end's rate (the estimates are rough; compression's own
-/// CPU is not modelled, so near the line it is the link's rate that decides).
-const LINK_BOUND_HEADROOM: f64 = 2.0;
+/// than this multiple of the slower end's rate. Compressing costs both ends CPU (zstd: ~3 ns
+/// per byte to compress, ~1 to decompress, on cores that are the bottleneck when the link is
+/// not), so only a link near the line is worth it.
+const LINK_BOUND_HEADROOM: f64 = 1.25;
 
 impl Estimate {
     /// Whether the link, not the server or the trainer, bounds this placement.

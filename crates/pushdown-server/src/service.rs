@@ -281,7 +281,8 @@ impl PushdownService {
     /// Where this stream's fragment ops run. A ticket that lets the server leave ops `from..`
     /// to the client gets them left when it says `Always` (a split placement), or `IfBusy`
     /// and as many streams as CPU threads run ops here now; the ticket's fragment is then
-    /// [`Fragment::deferred`]. A stream that runs ops here counts as reducing while it lives.
+    /// [`Fragment::deferred`]. A stream that runs ops here counts as reducing while it
+    /// computes: one waiting for its client leaves the cores to others.
     fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
         use std::sync::atomic::Ordering;
         let Query::Fragment(fragment) = &ticket.request.query else {
@@ -312,7 +313,7 @@ impl PushdownService {
                 ops,
                 on_server,
                 deferred_from: from,
-                _reducing: guard,
+                reducing: guard,
             },
         )
     }
@@ -587,7 +588,7 @@ async fn produce(
     ticket: ShardTicket,
     opened: crate::query::Opened,
     grant: Arc<Grant>,
-    (_permit, placement): (OwnedSemaphorePermit, Placement),
+    (_permit, mut placement): (OwnedSemaphorePermit, Placement),
     tx: mpsc::Sender<Result<FlightData, Status>>,
 ) -> Result<bool, Status> {
     use crate::cache::Lookup;
@@ -679,6 +680,9 @@ async fn produce(
             let producing = ready_since.elapsed();
             producing_total += producing;
             let sending_since = Instant::now();
+            // Waiting for the client is not computing: a stream held back by its reader does
+            // not count against the streams its server reduces at once.
+            placement.waiting(true);
             for data in messages {
                 bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
                 if tx.send(Ok(data)).await.is_err() {
@@ -686,6 +690,7 @@ async fn produce(
                     return Ok(false);
                 }
             }
+            placement.waiting(false);
             state.metrics.record_batch(codec);
             ready_since = Instant::now();
             governor.observe(producing, ready_since - sending_since);
@@ -735,23 +740,52 @@ struct Placement {
     ops: Vec<String>,
     on_server: usize,
     deferred_from: Option<usize>,
-    _reducing: Option<Reducing>,
+    reducing: Option<Reducing>,
 }
 
-/// One stream running fragment ops on this server, counted while it lives.
+impl Placement {
+    /// The stream waits for its client (`true`) or computes again.
+    fn waiting(&mut self, waiting: bool) {
+        if let Some(r) = &mut self.reducing {
+            r.set(!waiting);
+        }
+    }
+}
+
+/// One stream running fragment ops on this server: counted while it computes (not while
+/// its client holds it back), until it ends.
 #[derive(Debug)]
-struct Reducing(Arc<std::sync::atomic::AtomicUsize>);
+struct Reducing {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    counted: bool,
+}
 
 impl Reducing {
     fn new(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(count)
+        let mut r = Self {
+            count,
+            counted: false,
+        };
+        r.set(true);
+        r
+    }
+
+    fn set(&mut self, counted: bool) {
+        use std::sync::atomic::Ordering;
+        if counted != self.counted {
+            if counted {
+                self.count.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.counted = counted;
+        }
     }
 }
 
 impl Drop for Reducing {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.set(false);
     }
 }
 
