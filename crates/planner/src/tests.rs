@@ -228,7 +228,7 @@ mod cost {
         use pushdown_protocol::Compression;
         let cases = [
             (GBIT, 16.0, Compression::Zstd),
-            (10.0 * GBIT, 160.0, Compression::Lz4),
+            (10.0 * GBIT, 200.0, Compression::Lz4),
             (100.0 * GBIT, 16.0, Compression::None),
         ];
         for (bandwidth_bytes_per_s, server_cores, expected) in cases {
