@@ -737,6 +737,8 @@ fn epochs_started_ahead_are_the_epochs_planned_at_their_start() {
 /// adapted while the epoch runs give the same rows, values and order.
 mod placement {
     use super::*;
+    use std::sync::Arc;
+
     use arrow::datatypes::Int32Type;
     use pushdown_client::Push;
 
@@ -763,37 +765,27 @@ mod placement {
             ..LoaderOptions::default()
         };
         let mut l = Loader::new(servers, LoaderSource::Pipeline(pipeline()), o).expect("loader");
-        let batches = id_crops(&mut l, usize::MAX);
-        // Re-read the bucket column of the same sequence (a second loader, same seed).
-        let stats = l.stats();
-        let o = LoaderOptions {
-            batch_size: Some(24),
-            shuffle_buffer: Some(50),
-            seed: 5,
-            epochs: 2,
-            push,
-            compression: Some(Compression::None),
-            ..LoaderOptions::default()
+        let tensor = |b: &pushdown_client::TensorBatch, name: &str| match b.column(name).expect(name) {
+            Column::Tensor { values, .. } => Arc::clone(values),
+            Column::Arrow(_) => panic!("{name} is a tensor"),
         };
-        let buckets: Vec<Vec<i32>> = Loader::new(servers, LoaderSource::Pipeline(pipeline()), o)
-            .expect("loader")
-            .map(|b| match b.expect("batch").column("bucket").expect("bucket") {
-                Column::Tensor { values, .. } => values.as_primitive::<Int32Type>().values().to_vec(),
-                Column::Arrow(_) => panic!("bucket is a tensor"),
-            })
-            .collect();
-        let out = batches
-            .into_iter()
-            .zip(buckets)
-            .map(|(b, k)| {
-                assert_eq!(b.len(), k.len());
-                b.into_iter()
-                    .zip(k)
-                    .map(|((id, crop), k)| (id, crop, k))
+        let out = l
+            .by_ref()
+            .map(|b| {
+                let b = b.expect("batch");
+                let crop = tensor(&b, "crop");
+                let crop = crop.as_primitive::<UInt8Type>().values();
+                let bucket = tensor(&b, "bucket");
+                let bucket = bucket.as_primitive::<Int32Type>().values();
+                let per = crop.len() / b.rows.max(1);
+                ids(&b)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, id)| (id, crop[r * per..(r + 1) * per].to_vec(), bucket[r]))
                     .collect()
             })
             .collect();
-        (out, stats)
+        (out, l.stats())
     }
 
     fn server(s: &Setup, reducing_streams: Option<usize>) -> String {

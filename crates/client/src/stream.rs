@@ -12,7 +12,7 @@ use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightInfo, Ticket};
 use futures::{Stream, StreamExt};
-use pushdown_protocol::{ShardTicket, StreamStats};
+use pushdown_protocol::{Deferral, ShardTicket, StreamStats};
 use tokio::sync::mpsc;
 
 use crate::completion::Completion;
@@ -381,7 +381,7 @@ async fn run_endpoint(
             None => (None, None),
         };
         let bytes = match &resumable {
-            Some(t) if delivered > 0 || deferral.is_some() => {
+            Some(t) if delivered > 0 || deferral.is_some_and(|d| d != Deferral::Never) => {
                 let mut t = t.clone();
                 t.skip_rows += delivered;
                 if let Some(deferral) = deferral {
