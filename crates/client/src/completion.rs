@@ -21,13 +21,14 @@ use crate::{ClientError, Result};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ShardPlacement {
     /// The share of shards the server reduces (the rest are the client's: a split). Shards
-    /// are assigned by their position in the query's endpoints, spread evenly, the same
-    /// every epoch.
+    /// are dealt out evenly by their position in the reader's sequence (epoch × endpoints +
+    /// endpoint): the same for a seed every run.
     pub server_fraction: f64,
-    /// Adapted at run time: while this client has room (fewer un-reduced streams in flight
-    /// than two per core) the server's shards are asked `IfBusy` (a server whose cores are taken
-    /// leaves them here); while it has none, its own shards are asked `IfBusy` (a server
-    /// with idle cores takes them back).
+    /// Adapted at run time (`server_fraction` is then unused): each shard goes, when it is
+    /// requested, to the end expected to finish it first at the rates both have delivered
+    /// (see `Control`); while this client has room (fewer un-reduced streams in flight than
+    /// two per core) the server's shards are asked `IfBusy`, so a server whose cores are
+    /// taken leaves them here at once.
     pub adaptive: bool,
     /// The client's cores for running deferred ops.
     pub cores: usize,
@@ -41,10 +42,12 @@ impl ShardPlacement {
         cores: 1,
     };
 
-    /// Whether shard `index` is the client's under the split.
-    pub fn is_clients(&self, index: usize) -> bool {
+    /// Whether the shard at `position` (see [`crate::Segment::position`]) is the client's
+    /// under the split: positions are dealt out evenly, so any run of them holds the
+    /// client's share, to within one.
+    pub fn is_clients(&self, position: u64) -> bool {
         let client = (1.0 - self.server_fraction).clamp(0.0, 1.0);
-        ((index + 1) as f64 * client).floor() > (index as f64 * client).floor()
+        ((position + 1) as f64 * client).floor() > (position as f64 * client).floor()
     }
 }
 
@@ -60,6 +63,11 @@ pub struct Completion {
     rows: AtomicU64,
     busy_ns: AtomicU64,
     streams: AtomicU64,
+    /// One permit per core: batches are completed a core's worth at a time, in the order
+    /// they arrived, so the shard the consumer waits for is not slowed by every other.
+    cores: Arc<tokio::sync::Semaphore>,
+    /// The adapted split, when [`ShardPlacement::adaptive`].
+    control: std::sync::Mutex<Control>,
 }
 
 impl std::fmt::Debug for Completion {
@@ -82,6 +90,123 @@ pub struct CompletionTotals {
     pub seconds: f64,
 }
 
+/// Which end a shard stream's ops run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Server = 0,
+    Client = 1,
+}
+
+/// The run-time split: each shard goes, when it is requested, to the end expected to finish
+/// it first — the one whose shards in flight, plus this one, take the least time at the rate
+/// it has delivered shards while it had any in flight. A server shared with other trainers
+/// (or slowed by anything) delivers fewer shards a second to this client and gets fewer;
+/// a client whose cores are taken gets fewer. Until both ends have finished a shard they
+/// take turns.
+#[derive(Debug, Default)]
+struct Control {
+    sides: [SideLoad; 2],
+}
+
+/// One end's shards in flight and what it has delivered.
+#[derive(Debug, Default)]
+struct SideLoad {
+    in_flight: u64,
+    done: u64,
+    /// Time with shards in flight: closed periods, and the open one.
+    busy: std::time::Duration,
+    busy_since: Option<Instant>,
+}
+
+impl SideLoad {
+    fn start(&mut self, now: Instant) {
+        if self.in_flight == 0 {
+            self.busy_since = Some(now);
+        }
+        self.in_flight += 1;
+    }
+
+    fn end(&mut self, now: Instant, done: bool) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.done += u64::from(done);
+        if self.in_flight == 0
+            && let Some(since) = self.busy_since.take()
+        {
+            self.busy += now.duration_since(since);
+        }
+    }
+
+    /// Shards a second while it had any in flight; none until it has finished one.
+    fn rate(&self, now: Instant) -> Option<f64> {
+        let busy = self.busy
+            + self
+                .busy_since
+                .map_or_else(Default::default, |s| now.duration_since(s));
+        (self.done > 0).then(|| self.done as f64 / busy.as_secs_f64().max(1e-6))
+    }
+
+    /// When a shard given now would be done.
+    fn finish(&self, rate: f64) -> f64 {
+        (self.in_flight + 1) as f64 / rate
+    }
+}
+
+impl Control {
+    fn deal(&mut self, now: Instant) -> Side {
+        let [server, client] = &self.sides;
+        let side = match (server.rate(now), client.rate(now)) {
+            (Some(rs), Some(rc)) if server.finish(rs) > client.finish(rc) => Side::Client,
+            (Some(_), Some(_)) => Side::Server,
+            _ if server.in_flight > client.in_flight => Side::Client,
+            _ => Side::Server,
+        };
+        self.sides[side as usize].start(now);
+        side
+    }
+}
+
+/// A shard dealt to one end by [`Control`]: counted in flight there until it ends (moved to
+/// the client when the server leaves it un-reduced).
+pub(crate) struct Dealt {
+    completion: Arc<Completion>,
+    side: Side,
+    done: bool,
+}
+
+impl Dealt {
+    /// The server left the shard to this client.
+    pub(crate) fn left_to_client(&mut self) {
+        if self.side == Side::Server {
+            let now = Instant::now();
+            let mut control = self.completion.control();
+            control.sides[Side::Server as usize].end(now, false);
+            control.sides[Side::Client as usize].start(now);
+            self.side = Side::Client;
+        }
+    }
+
+    /// Every row of the shard was delivered.
+    pub(crate) fn finished(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Dealt {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        self.completion.control().sides[self.side as usize].end(now, self.done);
+    }
+}
+
+/// Where a shard request's ops run: what to ask the server, and the guards that count it.
+pub(crate) struct Placed {
+    pub deferral: Deferral,
+    /// Counts the stream against the client's room while it may arrive un-reduced.
+    pub tentative: Option<Active>,
+    /// The adapted split's account of the shard.
+    pub dealt: Option<Dealt>,
+}
+
 impl Completion {
     pub fn new(
         placement: ShardPlacement,
@@ -98,7 +223,18 @@ impl Completion {
             rows: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             streams: AtomicU64::new(0),
+            cores: Arc::new(tokio::sync::Semaphore::new(placement.cores.max(1))),
+            control: Default::default(),
         }
+    }
+
+    fn control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a core to complete a batch on (first come, first served).
+    pub(crate) async fn core(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.cores).acquire_owned().await.ok()
     }
 
     /// Where a received batch's ops were left off, if they were.
@@ -111,26 +247,45 @@ impl Completion {
         }
     }
 
-    /// What to ask of the server for shard `index`, and, when the shard may arrive
-    /// un-reduced, a guard that counts it against this client's room until its stream shows
-    /// it did not (or, when it did, until it ends).
-    pub(crate) fn deferral_for(self: &Arc<Self>, index: usize) -> (Deferral, Option<Active>) {
+    /// What to ask of the server for the shard at `position`: the deferral, a guard that
+    /// counts the shard against this client's room while it may arrive un-reduced (until
+    /// its stream shows it did not, or, when it did, until it ends), and, when adapting, the
+    /// split's account of it.
+    pub(crate) fn deferral_for(self: &Arc<Self>, position: u64) -> Placed {
+        if self.ops.is_empty() {
+            return Placed {
+                deferral: Deferral::Never,
+                tentative: None,
+                dealt: None,
+            };
+        }
         // Two streams per core: one being completed, one arriving behind it.
         let room = self.active.load(Ordering::Relaxed) < 2 * self.placement.cores.max(1);
-        let clients = self.placement.is_clients(index);
-        let deferral = match (self.ops.is_empty(), clients, self.placement.adaptive, room) {
-            (true, ..) => Deferral::Never,
-            // Adapted: the client's own shards go back to a server with idle cores while
-            // this client is the busier end; the server's come here while it is.
-            (_, true, true, false) | (_, false, true, true) => Deferral::IfBusy { from: 0 },
-            (_, true, _, _) => Deferral::Always { from: 0 },
-            (_, false, _, _) => Deferral::Never,
+        let dealt = self.placement.adaptive.then(|| Dealt {
+            completion: Arc::clone(self),
+            side: self.control().deal(Instant::now()),
+            done: false,
+        });
+        let clients = match &dealt {
+            Some(d) => d.side == Side::Client,
+            None => self.placement.is_clients(position),
         };
-        let guard = (deferral != Deferral::Never).then(|| {
+        let deferral = match (clients, self.placement.adaptive, room) {
+            (true, ..) => Deferral::Always { from: 0 },
+            // Adapted: the server's shards come here while this client has room and the
+            // server's cores are taken.
+            (false, true, true) => Deferral::IfBusy { from: 0 },
+            (false, ..) => Deferral::Never,
+        };
+        let tentative = (deferral != Deferral::Never).then(|| {
             self.active.fetch_add(1, Ordering::Relaxed);
             Active(Arc::clone(self))
         });
-        (deferral, guard)
+        Placed {
+            deferral,
+            tentative,
+            dealt,
+        }
     }
 
     /// A stream arrived un-reduced.
@@ -198,5 +353,113 @@ pub(crate) struct Active(Arc<Completion>);
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_split_deals_each_run_of_positions_its_share() {
+        let placement = ShardPlacement {
+            server_fraction: 0.45,
+            adaptive: false,
+            cores: 1,
+        };
+        let clients = |range: std::ops::Range<u64>| range.filter(|&p| placement.is_clients(p)).count();
+        // 55% of any run of positions, to within one: across epochs too (7 of 16 shards is
+        // not 45%, but 7 and 8 alternate).
+        for start in [0, 5, 16, 100] {
+            for len in [16u64, 20, 48] {
+                let expected = 0.55 * len as f64;
+                let got = clients(start..start + len) as f64;
+                assert!(
+                    (got - expected).abs() <= 1.0,
+                    "{start}+{len}: {got} vs {expected}"
+                );
+            }
+        }
+        assert_eq!(clients(0..100), 55);
+        assert_eq!(
+            (0..50).filter(|&p| ShardPlacement::SERVER.is_clients(p)).count(),
+            0
+        );
+    }
+
+    /// Two ends serving shards one at a time in the order dealt, `server` and `client` apart;
+    /// `window` shards in flight; returns the share of the second half of `shards` dealt to
+    /// the server (once the rates are known).
+    fn simulate(server: Duration, client: Duration, window: usize, shards: usize) -> f64 {
+        let start = Instant::now();
+        let mut control = Control::default();
+        let service = [server, client];
+        // Each end's queue: when the shard at its head is done.
+        let mut queues: [VecDeque<()>; 2] = Default::default();
+        let mut busy_until = [start; 2];
+        let mut now = start;
+        let (mut dealt, mut late_server) = (0, 0);
+        while dealt < shards || queues.iter().any(|q| !q.is_empty()) {
+            while dealt < shards && queues.iter().map(VecDeque::len).sum::<usize>() < window {
+                let side = control.deal(now);
+                if queues[side as usize].is_empty() {
+                    busy_until[side as usize] = now + service[side as usize];
+                }
+                queues[side as usize].push_back(());
+                dealt += 1;
+                if side == Side::Server && dealt > shards / 2 {
+                    late_server += 1;
+                }
+            }
+            // The next end to finish a shard.
+            let side = (0..2)
+                .filter(|&s| !queues[s].is_empty())
+                .min_by_key(|&s| busy_until[s])
+                .expect("a shard in flight");
+            now = busy_until[side];
+            queues[side].pop_front();
+            control.sides[side].end(now, true);
+            busy_until[side] = now + service[side];
+        }
+        late_server as f64 / (shards - shards / 2) as f64
+    }
+
+    #[test]
+    fn adapting_deals_shards_by_the_rate_each_end_delivers() {
+        let ms = Duration::from_millis;
+        // Equal ends: half each.
+        let late = simulate(ms(10), ms(10), 16, 400);
+        assert!((late - 0.5).abs() < 0.05, "equal ends: {late}");
+        // A server twice as fast (or a trainer's cores half taken): two thirds to the server.
+        let late = simulate(ms(10), ms(20), 16, 400);
+        assert!((late - 2.0 / 3.0).abs() < 0.05, "server twice as fast: {late}");
+        // A server shared by three trainers delivers a third as fast: a quarter to it.
+        let late = simulate(ms(30), ms(10), 16, 400);
+        assert!((late - 0.25).abs() < 0.05, "a shared server: {late}");
+    }
+
+    #[test]
+    fn until_both_ends_finish_a_shard_they_take_turns() {
+        let mut control = Control::default();
+        let now = Instant::now();
+        let sides: Vec<Side> = (0..6).map(|_| control.deal(now)).collect();
+        assert_eq!(
+            sides,
+            [
+                Side::Server,
+                Side::Client,
+                Side::Server,
+                Side::Client,
+                Side::Server,
+                Side::Client
+            ]
+        );
+        assert_eq!(control.sides[0].in_flight, 3);
+        // A shard that did not finish (a failed stream) is no rate.
+        control.sides[0].end(now + Duration::from_millis(5), false);
+        assert_eq!(control.sides[0].rate(now + Duration::from_millis(5)), None);
     }
 }

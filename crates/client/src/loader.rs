@@ -159,8 +159,8 @@ impl Echo {
 pub enum Push {
     /// The planner's choice, from the servers' measurements and [`LoaderOptions::link`],
     /// which may split an op's shards between the servers and this client. Not adapted at
-    /// run time (see [`Push::Adaptive`]): on one trainer the planned split measures faster
-    /// than the adaptive policy (benches/RESULTS.md, "Split placement").
+    /// run time (see [`Push::Adaptive`]): the planner accounts for the link, which the
+    /// adaptive policy sees only through the rates it measures.
     #[default]
     Costed,
     /// Exactly the first `k` ops that may run on a server, on every shard (benchmarks that
@@ -170,8 +170,12 @@ pub enum Push {
     /// The first `first` ops on the server for `server_fraction` of the shards; the other
     /// shards arrive un-reduced and this client runs those ops. Not adapted.
     Split { first: usize, server_fraction: f64 },
-    /// The first `k` ops asked of the server for every shard, left to this client whenever
-    /// the server's cores are taken and this client has room.
+    /// The first `k` ops, each shard's placed when it is requested: on the end expected to
+    /// finish it first at the rates the server and this client have delivered shards so
+    /// far (a server shared with other trainers delivers fewer and gets fewer), and left to
+    /// this client by a server whose cores are taken while this client has room. On one
+    /// trainer it measures within a few percent of the planned split (benches/RESULTS.md,
+    /// "Split placement") with no plan.
     Adaptive(usize),
 }
 
@@ -554,15 +558,24 @@ impl Prepared {
     pub fn epoch(&self, epoch: u64, first: u64, totals: Arc<std::sync::Mutex<StreamTotals>>) -> EpochBatches {
         let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
         let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
+        let watch = EpochWatch {
+            totals,
+            all_started: Arc::default(),
+        };
+        let all_started = Arc::clone(&watch.all_started);
         let producer = tokio::spawn(async move {
             let finish = |batch, _, _| Ok(batch);
             // `run` has no consumer to measure: an automatic echo is not applied.
             let echo = shared.options.echo.factor(None);
-            if let Err(e) = produce(shared, shards, epoch, echo, first, tx.clone(), finish, totals).await {
+            if let Err(e) = produce(shared, shards, epoch, echo, first, tx.clone(), finish, watch).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
-        EpochBatches { rx, producer }
+        EpochBatches {
+            rx,
+            producer,
+            all_started,
+        }
     }
 }
 
@@ -571,6 +584,15 @@ impl Prepared {
 pub struct EpochBatches {
     rx: mpsc::Receiver<Result<RecordBatch>>,
     producer: tokio::task::JoinHandle<()>,
+    all_started: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EpochBatches {
+    /// Whether every shard of the epoch is in flight: from then on its tail leaves cores
+    /// idle, and the next epoch may start.
+    pub fn all_started(&self) -> bool {
+        self.all_started.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl futures::Stream for EpochBatches {
@@ -867,7 +889,7 @@ impl Loader {
                 0,
                 tx.clone(),
                 to_tensors,
-                Arc::default(),
+                EpochWatch::default(),
             )
             .await
             {
@@ -936,7 +958,7 @@ impl Loader {
                 first,
                 tx.clone(),
                 to_tensors,
-                Arc::default(),
+                EpochWatch::default(),
             )
             .await
             {
@@ -1295,11 +1317,12 @@ async fn produce<T: Send + 'static>(
     first: u64,
     tx: mpsc::Sender<Result<T>>,
     finish: fn(RecordBatch, u64, u64) -> Result<T>,
-    totals: Arc<std::sync::Mutex<StreamTotals>>,
+    watch: EpochWatch,
 ) -> Result<()> {
     let (b, s) = (shared.batch_size as u64, shared.window as u64);
     let echo = echo.max(1);
     let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
+    let endpoints = shards.info.endpoint.len() as u64;
     // Positions are in the echoed sequence: a window of `s` rows read gives `s × echo`.
     let skip = first * b;
     let mut window = skip / (s * echo);
@@ -1321,6 +1344,7 @@ async fn produce<T: Send + 'static>(
                     index: shard,
                     skip,
                     take: Some(take),
+                    position: epoch * endpoints + shard as u64,
                 })
                 .collect();
             (segments, total_batches)
@@ -1340,6 +1364,7 @@ async fn produce<T: Send + 'static>(
                     index: shard,
                     skip: 0,
                     take: None,
+                    position: epoch * endpoints + shard as u64,
                 })
                 .collect();
             (segments, u64::MAX)
@@ -1348,7 +1373,8 @@ async fn produce<T: Send + 'static>(
     let mut options = shared.options.stream.clone();
     options.order = Order::Sequential;
     let mut stream = ShardStream::segments(shared.client.clone(), &shards.info, segments, options)?
-        .with_completion(shared.completion.clone());
+        .with_completion(shared.completion.clone())
+        .signal_all_started(Arc::clone(&watch.all_started));
     let schema = stream.schema();
 
     let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window
@@ -1433,8 +1459,17 @@ async fn produce<T: Send + 'static>(
     while !in_flight.is_empty() {
         send_next(&mut in_flight, &tx).await?;
     }
-    *totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
+    *watch.totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
     Ok(())
+}
+
+/// What a producer tells its reader besides batches.
+#[derive(Debug, Clone, Default)]
+struct EpochWatch {
+    /// What the epoch's streams cost, added when it ends.
+    totals: Arc<std::sync::Mutex<StreamTotals>>,
+    /// Set once every shard of the epoch is in flight.
+    all_started: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A window's rows in the order they are delivered: `echo` rounds, each a permutation of the

@@ -15,7 +15,9 @@ use parquet::arrow::ArrowWriter;
 use pushdown_planner::Plan;
 use pushdown_protocol::{Compression, PlanEstimate, StreamStats};
 
-use crate::{ClientError, LoaderOptions, LoaderSource, Prepared, PushdownClient, Result, StreamTotals};
+use crate::{
+    ClientError, EpochBatches, LoaderOptions, LoaderSource, Prepared, PushdownClient, Result, StreamTotals,
+};
 
 /// What to run and where to put it.
 #[derive(Debug, Clone)]
@@ -98,13 +100,19 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let totals = Arc::new(Mutex::new(StreamTotals::default()));
     let (mut rows, mut batches) = (0u64, 0u64);
     let mut waited = Duration::ZERO;
-    for epoch in 0..loader.epochs as u64 {
-        // Each epoch reads what the servers list when it starts (files added join the next).
-        if epoch > 0 {
-            prepared = prepared.replan().await?;
-        }
-        let mut stream = prepared.epoch(epoch, 0, Arc::clone(&totals));
+    let epochs = loader.epochs as u64;
+    let mut stream = prepared.epoch(0, 0, Arc::clone(&totals));
+    for epoch in 0..epochs {
+        // The next epoch reads what the servers list when it starts (files added join it),
+        // and starts once this one's last shards are in flight: its streams take up the
+        // cores and link this epoch's tail leaves idle. Its batches follow this epoch's.
+        let mut ahead: Option<(Prepared, EpochBatches)> = None;
         loop {
+            if ahead.is_none() && epoch + 1 < epochs && stream.all_started() {
+                let next = prepared.replan().await?;
+                let batches = next.epoch(epoch + 1, 0, Arc::clone(&totals));
+                ahead = Some((next, batches));
+            }
             let asked = Instant::now();
             let next = stream.next().await;
             waited += asked.elapsed();
@@ -115,6 +123,16 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
             if let Some(w) = writer.as_mut() {
                 w.write(&batch).map_err(parquet_error)?;
             }
+        }
+        if epoch + 1 < epochs {
+            (prepared, stream) = match ahead {
+                Some(next) => next,
+                None => {
+                    let next = prepared.replan().await?;
+                    let batches = next.epoch(epoch + 1, 0, Arc::clone(&totals));
+                    (next, batches)
+                }
+            };
         }
     }
     if let Some(w) = writer {

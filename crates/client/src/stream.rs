@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -62,6 +63,11 @@ pub struct Segment {
     pub index: usize,
     pub skip: u64,
     pub take: Option<u64>,
+    /// What a split placement assigns the segment's side by (see
+    /// [`crate::ShardPlacement::is_clients`]): its endpoint's position counted on over
+    /// epochs (epoch × endpoints + index), so a fraction one epoch's endpoints cannot
+    /// express (7 of 16) is met over epochs.
+    pub position: u64,
 }
 
 impl Default for StreamOptions {
@@ -101,6 +107,8 @@ impl std::ops::AddAssign for StreamTotals {
 
 struct Active {
     rx: mpsc::UnboundedReceiver<Result<Held>>,
+    /// Set when the shard's stream has ended (everything it delivers is read ahead).
+    finished: Arc<AtomicBool>,
     _task: AbortOnDrop,
 }
 
@@ -173,6 +181,10 @@ pub struct ShardStream {
     /// Runs the ops a server left to this client; none: a stream that arrives un-reduced
     /// is an error.
     completion: Option<Arc<Completion>>,
+    /// Set once every segment's stream has started (see [`ShardStream::signal_all_started`]).
+    all_started: Arc<AtomicBool>,
+    /// Woken when a shard's stream ends, to start the next behind a head still streaming.
+    ended: Arc<futures::task::AtomicWaker>,
 }
 
 impl std::fmt::Debug for ShardStream {
@@ -196,6 +208,7 @@ impl ShardStream {
                 index,
                 skip: 0,
                 take: None,
+                position: index as u64,
             })
             .collect();
         Self::segments(client, info, segments, options)
@@ -209,6 +222,7 @@ impl ShardStream {
         options: StreamOptions,
     ) -> Result<Self> {
         let schema = Arc::new(info.clone().try_decode_schema()?);
+        let all_started = Arc::new(AtomicBool::new(segments.is_empty()));
         Ok(Self {
             client,
             schema,
@@ -218,6 +232,8 @@ impl ShardStream {
             totals: Arc::default(),
             failed: false,
             completion: None,
+            all_started,
+            ended: Arc::default(),
         })
     }
 
@@ -229,6 +245,40 @@ impl ShardStream {
 
     pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
+    }
+
+    /// Sets `flag` once every segment's stream has started: from then on the stream's tail
+    /// leaves servers and this client's cores idle, so a reader of several queries in a row
+    /// (the next epoch) starts the next one.
+    pub fn signal_all_started(mut self, flag: Arc<AtomicBool>) -> Self {
+        if self.pending.is_empty() {
+            flag.store(true, Ordering::Release);
+        }
+        self.all_started = flag;
+        self
+    }
+
+    /// Whether another shard's stream may start. Round-robin: while fewer than
+    /// `concurrency` shards are held (their count shapes the sequence). Sequential: while
+    /// fewer than `concurrency` are still streaming, and fewer than twice that are held,
+    /// so shards that finished behind a slow head do not keep servers and this client's
+    /// cores idle (each end runs ahead of the other by up to `concurrency` shards).
+    fn may_start(&self) -> bool {
+        let concurrency = self.options.concurrency.max(1);
+        if self.pending.is_empty() {
+            return false;
+        }
+        match self.options.order {
+            Order::RoundRobin => self.active.len() < concurrency,
+            Order::Sequential => {
+                let streaming = self
+                    .active
+                    .iter()
+                    .filter(|a| !a.finished.load(Ordering::Acquire))
+                    .count();
+                streaming < concurrency && self.active.len() < 2 * concurrency
+            }
+        }
     }
 
     pub fn totals(&self) -> StreamTotals {
@@ -245,18 +295,29 @@ impl ShardStream {
             return;
         };
         let (tx, rx) = Buffer::new(self.options.buffered_bytes);
-        let task = tokio::spawn(run_endpoint(
+        let finished = Arc::new(AtomicBool::new(false));
+        let run = run_endpoint(
             self.client.clone(),
             segment,
             tx,
             self.options.clone(),
             Arc::clone(&self.totals),
             self.completion.clone(),
-        ));
+        );
+        let (done, ended) = (Arc::clone(&finished), Arc::clone(&self.ended));
+        let task = tokio::spawn(async move {
+            run.await;
+            done.store(true, Ordering::Release);
+            ended.wake();
+        });
         self.active.push_back(Active {
             rx,
+            finished,
             _task: AbortOnDrop(task),
         });
+        if self.pending.is_empty() {
+            self.all_started.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -267,8 +328,9 @@ impl Stream for ShardStream {
         if self.failed {
             return Poll::Ready(None);
         }
+        self.ended.register(cx.waker());
         loop {
-            while self.active.len() < self.options.concurrency.max(1) && !self.pending.is_empty() {
+            while self.may_start() {
                 self.start_next();
             }
             let Some(front) = self.active.front_mut() else {
@@ -373,12 +435,12 @@ async fn run_endpoint(
             .await;
         };
         // Where this shard's ops run is asked anew on each request (a resumed stream too).
-        let (deferral, tentative) = match &completion {
+        let (deferral, tentative, mut dealt) = match &completion {
             Some(c) => {
-                let (d, guard) = c.deferral_for(index);
-                (Some(d), guard)
+                let placed = c.deferral_for(segment.position);
+                (Some(placed.deferral), placed.tentative, placed.dealt)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let bytes = match &resumable {
             Some(t) if delivered > 0 || deferral.is_some_and(|d| d != Deferral::Never) => {
@@ -410,6 +472,7 @@ async fn run_endpoint(
                     stall: options.stall_timeout,
                     completion: completion.as_ref(),
                     tentative,
+                    dealt: dealt.as_mut(),
                 },
             )
             .await
@@ -417,6 +480,9 @@ async fn run_endpoint(
         let status = match outcome {
             Ok(()) => {
                 node.succeeded();
+                if let Some(d) = dealt.as_mut() {
+                    d.finished();
+                }
                 if let Some(planned) = end.filter(|e| delivered < *e) {
                     // Ended cleanly, short of its count: never a short epoch.
                     return fail(ClientError::ShortShard {
@@ -487,7 +553,13 @@ async fn complete(
         }));
     };
     let completion = Arc::clone(completion);
-    match tokio::task::spawn_blocking(move || completion.complete(batch, from)).await {
+    let core = completion.core().await;
+    match tokio::task::spawn_blocking(move || {
+        let _core = core;
+        completion.complete(batch, from)
+    })
+    .await
+    {
         Ok(done) => done.map_err(Fetch::Failed),
         Err(e) => Err(Fetch::Failed(ClientError::Invalid(format!(
             "completing a deferred batch: {e}"
@@ -513,6 +585,8 @@ struct Progress<'a> {
     completion: Option<&'a Arc<Completion>>,
     /// Counts this stream against the client's room while it may arrive un-reduced.
     tentative: Option<crate::completion::Active>,
+    /// The adapted split's account of the shard.
+    dealt: Option<&'a mut crate::completion::Dealt>,
 }
 
 enum Fetch {
@@ -537,6 +611,7 @@ async fn fetch(
         stall,
         completion,
         tentative,
+        mut dealt,
     } = progress;
     // Held while this stream may arrive, or arrives, un-reduced: the client's room for more.
     let mut deferred = tentative;
@@ -610,7 +685,12 @@ async fn fetch(
                     placed = true;
                     match (from, completion) {
                         (None, _) => drop(deferred.take()),
-                        (Some(_), Some(c)) => c.stream_started(),
+                        (Some(_), Some(c)) => {
+                            c.stream_started();
+                            if let Some(d) = dealt.as_deref_mut() {
+                                d.left_to_client();
+                            }
+                        }
                         (Some(_), None) => {}
                     }
                 }
