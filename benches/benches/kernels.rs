@@ -2,8 +2,9 @@
 //!
 //! * resize 256×256 RGB → 64×64: `image`'s `resize` (triangle filter) vs `fast_image_resize`
 //!   (bilinear convolution, SIMD), the kernel `decode_resize` uses;
-//! * decode + resize of real JPEGs: `pushdown_ops::decode_resize` vs `image` decode +
-//!   `image` resize;
+//! * decode + resize of JPEGs: `pushdown_ops::decode_resize` vs `image` decode + `image`
+//!   resize, and vs a full-scale decode + the same resize (what the scaled IDCT saves), at
+//!   sizes that decode in full, at 1/4 and at 1/8 scale;
 //! * hash buckets of strings: XXH3 (`hash_bucket`) vs the standard library's SipHash;
 //! * tokenize + truncate to 256 of the text dataset's documents with its own trained BPE:
 //!   `Tokenizer::encode` (the usual call, with offsets) vs the `tokenize` op (`encode_fast`).
@@ -55,10 +56,18 @@ fn resize(c: &mut Criterion) {
 }
 
 fn decode_resize(c: &mut Criterion) {
-    let jpegs: Vec<Vec<u8>> = (0..32).map(|i| jpeg(&photo(256, 224, i))).collect();
+    // 256×224 → 64×64: no DCT scale covers the output (1/4 is 64×56), a full decode.
+    // 300×300 → 64×64 and → 32×32: decoded at 1/4 and 1/8 scale.
+    for (w, h, t) in [(256, 224, 64), (300, 300, 64), (300, 300, 32)] {
+        decode_resize_group(c, w, h, t);
+    }
+}
+
+fn decode_resize_group(c: &mut Criterion, w: u32, h: u32, t: u32) {
+    let jpegs: Vec<Vec<u8>> = (0..32).map(|i| jpeg(&photo(w, h, i))).collect();
     let bytes: u64 = jpegs.iter().map(|j| j.len() as u64).sum();
     let column: ArrayRef = Arc::new(BinaryArray::from_iter_values(jpegs.iter()));
-    let mut group = c.benchmark_group("decode_resize_32_jpegs_to_64");
+    let mut group = c.benchmark_group(format!("decode_resize_32_jpegs_{w}x{h}_to_{t}"));
     group.throughput(Throughput::Bytes(bytes));
     group.sample_size(20);
     group.bench_function("image decode + image resize (baseline)", |b| {
@@ -67,15 +76,32 @@ fn decode_resize(c: &mut Criterion) {
                 let img = image::load_from_memory(j).expect("decode").to_rgb8();
                 black_box(image::imageops::resize(
                     &img,
-                    64,
-                    64,
+                    t,
+                    t,
                     image::imageops::FilterType::Triangle,
                 ));
             }
         })
     });
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    group.bench_function(
+        "full-scale decode + fast_image_resize (the kernel before scaled IDCT)",
+        |b| {
+            let mut resizer = Resizer::new();
+            b.iter(|| {
+                for j in &jpegs {
+                    let img = image::load_from_memory(j).expect("decode").into_rgb8();
+                    let view = ImageRef::new(img.width(), img.height(), img.as_raw(), PixelType::U8x3)
+                        .expect("view");
+                    let mut dst = Image::new(t, t, PixelType::U8x3);
+                    resizer.resize(&view, &mut dst, &options).expect("resize");
+                    black_box(dst);
+                }
+            })
+        },
+    );
     let op = lookup("decode_resize").expect("op");
-    let params = [Value::Int(64), Value::Int(64)];
+    let params = [Value::Int(i64::from(t)), Value::Int(i64::from(t))];
     group.bench_function("pushdown_ops::decode_resize (ours)", |b| {
         b.iter(|| black_box(op.apply(&column, &params).expect("apply")))
     });

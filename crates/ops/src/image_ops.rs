@@ -1,6 +1,10 @@
 //! Image ops over encoded images (`Binary`): decode + resize to pixels, and re-encoded
 //! thumbnails. Decoding uses the `image` crate (zune-jpeg inside), resizing
-//! `fast_image_resize` (SIMD convolution, bilinear with antialiasing).
+//! `fast_image_resize` (SIMD convolution, bilinear with antialiasing). A JPEG whose output
+//! is at most a quarter of its size on both sides is decoded at reduced scale in the DCT
+//! domain (jpeg-decoder's 1/4 and 1/8 IDCT, as libjpeg-turbo's `scale_denom`) and resized
+//! the rest of the way: 1.3–1.5× faster than a full decode for 64×64 pixels from ~300×300
+//! JPEGs, within a stated tolerance of the full-scale result (`tests.rs`).
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -59,9 +63,66 @@ fn for_each_image(
     }
 }
 
-fn decode(op: &'static str, row: usize, bytes: &[u8]) -> Result<RgbImage> {
+/// Largest pixel buffer a scaled JPEG decode may allocate (the full decode's limit is the
+/// `image` crate's default, 512 MiB).
+const MAX_SCALED_DECODE_BYTES: usize = 512 << 20;
+
+/// Decodes `bytes` for an output of `target(width, height)` pixels (a function of the
+/// image's size): at 1/8 or 1/4 scale when that still covers the output on both sides and
+/// the image is a JPEG, else in full. Returns the pixels and the output size.
+fn decode_for(
+    op: &'static str,
+    row: usize,
+    bytes: &[u8],
+    target: impl Fn(u32, u32) -> (u32, u32),
+) -> Result<(RgbImage, u32, u32)> {
+    if let Some(scaled) = decode_scaled_jpeg(bytes, &target) {
+        return Ok(scaled);
+    }
+    let img = decode(op, row, bytes)?;
+    let (w, h) = target(img.width(), img.height());
+    Ok((img, w, h))
+}
+
+/// A JPEG decoded at the smallest DCT scale (1/8, then 1/4) whose size covers the output on
+/// both sides. `None` (the caller decodes in full, and reports any error) for anything else:
+/// not a JPEG, no such scale, pixels other than RGB or gray, or a decoding error. Half scale
+/// is not used: it measured slower than zune-jpeg's full decode.
+pub(crate) fn decode_scaled_jpeg(
+    bytes: &[u8],
+    target: &impl Fn(u32, u32) -> (u32, u32),
+) -> Option<(RgbImage, u32, u32)> {
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return None;
+    }
+    let mut decoder = jpeg_decoder::Decoder::new(bytes);
+    decoder.set_max_decoding_buffer_size(MAX_SCALED_DECODE_BYTES);
+    decoder.read_info().ok()?;
+    let info = decoder.info()?;
+    let (w, h) = (u32::from(info.width), u32::from(info.height));
+    let (tw, th) = target(w, h);
+    let denom = [8u32, 4]
+        .into_iter()
+        .find(|d| w.div_ceil(*d) >= tw && h.div_ceil(*d) >= th)?;
+    let (sw, sh) = (w.div_ceil(denom), h.div_ceil(denom));
+    let scaled = decoder
+        .scale(u16::try_from(sw).ok()?, u16::try_from(sh).ok()?)
+        .ok()?;
+    if scaled != (sw as u16, sh as u16) {
+        return None;
+    }
+    let pixels = decoder.decode().ok()?;
+    let rgb = match decoder.info()?.pixel_format {
+        jpeg_decoder::PixelFormat::RGB24 => pixels,
+        jpeg_decoder::PixelFormat::L8 => pixels.iter().flat_map(|&l| [l, l, l]).collect(),
+        _ => return None,
+    };
+    RgbImage::from_raw(sw, sh, rgb).map(|img| (img, tw, th))
+}
+
+pub(crate) fn decode(op: &'static str, row: usize, bytes: &[u8]) -> Result<RgbImage> {
     image::load_from_memory(bytes)
-        .map(|img| img.to_rgb8())
+        .map(|img| img.into_rgb8())
         .map_err(|e| OpError::BadValue {
             op,
             row,
@@ -69,7 +130,13 @@ fn decode(op: &'static str, row: usize, bytes: &[u8]) -> Result<RgbImage> {
         })
 }
 
-fn resize(op: &'static str, resizer: &mut Resizer, img: &RgbImage, w: u32, h: u32) -> Result<Vec<u8>> {
+pub(crate) fn resize(
+    op: &'static str,
+    resizer: &mut Resizer,
+    img: &RgbImage,
+    w: u32,
+    h: u32,
+) -> Result<Vec<u8>> {
     if img.width() == w && img.height() == h {
         return Ok(img.as_raw().clone());
     }
@@ -133,7 +200,7 @@ impl Op for DecodeResize {
         for_each_image(self.name(), input, |row, bytes| {
             match bytes {
                 Some(bytes) => {
-                    let img = decode(self.name(), row, bytes)?;
+                    let (img, w, h) = decode_for(self.name(), row, bytes, |_, _| (w, h))?;
                     values.extend_from_slice(&resize(self.name(), &mut resizer, &img, w, h)?);
                 }
                 None => values.resize(values.len() + size, 0),
@@ -204,13 +271,13 @@ impl Op for Thumbnail {
                 out.append_null();
                 return Ok(());
             };
-            let img = decode(self.name(), row, bytes)?;
-            let (w, h) = (img.width(), img.height());
-            let scale = (side as f64 / w.max(h) as f64).min(1.0);
-            let (tw, th) = (
-                ((w as f64 * scale).round() as u32).max(1),
-                ((h as f64 * scale).round() as u32).max(1),
-            );
+            let (img, tw, th) = decode_for(self.name(), row, bytes, |w, h| {
+                let scale = (side as f64 / w.max(h) as f64).min(1.0);
+                (
+                    ((w as f64 * scale).round() as u32).max(1),
+                    ((h as f64 * scale).round() as u32).max(1),
+                )
+            })?;
             let pixels = resize(self.name(), &mut resizer, &img, tw, th)?;
             buf.clear();
             image::codecs::jpeg::JpegEncoder::new_with_quality(Cursor::new(&mut buf), quality)
