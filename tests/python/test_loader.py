@@ -122,6 +122,31 @@ def test_pipeline_pixels_and_flip_rate(server):
     assert abs(mirrored / 300 - 0.5) < 4 * (0.25 / 300) ** 0.5
 
 
+def test_every_placement_gives_the_same_batches(server):
+    pipeline = {
+        "dataset": "images",
+        "steps": [
+            {"op": "filter", "expr": "label < 700"},
+            {"op": "map", "call": "decode_resize", "input": "image", "params": [16, 12], "output": "pixels"},
+            {"op": "select", "columns": ["id", "pixels"]},
+            {"op": "map", "call": "random_flip", "input": "pixels", "params": [0.5]},
+            {"op": "shuffle", "buffer": 50},
+            {"op": "batch", "size": 20},
+        ],
+    }
+
+    def load(placement):
+        loader = pushdown.Loader(server, pipeline=pipeline, seed=5, epochs=2, placement=placement)
+        return [(b["id"].tolist(), b["pixels"].tobytes()) for b in loader]
+
+    expected = load("server")
+    assert expected and sum(len(ids) for ids, _ in expected) > 100
+    for placement in ["trainer", "split:0.5", "adaptive", "costed"]:
+        assert load(placement) == expected, placement
+    with pytest.raises(ValueError, match="placement"):
+        pushdown.Loader(server, pipeline=pipeline, placement="split:2")
+
+
 def test_echo_repeats_each_row_and_resumes_exactly(server):
     plain = [i for b in ids(make(server, epochs=1)) for i in b]
     loader = make(server, epochs=1, echo=2)

@@ -282,6 +282,16 @@ struct RunArgs {
     epochs: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Where a pipeline's ops run: costed (the planner's choice, which may split an op's
+    /// shards between the ends), server, trainer, split:F (the servers reduce a fraction F
+    /// of the shards) or adaptive (each shard placed when it is requested, by the rates
+    /// both ends deliver).
+    #[arg(long, default_value = "costed", value_parser = parse_push)]
+    placement: pushdown_client::Push,
+}
+
+fn parse_push(s: &str) -> Result<pushdown_client::Push, String> {
+    s.parse().map_err(|e: pushdown_client::ClientError| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -528,6 +538,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     loader.link = Link::bandwidth(args.client.bandwidth);
     loader.epochs = args.epochs;
     loader.seed = args.seed;
+    loader.push = args.placement;
     loader.stream = StreamOptions {
         concurrency: args.client.concurrency,
         stall_timeout: std::time::Duration::try_from_secs_f64(args.client.stall_timeout)

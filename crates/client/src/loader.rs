@@ -179,6 +179,33 @@ pub enum Push {
     Adaptive(usize),
 }
 
+impl std::str::FromStr for Push {
+    type Err = ClientError;
+
+    /// `costed` (the planner's choice), `server` (every op that may run on a server runs
+    /// there), `trainer` (none does), `split:F` (every such op, on a fraction F of the
+    /// shards) or `adaptive` (every such op, each shard placed when it is requested).
+    fn from_str(s: &str) -> Result<Self> {
+        let all = usize::MAX;
+        match s.trim() {
+            "costed" => Ok(Push::Costed),
+            "server" => Ok(Push::First(all)),
+            "trainer" | "client" => Ok(Push::First(0)),
+            "adaptive" => Ok(Push::Adaptive(all)),
+            other => match other.strip_prefix("split:").map(|f| f.trim().parse::<f64>()) {
+                Some(Ok(f)) if (0.0..=1.0).contains(&f) => Ok(Push::Split {
+                    first: all,
+                    server_fraction: f,
+                }),
+                _ => Err(ClientError::Invalid(format!(
+                    "placement {other:?}: one of costed, server, trainer, split:F (F in 0..=1, \
+                     the servers' share of the shards), adaptive"
+                ))),
+            },
+        }
+    }
+}
+
 impl Default for LoaderOptions {
     fn default() -> Self {
         Self {
@@ -1658,6 +1685,25 @@ mod tests {
         assert_eq!(shard_order(1, 0, 50), shard_order(1, 0, 50));
         assert_ne!(shard_order(1, 0, 50), shard_order(1, 1, 50));
         assert_ne!(shard_order(1, 0, 50), shard_order(2, 0, 50));
+    }
+
+    #[test]
+    fn placements_parse_and_bad_ones_are_named() {
+        assert_eq!("costed".parse::<Push>().ok(), Some(Push::Costed));
+        assert_eq!("server".parse::<Push>().ok(), Some(Push::First(usize::MAX)));
+        assert_eq!("trainer".parse::<Push>().ok(), Some(Push::First(0)));
+        assert_eq!("adaptive".parse::<Push>().ok(), Some(Push::Adaptive(usize::MAX)));
+        assert_eq!(
+            "split:0.45".parse::<Push>().ok(),
+            Some(Push::Split {
+                first: usize::MAX,
+                server_fraction: 0.45
+            })
+        );
+        for bad in ["split:1.5", "split:x", "split", "everywhere", ""] {
+            let e = bad.parse::<Push>().expect_err(bad).to_string();
+            assert!(e.contains("split:F"), "{bad}: {e}");
+        }
     }
 
     #[test]

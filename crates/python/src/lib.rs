@@ -67,7 +67,7 @@ impl PyLoader {
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
-        echo_max=4, report_every_s=1.0
+        echo_max=4, report_every_s=1.0, placement="costed"
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -96,7 +96,11 @@ impl PyLoader {
         echo: EchoArg,
         echo_max: u32,
         report_every_s: f64,
+        placement: &str,
     ) -> PyResult<Self> {
+        let push: pushdown_client::Push = placement
+            .parse()
+            .map_err(|e: pushdown_client::ClientError| PyValueError::new_err(e.to_string()))?;
         let echo = match echo {
             EchoArg::Times(0) => return Err(PyValueError::new_err("echo= is a count ≥ 1 or \"auto\"")),
             EchoArg::Times(1) => Echo::Off,
@@ -172,6 +176,7 @@ impl PyLoader {
             connect,
             echo,
             report_every,
+            push,
             ..LoaderOptions::default()
         };
         let loader = py

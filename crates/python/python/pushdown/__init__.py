@@ -60,6 +60,12 @@ class Loader:
     from the share of the last one spent waiting. Either way the sequence is a function of
     the seed and resumes exactly. Every ``report_every_s`` seconds (0: never) the loader
     tells its servers how long it waits, for their scaling signal.
+
+    ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
+    may split an op's shards between the servers and this process), ``"server"``,
+    ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
+    ``"adaptive"`` (each shard placed when it is requested, by the rates both ends
+    deliver). The batches are the same whichever is chosen.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Loader:
         echo: Union[int, str] = 1,
         echo_max: int = 4,
         report_every_s: float = 1.0,
+        placement: str = "costed",
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -118,6 +125,7 @@ class Loader:
             echo=echo,
             echo_max=echo_max,
             report_every_s=report_every_s,
+            placement=placement,
         )
         self.epochs = epochs
 
