@@ -575,6 +575,11 @@ impl Prepared {
             .map_or_else(CompletionTotals::default, |c| c.totals())
     }
 
+    /// The connection to the servers.
+    pub fn client(&self) -> &PushdownClient {
+        &self.shared.client
+    }
+
     /// Shard streams (endpoints) per epoch.
     pub fn endpoints(&self) -> usize {
         self.shards.info.endpoint.len()

@@ -64,6 +64,58 @@ pub struct RunReport {
     pub completed: crate::CompletionTotals,
     /// Rows of the fragment's output (every row passes through each of its ops).
     pub fragment_ops: usize,
+    /// What each resource was used for, to name the run's bottleneck.
+    pub usage: Usage,
+}
+
+/// How busy each resource a run used was, as measured.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    /// CPU seconds this process used during the run, and the cores it may use.
+    pub trainer_cpu: Option<f64>,
+    pub trainer_cores: usize,
+    /// The link's bandwidth the run was planned for (bytes/s; infinite: unlimited).
+    pub link_bytes_per_s: f64,
+    /// Each server's CPU use during the run (all its clients'), from the CPU seconds its
+    /// scaling signal reports before and after.
+    pub servers: Vec<ServerUsage>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerUsage {
+    pub url: String,
+    /// The share of its cores busy during the run.
+    pub busy: f64,
+    pub cores: u32,
+}
+
+/// The resources of a run, each with the share of its capacity used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shares {
+    pub server_cpu: Option<f64>,
+    pub link: Option<f64>,
+    pub trainer_cpu: Option<f64>,
+    /// The share of the run the consumer was not waiting for batches (writing them out).
+    pub consumer: f64,
+}
+
+/// A resource this busy bounds the run.
+const SATURATED: f64 = 0.75;
+
+impl Shares {
+    /// The busiest resource, when it is busy enough to bound the run.
+    pub fn bottleneck(&self) -> Option<(&'static str, f64)> {
+        [
+            ("server CPU", self.server_cpu),
+            ("link", self.link),
+            ("trainer CPU", self.trainer_cpu),
+            ("the consumer", Some(self.consumer)),
+        ]
+        .into_iter()
+        .filter_map(|(name, share)| Some((name, share?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|(_, share)| *share >= SATURATED)
+    }
 }
 
 impl RunReport {
@@ -73,6 +125,21 @@ impl RunReport {
 
     pub fn server(&self) -> StreamStats {
         self.totals.server
+    }
+
+    /// How much of each resource's capacity the run used.
+    pub fn shares(&self) -> Shares {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        let u = &self.usage;
+        Shares {
+            server_cpu: u.servers.iter().map(|s| s.busy).max_by(f64::total_cmp),
+            link: (u.link_bytes_per_s.is_finite() && u.link_bytes_per_s > 0.0)
+                .then(|| self.totals.bytes_received as f64 / secs / u.link_bytes_per_s),
+            trainer_cpu: u
+                .trainer_cpu
+                .map(|cpu| cpu / (secs * u.trainer_cores.max(1) as f64)),
+            consumer: 1.0 - (self.waited.as_secs_f64() / secs).min(1.0),
+        }
     }
 }
 
@@ -97,6 +164,8 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         None => None,
     };
     let start = Instant::now();
+    let cpu_before = pushdown_protocol::host::cpu_seconds("self");
+    let servers_before = server_cpu(prepared.client()).await;
     let totals = Arc::new(Mutex::new(StreamTotals::default()));
     let (mut rows, mut batches) = (0u64, 0u64);
     let mut waited = Duration::ZERO;
@@ -139,6 +208,33 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         w.close().map_err(parquet_error)?;
     }
     let totals = *totals.lock().unwrap_or_else(|p| p.into_inner());
+    let elapsed = start.elapsed();
+    let trainer_cpu = cpu_before
+        .zip(pushdown_protocol::host::cpu_seconds("self"))
+        .map(|(a, b)| b - a);
+    // The servers' own count of their CPU seconds; a server that cannot say is left out.
+    let servers = server_cpu(prepared.client())
+        .await
+        .into_iter()
+        .filter_map(|(url, after, cores)| {
+            let (_, before, _) = servers_before.iter().find(|(u, ..)| *u == url)?;
+            Some(ServerUsage {
+                busy: ((after - before) / (elapsed.as_secs_f64().max(1e-9) * f64::from(cores.max(1))))
+                    .clamp(0.0, 1.0),
+                url,
+                cores,
+            })
+        })
+        .collect();
+    let usage = Usage {
+        trainer_cpu,
+        trainer_cores: loader.link.client_cores.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |c| c.ceil() as usize,
+        ),
+        link_bytes_per_s: loader.link.bandwidth_bytes_per_s,
+        servers,
+    };
     Ok(RunReport {
         plan: prepared.plan().cloned(),
         estimate: prepared.estimate(),
@@ -146,13 +242,25 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         compression: prepared.compression(),
         rows,
         batches,
-        elapsed: start.elapsed(),
+        elapsed,
         waited,
         epochs: loader.epochs,
         totals,
         completed: prepared.completed(),
         fragment_ops: prepared.plan().map_or(0, |p| p.fragment.ops.len()),
+        usage,
     })
+}
+
+/// Each server's CPU seconds so far and its cores (none for a server that cannot say).
+async fn server_cpu(client: &PushdownClient) -> Vec<(String, f64, u32)> {
+    match client.scaling().await {
+        Ok(signals) => signals
+            .into_iter()
+            .map(|(url, s)| (url, s.cpu_seconds, s.cores))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 fn parquet_error(e: parquet::errors::ParquetError) -> ClientError {
@@ -207,6 +315,107 @@ impl std::fmt::Display for RunReport {
         if self.totals.retries > 0 {
             writeln!(f, "resumed {} failed streams", self.totals.retries)?;
         }
+        let shares = self.shares();
+        let pct = |s: Option<f64>| s.map_or_else(|| "unknown".to_owned(), |s| format!("{:.0}%", s * 100.0));
+        let cores: u32 = self.usage.servers.iter().map(|s| s.cores).max().unwrap_or(0);
+        let link = if self.usage.link_bytes_per_s.is_finite() {
+            format!("{}/s", bytes(self.usage.link_bytes_per_s as u64))
+        } else {
+            "an unlimited link".to_owned()
+        };
+        writeln!(
+            f,
+            "used: server CPU {} of {cores} core(s), link {} of {link}, \
+             trainer CPU {} of {} core(s), consumer busy {}",
+            pct(shares.server_cpu),
+            pct(shares.link),
+            pct(shares.trainer_cpu),
+            self.usage.trainer_cores,
+            pct(Some(shares.consumer)),
+        )?;
+        match shares.bottleneck() {
+            Some((name, share)) => writeln!(f, "bottleneck: {name} ({:.0}% used)", share * 100.0)?,
+            None => writeln!(
+                f,
+                "bottleneck: none of these is ≥ {:.0}% used (latency: more streams in flight may help)",
+                SATURATED * 100.0
+            )?,
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shares(server: Option<f64>, link: Option<f64>, trainer: Option<f64>, consumer: f64) -> Shares {
+        Shares {
+            server_cpu: server,
+            link,
+            trainer_cpu: trainer,
+            consumer,
+        }
+    }
+
+    #[test]
+    fn the_busiest_resource_is_the_bottleneck_once_it_is_busy_enough() {
+        let named = |s: Shares| s.bottleneck().map(|(name, _)| name);
+        assert_eq!(
+            named(shares(Some(0.98), Some(0.4), Some(0.3), 0.1)),
+            Some("server CPU")
+        );
+        assert_eq!(named(shares(Some(0.5), Some(0.93), Some(0.6), 0.1)), Some("link"));
+        assert_eq!(
+            named(shares(Some(0.5), None, Some(0.9), 0.2)),
+            Some("trainer CPU")
+        );
+        // A consumer that never waited bounds the run itself (writing the output).
+        assert_eq!(
+            named(shares(Some(0.2), Some(0.1), Some(0.3), 0.99)),
+            Some("the consumer")
+        );
+        // Nothing busy: a latency-bound run names no resource.
+        assert_eq!(named(shares(Some(0.3), Some(0.2), Some(0.3), 0.1)), None);
+        assert_eq!(named(shares(None, None, None, 0.1)), None);
+    }
+
+    #[test]
+    fn shares_come_from_what_the_run_measured() {
+        let report = RunReport {
+            plan: None,
+            estimate: None,
+            endpoints: 1,
+            compression: Compression::None,
+            rows: 1000,
+            batches: 4,
+            elapsed: Duration::from_secs(2),
+            waited: Duration::from_millis(1500),
+            epochs: 1,
+            totals: StreamTotals {
+                bytes_received: 200_000_000,
+                ..Default::default()
+            },
+            completed: Default::default(),
+            fragment_ops: 0,
+            usage: Usage {
+                trainer_cpu: Some(1.0),
+                trainer_cores: 2,
+                link_bytes_per_s: 125e6,
+                servers: vec![ServerUsage {
+                    url: "http://a".into(),
+                    busy: 0.5,
+                    cores: 4,
+                }],
+            },
+        };
+        let s = report.shares();
+        assert_eq!(s.server_cpu, Some(0.5));
+        assert!((s.link.expect("a finite link") - 0.8).abs() < 1e-9);
+        assert!((s.trainer_cpu.expect("measured") - 0.25).abs() < 1e-9);
+        assert!((s.consumer - 0.25).abs() < 1e-9);
+        assert_eq!(s.bottleneck().map(|(n, _)| n), Some("link"));
+        let text = report.to_string();
+        assert!(text.contains("bottleneck: link (80% used)"), "{text}");
     }
 }

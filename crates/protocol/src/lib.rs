@@ -35,6 +35,26 @@ use bytes::Bytes;
 use prost::Message;
 
 /// The generated prost messages of `pushdown.v1`.
+/// Facts about a process that reports carry.
+pub mod host {
+    /// Clock ticks per second of `/proc/*/stat` times: USER_HZ, which Linux fixes at 100
+    /// for every architecture's `/proc`.
+    const TICKS: f64 = 100.0;
+
+    /// CPU seconds (user + system) process `pid` (or `"self"`) has used, all threads; `None`
+    /// where `/proc` does not say (not Linux, no such process).
+    pub fn cpu_seconds(pid: &str) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name is in parentheses and may hold spaces: fields follow the last `)`.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let mut fields = rest.split_whitespace();
+        // After the name: state(3) ... utime(14), stime(15); `rest` starts at field 3.
+        let utime: f64 = fields.nth(11)?.parse().ok()?;
+        let stime: f64 = fields.next()?.parse().ok()?;
+        Some((utime + stime) / TICKS)
+    }
+}
+
 pub mod proto {
     include!("generated/pushdown.v1.rs");
 }

@@ -142,7 +142,11 @@ impl Scaling {
                     clients.push(c);
                 }
             }
-            decide(busy, &clients, self.cores, window)
+            let cpu_seconds = inner.cpu.back().map_or(0.0, |(_, c)| *c);
+            ScalingSignal {
+                cpu_seconds,
+                ..decide(busy, &clients, self.cores, window)
+            }
         })
     }
 }
@@ -241,20 +245,13 @@ fn decide(busy: f64, clients: &[Client], cores: usize, window: f64) -> ScalingSi
         bottleneck: bottleneck.to_owned(),
         reason,
         cores: cores as u32,
+        cpu_seconds: 0.0,
     }
 }
 
-/// CPU seconds (user + system) this process has used, all threads: `/proc/self/stat`
-/// counts in USER_HZ, which Linux fixes at 100 for every architecture's `/proc`.
+/// CPU seconds (user + system) this process has used, all threads.
 fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name is in parentheses and may hold spaces: fields follow the last `)`.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    // After the name: state(3) ... utime(14), stime(15); `rest` starts at field 3.
-    let utime: f64 = fields.nth(11)?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    pushdown_protocol::host::cpu_seconds("self")
 }
 
 /// The signal as JSON, for `/scaling` (KEDA's metrics-api scaler, curl).

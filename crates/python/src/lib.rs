@@ -177,7 +177,6 @@ impl PyLoader {
             echo,
             report_every,
             push,
-            ..LoaderOptions::default()
         };
         let loader = py
             .detach(|| Loader::new(&servers, source, options))

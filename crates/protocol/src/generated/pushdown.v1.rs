@@ -331,6 +331,10 @@ pub struct ScalingSignal {
     pub reason: ::prost::alloc::string::String,
     #[prost(uint32, tag = "10")]
     pub cores: u32,
+    /// CPU seconds this server's process has used since it started (all threads): a client
+    /// that reads it before and after a run knows the server's CPU use during the run.
+    #[prost(double, tag = "11")]
+    pub cpu_seconds: f64,
 }
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
