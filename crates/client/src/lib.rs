@@ -214,6 +214,9 @@ pub struct PushdownClient {
     fleet: Arc<Fleet>,
 }
 
+/// The longest wait for one server's scaling signal.
+pub const SCALING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl PushdownClient {
     /// The servers of `urls`: `http://host:port` or `grpc://host:port`, or `dns://name:port`
     /// for every address the name resolves to. Connections open lazily: a server that is
@@ -436,18 +439,37 @@ impl PushdownClient {
     /// Each server's scaling signal: its busy fraction, its clients' wait, and how many
     /// servers would remove their stall.
     pub async fn scaling(&self) -> Result<Vec<(String, pushdown_protocol::ScalingSignal)>> {
-        futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
-            let action = Action::new(ActionKind::Scaling.name(), bytes::Bytes::new());
-            let results = node
-                .action(action)
-                .await
-                .map_err(|status| ClientError::server(&node.url, status))?;
-            let body = results
-                .first()
-                .ok_or_else(|| ClientError::Invalid("the scaling action returned nothing".into()))?;
-            let signal = pushdown_protocol::ScalingSignal::from_bytes(&body.body)
-                .map_err(|e| ClientError::Invalid(e.to_string()))?;
-            Ok((node.url.clone(), signal))
+        self.scaling_each()
+            .await
+            .into_iter()
+            .map(|(url, signal)| Ok((url, signal?)))
+            .collect()
+    }
+
+    /// Each server's scaling signal, or why it could not give one (a server that is down,
+    /// or gives no answer in [`SCALING_TIMEOUT`], does not hide the others').
+    pub async fn scaling_each(&self) -> Vec<(String, Result<pushdown_protocol::ScalingSignal>)> {
+        futures::future::join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let signal = tokio::time::timeout(SCALING_TIMEOUT, async {
+                let action = Action::new(ActionKind::Scaling.name(), bytes::Bytes::new());
+                let results = node
+                    .action(action)
+                    .await
+                    .map_err(|status| ClientError::server(&node.url, status))?;
+                let body = results
+                    .first()
+                    .ok_or_else(|| ClientError::Invalid("the scaling action returned nothing".into()))?;
+                pushdown_protocol::ScalingSignal::from_bytes(&body.body)
+                    .map_err(|e| ClientError::Invalid(e.to_string()))
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::Invalid(format!(
+                    "{} gave no scaling signal in {SCALING_TIMEOUT:?}",
+                    node.url
+                )))
+            });
+            (node.url.clone(), signal)
         }))
         .await
     }

@@ -254,13 +254,12 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
 
 /// Each server's CPU seconds so far and its cores (none for a server that cannot say).
 async fn server_cpu(client: &PushdownClient) -> Vec<(String, f64, u32)> {
-    match client.scaling().await {
-        Ok(signals) => signals
-            .into_iter()
-            .map(|(url, s)| (url, s.cpu_seconds, s.cores))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    client
+        .scaling_each()
+        .await
+        .into_iter()
+        .filter_map(|(url, s)| s.ok().map(|s| (url, s.cpu_seconds, s.cores)))
+        .collect()
 }
 
 fn parquet_error(e: parquet::errors::ParquetError) -> ClientError {
