@@ -57,9 +57,14 @@ pub struct Estimate {
     /// Bytes per delivered row that cross the network.
     pub wire_bytes_per_row: f64,
     pub estimated_rows_per_s: f64,
-    /// The stream's codec for this placement: compressed only when the link bounds it.
+    /// The stream's codec for this placement: with the codecs measured, the fastest once
+    /// each one's CPU (compressing on the server, decompressing on the trainer) and bytes
+    /// are counted, no compression on a tie; unmeasured, compressed only when the link
+    /// bounds the stream.
     #[serde(serialize_with = "serialize_display")]
     pub compression: Compression,
+    /// Whether `compression` was chosen from the codecs' measured ratios and CPU.
+    pub codec_measured: bool,
 }
 
 fn serialize_display<S: serde::Serializer>(c: &Compression, s: S) -> Result<S::Ok, S::Error> {
@@ -75,7 +80,8 @@ pub struct CostedPlan {
     pub candidates: Vec<Estimate>,
 }
 
-/// The link is taken to bound a stream when it would carry the uncompressed rows at less
+/// Without measured codecs (an older server's profile): the link is taken to bound a
+/// stream when it would carry the uncompressed rows at less
 /// than this multiple of the slower end's rate. Compressing costs both ends CPU (zstd: ~3 ns
 /// per byte to compress, ~1 to decompress, on cores that are the bottleneck when the link is
 /// not), so only a link near the line is worth it.
@@ -116,7 +122,7 @@ pub fn plan_with_profile(
     let full = plan_limited(pipeline, schema, usize::MAX)?;
     let eligible = full.fragment.ops.len();
     let none = plan_limited(pipeline, schema, 0)?;
-    let unreduced = wire_bytes(&none, 0, profile);
+    let unreduced = wire(&none, 0, profile);
     let mut best: Option<(Plan, Estimate)> = None;
     let mut candidates = Vec::new();
     for pushed in 0..=eligible {
@@ -178,21 +184,69 @@ pub fn plan_with_profile(
 /// Split placements are tried in steps of this many parts.
 const SPLIT_STEPS: usize = 20;
 
-/// Bytes per delivered row of `plan`'s columns when its first `pushed` ops ran on the server.
-fn wire_bytes(plan: &Plan, pushed: usize, profile: &Profile) -> f64 {
-    let mut sizes: BTreeMap<&str, f64> = profile
+/// What a delivered row of `plan`'s columns costs the link when its first `pushed` ops ran
+/// on the server: its bytes, and for each codec (when every column's was measured) the
+/// bytes compressed and the CPU to compress and decompress them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wire {
+    bytes: f64,
+    /// LZ4, then zstd.
+    codecs: Option<[WireCodec; 2]>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct WireCodec {
+    bytes: f64,
+    compress_ns: f64,
+    decompress_ns: f64,
+}
+
+impl Wire {
+    /// Bytes, and the server's and the trainer's CPU per row, with `codec`; `None` when
+    /// that codec's cost is not known.
+    fn with(&self, codec: Compression) -> Option<WireCodec> {
+        match codec {
+            Compression::None | Compression::Adaptive => Some(WireCodec {
+                bytes: self.bytes,
+                ..Default::default()
+            }),
+            Compression::Lz4 => self.codecs.map(|c| c[0]),
+            Compression::Zstd => self.codecs.map(|c| c[1]),
+        }
+    }
+}
+
+fn wire(plan: &Plan, pushed: usize, profile: &Profile) -> Wire {
+    let mut sizes: BTreeMap<&str, (f64, Option<pushdown_protocol::Codecs>)> = profile
         .column_bytes_per_row
         .iter()
-        .map(|(k, v)| (k.as_str(), *v))
+        .map(|(k, v)| (k.as_str(), (*v, profile.column_codecs.get(k).copied())))
         .collect();
     for op in profile.ops.iter().take(pushed) {
-        sizes.insert(op.output.as_str(), op.bytes_out_per_row);
+        sizes.insert(op.output.as_str(), (op.bytes_out_per_row, op.output_codecs));
     }
-    plan.fragment
-        .columns
-        .iter()
-        .map(|c| sizes.get(c.as_str()).copied().unwrap_or(0.0))
-        .sum()
+    let mut out = Wire {
+        bytes: 0.0,
+        codecs: Some(Default::default()),
+    };
+    for column in &plan.fragment.columns {
+        let Some((bytes, codecs)) = sizes.get(column.as_str()).copied() else {
+            continue;
+        };
+        out.bytes += bytes;
+        out.codecs = match (out.codecs, codecs) {
+            (Some(mut sum), Some(c)) => {
+                for (s, c) in sum.iter_mut().zip([c.lz4, c.zstd]) {
+                    s.bytes += bytes * c.ratio;
+                    s.compress_ns += bytes * c.compress_ns_per_byte;
+                    s.decompress_ns += bytes * c.decompress_ns_per_byte;
+                }
+                Some(sum)
+            }
+            _ => None,
+        };
+    }
+    out
 }
 
 /// What one placement of a fragment's ops costs per row, from the profile.
@@ -205,13 +259,13 @@ struct Costs {
     pushed_ns: f64,
     /// The ops left to the trainer, per row that passes.
     rest_ns: f64,
-    /// Bytes per delivered row with the pushed ops run, and with none run.
-    wire: f64,
-    unreduced: f64,
+    /// A delivered row on the link with the pushed ops run, and with none run.
+    wire: Wire,
+    unreduced: Wire,
 }
 
 impl Costs {
-    fn of(plan: &Plan, pushed: usize, profile: &Profile, unreduced: f64) -> Self {
+    fn of(plan: &Plan, pushed: usize, profile: &Profile, unreduced: Wire) -> Self {
         let (mut pushed_ns, mut rest_ns) = (0.0, 0.0);
         for (i, op) in profile.ops.iter().enumerate() {
             if i < pushed {
@@ -225,17 +279,46 @@ impl Costs {
             scan_ns: profile.scan_ns_per_row,
             pushed_ns,
             rest_ns,
-            wire: wire_bytes(plan, pushed, profile),
+            wire: wire(plan, pushed, profile),
             unreduced,
         }
     }
 
     /// The placement's throughput with the pushed ops run on the server for `fraction` of
     /// the shards and on the trainer for the rest: each stage's rate is its capacity over
-    /// its work per row (a split adds work to both ends and moves the mix of bytes).
+    /// its work per row (a split adds work to both ends and moves the mix of bytes). With
+    /// the codecs measured, each is costed (its bytes on the link, its CPU on both ends)
+    /// and the fastest kept, no compression on a tie.
     fn estimate(&self, pushed: usize, fraction: f64, profile: &Profile, env: &Environment) -> Estimate {
+        let measured = self.wire.codecs.is_some() && self.unreduced.codecs.is_some();
+        if !measured {
+            let mut estimate = self.with_codec(pushed, fraction, Compression::None, env);
+            estimate.compression = codec(estimate.link_bound(), profile, env);
+            return estimate;
+        }
+        let all: Vec<Estimate> = [Compression::None, Compression::Lz4, Compression::Zstd]
+            .into_iter()
+            .map(|c| self.with_codec(pushed, fraction, c, env))
+            .collect();
+        let best = all.iter().map(|e| e.estimated_rows_per_s).fold(0.0, f64::max);
+        // The cheapest codec within a tie of the best: CPU is spared for the rows.
+        let mut chosen = all
+            .into_iter()
+            .find(|e| e.estimated_rows_per_s >= best * (1.0 - TIE))
+            .unwrap_or_else(|| self.with_codec(pushed, fraction, Compression::None, env));
+        chosen.codec_measured = true;
+        chosen
+    }
+
+    fn with_codec(&self, pushed: usize, fraction: f64, codec: Compression, env: &Environment) -> Estimate {
         let (sel, f) = (self.sel, fraction);
-        let wire = f * self.wire + (1.0 - f) * self.unreduced;
+        let none = WireCodec::default();
+        let (w, u) = (
+            self.wire.with(codec).unwrap_or(none),
+            self.unreduced.with(codec).unwrap_or(none),
+        );
+        let mix = |a: f64, b: f64| f * a + (1.0 - f) * b;
+        let wire = mix(w.bytes, u.bytes);
         let rate = |cores: f64, ns: f64| {
             if ns <= 0.0 {
                 f64::INFINITY
@@ -244,7 +327,10 @@ impl Costs {
             }
         };
         // Rates in sampled (scanned) rows per second.
-        let server = rate(env.server_cores, self.scan_ns + sel * f * self.pushed_ns);
+        let server = rate(
+            env.server_cores,
+            self.scan_ns + sel * (f * self.pushed_ns + mix(w.compress_ns, u.compress_ns)),
+        );
         let network = if wire <= 0.0 {
             f64::INFINITY
         } else {
@@ -252,9 +338,9 @@ impl Costs {
         };
         let client = rate(
             env.client_cores,
-            sel * ((1.0 - f) * self.pushed_ns + self.rest_ns),
+            sel * ((1.0 - f) * self.pushed_ns + self.rest_ns + mix(w.decompress_ns, u.decompress_ns)),
         );
-        let mut estimate = Estimate {
+        Estimate {
             pushed,
             server_fraction: f,
             server_rows_per_s: sel * server,
@@ -262,10 +348,9 @@ impl Costs {
             client_rows_per_s: sel * client,
             wire_bytes_per_row: wire,
             estimated_rows_per_s: sel * server.min(network).min(client),
-            compression: Compression::None,
-        };
-        estimate.compression = codec(estimate.link_bound(), profile, env);
-        estimate
+            compression: codec,
+            codec_measured: false,
+        }
     }
 }
 
@@ -288,12 +373,12 @@ impl CostedPlan {
         }
         let _ = writeln!(
             out,
-            "\ncandidate placements (rows/s; the slowest stage bounds the pipeline):"
+            "\ncandidate placements (rows/s; the slowest stage bounds the pipeline; wire bytes as the codec sends them):"
         );
         let _ = writeln!(
             out,
-            "  {:>6} {:>9} {:>14} {:>14} {:>14} {:>14} {:>14}",
-            "pushed", "on server", "server", "network", "client", "wire B/row", "estimate"
+            "  {:>6} {:>9} {:>14} {:>14} {:>14} {:>14} {:>6} {:>14}",
+            "pushed", "on server", "server", "network", "client", "wire B/row", "codec", "estimate"
         );
         for c in &self.candidates {
             let mark = if c.pushed == self.chosen.pushed && c.server_fraction == self.chosen.server_fraction {
@@ -303,13 +388,14 @@ impl CostedPlan {
             };
             let _ = writeln!(
                 out,
-                "  {:>6} {:>8.0}% {:>14} {:>14} {:>14} {:>14.0} {:>14}{mark}",
+                "  {:>6} {:>8.0}% {:>14} {:>14} {:>14} {:>14.0} {:>6} {:>14}{mark}",
                 c.pushed,
                 c.server_fraction * 100.0,
                 rate(c.server_rows_per_s),
                 rate(c.network_rows_per_s),
                 rate(c.client_rows_per_s),
                 c.wire_bytes_per_row,
+                c.compression.to_string(),
                 rate(c.estimated_rows_per_s),
             );
         }
@@ -332,10 +418,18 @@ impl CostedPlan {
             out,
             "\nstream compression: {} ({})",
             self.chosen.compression,
-            match (self.chosen.link_bound(), self.chosen.compression) {
-                (true, _) => "the link bounds the stream",
-                (false, Compression::None) => "the link has room: CPU goes to the rows",
-                (false, _) => "nothing measured: chosen by the link's rate",
+            match (
+                self.chosen.codec_measured,
+                self.chosen.link_bound(),
+                self.chosen.compression,
+            ) {
+                (true, _, Compression::None) =>
+                    "with each codec's measured ratio and CPU, none is faster: CPU goes to the rows",
+                (true, ..) =>
+                    "the fastest with each codec's measured ratio and CPU (compressing on the server, decompressing on the trainer)",
+                (false, true, _) => "the link bounds the stream",
+                (false, false, Compression::None) => "the link has room: CPU goes to the rows",
+                (false, false, _) => "nothing measured: chosen by the link's rate",
             }
         );
         out

@@ -187,9 +187,39 @@ mod cost {
                 bytes_in_per_row: 15_000.0,
                 bytes_out_per_row: bytes_out,
                 ns_per_row: 2_000_000.0,
+                output_codecs: None,
             }],
             server_cores: 16,
+            column_codecs: Default::default(),
         }
+    }
+
+    fn codecs(lz4_ratio: f64, zstd_ratio: f64) -> pushdown_protocol::Codecs {
+        use pushdown_protocol::CodecCost;
+        pushdown_protocol::Codecs {
+            lz4: CodecCost {
+                ratio: lz4_ratio,
+                compress_ns_per_byte: 0.5,
+                decompress_ns_per_byte: 0.2,
+            },
+            zstd: CodecCost {
+                ratio: zstd_ratio,
+                compress_ns_per_byte: 3.0,
+                decompress_ns_per_byte: 1.0,
+            },
+        }
+    }
+
+    /// `profile` with each column's codecs measured: JPEG bytes do not compress, pixels do.
+    fn measured(bytes_out: f64, pixels: pushdown_protocol::Codecs) -> Profile {
+        let mut p = profile(bytes_out);
+        p.column_codecs = [
+            ("image".to_string(), codecs(1.0, 0.99)),
+            ("label".to_string(), codecs(0.5, 0.3)),
+        ]
+        .into();
+        p.ops[0].output_codecs = Some(pixels);
+        p
     }
 
     fn pipeline(side: i64) -> Pipeline {
@@ -249,6 +279,50 @@ mod cost {
             let json: serde_json::Value = serde_json::from_str(&costed.to_json()).unwrap();
             assert_eq!(json["compression"], expected.to_string());
         }
+    }
+
+    /// With the codecs measured, each is costed with its bytes and its CPU on both ends:
+    /// a slow link compresses what compresses, a roomy one compresses nothing, and bytes
+    /// that do not compress (JPEG) are never compressed, however slow the link.
+    #[test]
+    fn measured_codecs_are_costed_with_their_cpu() {
+        use pushdown_protocol::Compression;
+        let env = |bandwidth_bytes_per_s, server_cores| Environment {
+            bandwidth_bytes_per_s,
+            server_cores,
+            client_cores: 8.0,
+        };
+        let pixels = 64.0 * 64.0 * 3.0;
+        let costed = |profile: &Profile, env: &Environment| {
+            plan_with_profile(&pipeline(64), &images(), profile, env).unwrap()
+        };
+        // Pixels that halve with zstd over 100 Mbit/s and 16 server cores: zstd, and the
+        // estimate counts its bytes.
+        let slow = costed(&measured(pixels, codecs(0.7, 0.5)), &env(100e6 / 8.0, 16.0));
+        assert_eq!(slow.chosen.compression, Compression::Zstd, "{}", slow.explain());
+        assert!(slow.chosen.codec_measured);
+        assert!((slow.chosen.wire_bytes_per_row - (pixels * 0.5 + 4.0 * 0.3)).abs() < 1.0);
+        assert!(
+            slow.explain().contains("measured ratio and CPU"),
+            "{}",
+            slow.explain()
+        );
+        // A roomy link: no codec.
+        let roomy = costed(&measured(pixels, codecs(0.7, 0.5)), &env(100.0 * GBIT, 16.0));
+        assert_eq!(roomy.chosen.compression, Compression::None, "{}", roomy.explain());
+        // Pixels that do not compress (noise) over the slow link: compressing buys nothing,
+        // so nothing is compressed — the rule by link speed alone would have said zstd.
+        let noise = costed(&measured(pixels, codecs(1.0, 0.99)), &env(100e6 / 8.0, 16.0));
+        assert_eq!(noise.chosen.compression, Compression::None, "{}", noise.explain());
+        // One server core, decoding at 2 ms a row, on a link that carries the compressed rows
+        // with room: zstd's 3 ns a byte would slow the bound server, LZ4's costs less than the
+        // tie; neither gains, so none.
+        let busy = costed(&measured(pixels, codecs(0.7, 0.5)), &env(GBIT, 1.0));
+        assert_eq!(busy.chosen.compression, Compression::None, "{}", busy.explain());
+        // Unmeasured, the rule by link speed still holds (older servers).
+        let old = costed(&profile(pixels), &env(100e6 / 8.0, 16.0));
+        assert!(!old.chosen.codec_measured);
+        assert_eq!(old.chosen.compression, Compression::Zstd);
     }
 
     #[test]

@@ -347,6 +347,8 @@ pub struct Profile {
     pub ops: Vec<OpProfile>,
     /// Threads the server runs queries on.
     pub server_cores: u32,
+    /// What the stream codecs do to each source column (empty: not measured).
+    pub column_codecs: std::collections::BTreeMap<String, Codecs>,
 }
 
 /// One op of a profiled fragment, per passing row.
@@ -358,6 +360,62 @@ pub struct OpProfile {
     pub bytes_in_per_row: f64,
     pub bytes_out_per_row: f64,
     pub ns_per_row: f64,
+    /// What the stream codecs do to the op's output (`None`: not measured).
+    pub output_codecs: Option<Codecs>,
+}
+
+/// A column's sample through each stream codec, as Arrow IPC compresses it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Codecs {
+    pub lz4: CodecCost,
+    pub zstd: CodecCost,
+}
+
+impl Codecs {
+    /// The measurement for `codec`; `None` for no compression (free, ratio 1).
+    pub fn get(&self, codec: Compression) -> Option<CodecCost> {
+        match codec {
+            Compression::Lz4 => Some(self.lz4),
+            Compression::Zstd => Some(self.zstd),
+            Compression::None | Compression::Adaptive => None,
+        }
+    }
+}
+
+/// What a codec does to a column: compressed bytes over Arrow bytes, and CPU per Arrow
+/// byte to compress (the server) and to decompress (the client).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CodecCost {
+    pub ratio: f64,
+    pub compress_ns_per_byte: f64,
+    pub decompress_ns_per_byte: f64,
+}
+
+fn codecs_to_proto(c: &Codecs) -> proto::Codecs {
+    let cost = |c: &CodecCost| proto::CodecCost {
+        ratio: c.ratio,
+        compress_ns_per_byte: c.compress_ns_per_byte,
+        decompress_ns_per_byte: c.decompress_ns_per_byte,
+    };
+    proto::Codecs {
+        lz4: Some(cost(&c.lz4)),
+        zstd: Some(cost(&c.zstd)),
+    }
+}
+
+fn codecs_from_proto(c: proto::Codecs) -> Codecs {
+    let cost = |c: Option<proto::CodecCost>| {
+        c.map(|c| CodecCost {
+            ratio: c.ratio,
+            compress_ns_per_byte: c.compress_ns_per_byte,
+            decompress_ns_per_byte: c.decompress_ns_per_byte,
+        })
+        .unwrap_or_default()
+    };
+    Codecs {
+        lz4: cost(c.lz4),
+        zstd: cost(c.zstd),
+    }
 }
 
 impl Profile {
@@ -377,9 +435,15 @@ impl Profile {
                     bytes_in_per_row: o.bytes_in_per_row,
                     bytes_out_per_row: o.bytes_out_per_row,
                     ns_per_row: o.ns_per_row,
+                    output_codecs: o.output_codecs.as_ref().map(codecs_to_proto),
                 })
                 .collect(),
             server_cores: self.server_cores,
+            column_codecs: self
+                .column_codecs
+                .iter()
+                .map(|(k, v)| (k.clone(), codecs_to_proto(v)))
+                .collect(),
         }
         .encode_to_vec()
         .into()
@@ -405,9 +469,15 @@ impl Profile {
                     bytes_in_per_row: o.bytes_in_per_row,
                     bytes_out_per_row: o.bytes_out_per_row,
                     ns_per_row: o.ns_per_row,
+                    output_codecs: o.output_codecs.map(codecs_from_proto),
                 })
                 .collect(),
             server_cores: m.server_cores,
+            column_codecs: m
+                .column_codecs
+                .into_iter()
+                .map(|(k, v)| (k, codecs_from_proto(v)))
+                .collect(),
         })
     }
 }
@@ -1160,8 +1230,21 @@ mod tests {
                 bytes_in_per_row: 15000.0,
                 bytes_out_per_row: 1500.0,
                 ns_per_row: 2e6,
+                output_codecs: Some(Codecs {
+                    lz4: CodecCost {
+                        ratio: 0.9,
+                        compress_ns_per_byte: 0.5,
+                        decompress_ns_per_byte: 0.1,
+                    },
+                    zstd: CodecCost {
+                        ratio: 0.8,
+                        compress_ns_per_byte: 3.0,
+                        decompress_ns_per_byte: 0.9,
+                    },
+                }),
             }],
             server_cores: 16,
+            column_codecs: [("image".to_string(), Codecs::default())].into(),
         };
         assert_eq!(Profile::decode(&p.encode()).unwrap(), p);
     }

@@ -20,8 +20,9 @@ use std::time::Instant;
 use arrow::array::{Array, ArrayRef};
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
 use datafusion::prelude::{DataFrame, ident, lit};
-use pushdown_protocol::{OpProfile, Profile, Query, ScanRequest};
+use pushdown_protocol::{CodecCost, Codecs, OpProfile, Profile, Query, ScanRequest};
 
 use crate::auth::Grant;
 use crate::error::{Result, ServerError};
@@ -33,6 +34,55 @@ fn bytes(a: &ArrayRef) -> f64 {
     a.to_data()
         .get_slice_memory_size()
         .unwrap_or_else(|_| a.get_array_memory_size()) as f64
+}
+
+/// What each stream codec does to `array`, through Arrow IPC as a stream sends it: the size
+/// of the compressed message over the plain one, and the CPU beyond the plain encoding (or
+/// decoding) per Arrow byte, each the best of two runs. `None` when the column cannot be
+/// encoded alone (never for the types ops emit) or is empty.
+fn codecs(name: &str, array: &ArrayRef) -> Option<Codecs> {
+    use arrow::ipc::CompressionType;
+    use arrow::ipc::reader::StreamReader;
+    use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+    let arrow_bytes = bytes(array);
+    if array.is_empty() || arrow_bytes <= 0.0 {
+        return None;
+    }
+    let batch = RecordBatch::try_from_iter([(name, Arc::clone(array))]).ok()?;
+    let run = |codec: Option<CompressionType>| -> Option<(f64, f64, f64)> {
+        let options = IpcWriteOptions::default().try_with_compression(codec).ok()?;
+        let (mut encode, mut decode, mut len) = (f64::INFINITY, f64::INFINITY, 0usize);
+        for _ in 0..2 {
+            let mut buf = Vec::new();
+            let start = Instant::now();
+            let mut writer =
+                StreamWriter::try_new_with_options(&mut buf, &batch.schema(), options.clone()).ok()?;
+            writer.write(&batch).ok()?;
+            writer.finish().ok()?;
+            drop(writer);
+            encode = encode.min(start.elapsed().as_nanos() as f64);
+            let start = Instant::now();
+            for read in StreamReader::try_new(std::io::Cursor::new(&buf), None).ok()? {
+                read.ok()?;
+            }
+            decode = decode.min(start.elapsed().as_nanos() as f64);
+            len = buf.len();
+        }
+        Some((len as f64, encode, decode))
+    };
+    let (plain_len, plain_encode, plain_decode) = run(None)?;
+    let cost = |codec| -> Option<CodecCost> {
+        let (len, encode, decode) = run(Some(codec))?;
+        Some(CodecCost {
+            ratio: len / plain_len.max(1.0),
+            compress_ns_per_byte: (encode - plain_encode).max(0.0) / arrow_bytes,
+            decompress_ns_per_byte: (decode - plain_decode).max(0.0) / arrow_bytes,
+        })
+    };
+    Some(Codecs {
+        lz4: cost(CompressionType::LZ4_FRAME)?,
+        zstd: cost(CompressionType::ZSTD)?,
+    })
 }
 
 /// Rows returned by the first `n` rows of `df`, and the best of two warm runs in ns.
@@ -162,6 +212,13 @@ pub async fn profile(
         .zip(kept.columns())
         .map(|(field, a)| (field.name().clone(), bytes(a) / n))
         .collect();
+    let column_codecs = kept
+        .schema()
+        .fields()
+        .iter()
+        .zip(kept.columns())
+        .filter_map(|(field, a)| Some((field.name().clone(), codecs(field.name(), a)?)))
+        .collect();
     let mut readable = grant.visible(&datasets);
     readable.insert(dataset.name.clone(), Arc::clone(dataset));
     let resources = crate::udf::DatasetResources::new(readable, Some(dataset.name.clone()));
@@ -189,6 +246,7 @@ pub async fn profile(
                     bytes_in_per_row: bytes(run.input) / n,
                     bytes_out_per_row: bytes(run.output) / n,
                     ns_per_row: run.elapsed.as_nanos() as f64 / n,
+                    output_codecs: codecs(&run.call.output, run.output),
                 });
             },
         )
@@ -200,5 +258,6 @@ pub async fn profile(
         column_bytes_per_row,
         ops,
         server_cores: cores,
+        column_codecs,
     })
 }

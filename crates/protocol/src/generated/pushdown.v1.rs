@@ -241,6 +241,13 @@ pub struct Profile {
     /// Threads the server runs queries on.
     #[prost(uint32, tag = "6")]
     pub server_cores: u32,
+    /// What the stream codecs do to each source column of `column_bytes_per_row` (absent:
+    /// not measured, by an older server).
+    #[prost(map = "string, message", tag = "7")]
+    pub column_codecs: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        Codecs,
+    >,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct OpProfile {
@@ -256,6 +263,28 @@ pub struct OpProfile {
     pub bytes_out_per_row: f64,
     #[prost(double, tag = "6")]
     pub ns_per_row: f64,
+    /// What the stream codecs do to the op's output column.
+    #[prost(message, optional, tag = "7")]
+    pub output_codecs: ::core::option::Option<Codecs>,
+}
+/// A column's sample through each stream codec, as Arrow IPC compresses it.
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct Codecs {
+    #[prost(message, optional, tag = "1")]
+    pub lz4: ::core::option::Option<CodecCost>,
+    #[prost(message, optional, tag = "2")]
+    pub zstd: ::core::option::Option<CodecCost>,
+}
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct CodecCost {
+    /// Compressed bytes over Arrow bytes.
+    #[prost(double, tag = "1")]
+    pub ratio: f64,
+    /// CPU per Arrow byte to compress (the server) and to decompress (the client).
+    #[prost(double, tag = "2")]
+    pub compress_ns_per_byte: f64,
+    #[prost(double, tag = "3")]
+    pub decompress_ns_per_byte: f64,
 }
 /// The app_metadata of each `ListFlights` answer: a dataset's version, which changes whenever
 /// a file is added, removed or rewritten.
