@@ -20,6 +20,7 @@ mod process;
 mod s3;
 mod scale;
 mod scan;
+mod shared;
 mod split;
 
 use std::path::{Path, PathBuf};
@@ -90,6 +91,13 @@ enum Command {
     /// on the server, on the trainer, split between them (the planner's choice, forced,
     /// adaptive), with the planner's predictions.
     Split {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// One server core shared by `PUSHDOWN_TRAINERS` (default 3) trainer processes, each on
+    /// a core of its own: the static plan each made alone, adaptive placement, and every
+    /// static placement chosen with hindsight.
+    Shared {
         #[command(flatten)]
         options: Options,
     },
@@ -283,6 +291,7 @@ fn main() -> Result<()> {
         Command::Cache { options } => ("cache", options.resolve()),
         Command::Scale { options } => ("scale", options.resolve()),
         Command::Split { options } => ("split", options.resolve()),
+        Command::Shared { options } => ("shared", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -304,6 +313,7 @@ fn main() -> Result<()> {
                 "cache" => cache::suite(&options, &data, &command).await?,
                 "scale" => scale::suite(&options, &data, &command).await?,
                 "split" => split::suite(&options, &data, &command).await?,
+                "shared" => shared::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");

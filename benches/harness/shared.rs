@@ -1,0 +1,257 @@
+//! One server core shared by several trainers, the normal deployment: a `harness serve`
+//! process with one thread pinned to CPU 0, and `PUSHDOWN_TRAINERS` (default 3) `pushdown
+//! run` processes started together, each pinned to a core of its own (CPUs 1, 2, …, wrapping
+//! when the machine has fewer), over a 1 Gbit/s link. Each trainer plans alone, so a static
+//! plan assumes the server's core is its own.
+//!
+//! Cells: the static plan each trainer made alone (`--placement costed`), adaptive placement,
+//! and every static placement a user could have picked with hindsight (all on the server,
+//! all on the trainers, 25/50/75% splits). Total rows/s is every trainer's rows over the time
+//! until the last one finished.
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::link::Link;
+use crate::process::ServerProcess;
+use crate::{Datasets, Options, machine};
+
+const RATE: u64 = 1_000_000_000;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Cell {
+    label: String,
+    placement: &'static str,
+    rows_per_s: f64,
+    rows: u64,
+    trainer_rows: u64,
+    server_cpu: f64,
+    secs: f64,
+}
+
+/// What one `pushdown run` printed: rows delivered, and rows whose fragment ops it ran
+/// itself (`None`: no op was pushed, so it ran them all).
+fn parse_report(text: &str) -> Result<(u64, Option<u64>)> {
+    let number_after = |line: &str, word: &str| -> Option<u64> {
+        let rest = &line[line.find(word)? + word.len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    let rows = text
+        .lines()
+        .find_map(|l| number_after(l, "delivered "))
+        .with_context(|| format!("no `delivered` line in {text:?}"))?;
+    let own = text.lines().find_map(|l| number_after(l, "on this client for "));
+    Ok((rows, own))
+}
+
+pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<String> {
+    let cores = crate::cores();
+    let trainers = env_or("PUSHDOWN_TRAINERS", 3).max(1);
+    let epochs = env_or("PUSHDOWN_EPOCHS", 4).max(1);
+    let shard_rows = env_or("PUSHDOWN_SHARD_ROWS", 512);
+    let spare = cores.saturating_sub(1).max(1);
+    let cpus: Vec<String> = (0..trainers).map(|k| (1 + k % spare).to_string()).collect();
+    let shaped = cores > trainers;
+    let link = crate::make_link(RATE, options).await?;
+    let server = ServerProcess::start_with(
+        "serve",
+        &data.root.to_string_lossy(),
+        link.server_listen(),
+        1,
+        link.namespace(),
+        Some("0"),
+        &[("PUSHDOWN_SHARD_ROWS".to_owned(), shard_rows.to_string())],
+    )?;
+    let link = match link.kind {
+        crate::link::Kind::Proxy => Link::proxy(RATE, server.addr).await?,
+        _ => link,
+    };
+    let url = link.client_url(server.addr);
+    let (_, pipeline) = crate::placement::pipelines()
+        .into_iter()
+        .find(|(n, _)| *n == "images")
+        .context("the images pipeline")?;
+    let file = data.root.join("shared-images.toml");
+    std::fs::write(&file, pipeline.to_toml()).with_context(|| format!("writing {}", file.display()))?;
+    let exe = std::env::current_exe()?
+        .parent()
+        .context("the harness's folder")?
+        .join("pushdown");
+    if !exe.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p pushdown-cli`",
+            exe.display()
+        );
+    }
+    let specs: [(&str, &'static str); 7] = [
+        ("static plan each trainer made alone", "costed"),
+        ("adaptive", "adaptive"),
+        ("static: all on the server", "server"),
+        ("static: all on the trainers", "trainer"),
+        ("static: 25% of shards on the server", "split:0.25"),
+        ("static: 50% on the server", "split:0.5"),
+        ("static: 75% on the server", "split:0.75"),
+    ];
+    let mut cells = Vec::new();
+    for (label, placement) in specs {
+        let mut best: Option<Cell> = None;
+        for _ in 0..options.reps_resolved {
+            let server0 = server.cpu_seconds();
+            let start = Instant::now();
+            let children = cpus
+                .iter()
+                .enumerate()
+                .map(|(k, cpu)| {
+                    Command::new("taskset")
+                        .args(["-c", cpu])
+                        .arg(&exe)
+                        .arg("run")
+                        .arg(&file)
+                        .args(["--server", &url, "--bandwidth", "1Gbit", "--concurrency", "16"])
+                        .args(["--epochs", &epochs.to_string(), "--seed", &k.to_string()])
+                        .args(["--placement", placement])
+                        .env("RUST_LOG", "warn")
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .context("starting a trainer")
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (mut rows, mut own) = (0, 0);
+            for child in children {
+                let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+                if !out.status.success() {
+                    bail!(
+                        "a trainer ({placement}) failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                let (r, o) = parse_report(&String::from_utf8_lossy(&out.stdout))?;
+                rows += r;
+                own += o.unwrap_or(r);
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let cell = Cell {
+                label: label.to_owned(),
+                placement,
+                rows_per_s: rows as f64 / secs,
+                rows,
+                trainer_rows: own,
+                server_cpu: server.cpu_seconds() - server0,
+                secs,
+            };
+            if best.as_ref().is_none_or(|b| cell.rows_per_s > b.rows_per_s) {
+                best = Some(cell);
+            }
+        }
+        let cell = best.context("no repetitions")?;
+        eprintln!("  {:45} {:8.0} rows/s", cell.label, cell.rows_per_s);
+        cells.push(cell);
+    }
+    Ok(report(
+        command, &link, trainers, &cpus, shaped, epochs, shard_rows, options, &cells,
+    ))
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the run's shape, printed with its cells"
+)]
+fn report(
+    command: &str,
+    link: &Link,
+    trainers: usize,
+    cpus: &[String],
+    shaped: bool,
+    epochs: usize,
+    shard_rows: usize,
+    options: &Options,
+    cells: &[Cell],
+) -> String {
+    let mut out = format!(
+        "## One server core shared by {trainers} trainers\n\n\
+         Command: `{command}`  \nMachine: {}; the server pinned to CPU 0 with one thread; trainers (`pushdown run` processes, started together) on CPUs {}; link {}.  \n\
+         Pipeline: images (`label < 500`, decode_resize 64×64, random crop and flip, batches of 256); {epochs} epochs per trainer, seeds 0..{trainers}; shards of {shard_rows} rows; 16 streams in flight each. Total rows/s: every trainer's rows over the time until the last finished; the best of {} run(s).\n\n",
+        machine(),
+        cpus.join(", "),
+        link.describe(),
+        options.reps_resolved,
+    );
+    if !shaped {
+        out.push_str(&format!(
+            "**Not the target shape:** this machine has {} core(s), so the {trainers} trainers share CPUs (each has less than a core). The targets below need at least {} cores.\n\n",
+            crate::cores(),
+            trainers + 1
+        ));
+    }
+    out.push_str(
+        "| placement | `--placement` | total rows/s | rows | decoded on the trainers | server CPU s | seconds |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for c in cells {
+        out.push_str(&format!(
+            "| {} | `{}` | {:.0} | {} | {:.0}% | {:.2} | {:.2} |\n",
+            c.label,
+            c.placement,
+            c.rows_per_s,
+            c.rows,
+            100.0 * c.trainer_rows as f64 / c.rows.max(1) as f64,
+            c.server_cpu,
+            c.secs
+        ));
+    }
+    let rate = |p: &str| {
+        cells
+            .iter()
+            .find(|c| c.placement == p)
+            .map_or(0.0, |c| c.rows_per_s)
+    };
+    let (alone, adaptive) = (rate("costed"), rate("adaptive"));
+    let hindsight = cells
+        .iter()
+        .filter(|c| c.placement != "costed" && c.placement != "adaptive")
+        .max_by(|a, b| a.rows_per_s.total_cmp(&b.rows_per_s));
+    let best_static = hindsight.map_or(0.0, |c| c.rows_per_s);
+    let verdict = |ok: bool| {
+        if !shaped {
+            "not measurable here"
+        } else if ok {
+            "met"
+        } else {
+            "missed"
+        }
+    };
+    out.push_str(&format!(
+        "\n* Adaptive: {adaptive:.0} rows/s = **{:.2}×** the static plan each trainer made alone ({alone:.0}); target ≥ 1.3×: **{}**.\n\
+         * Adaptive against the best static placement chosen with hindsight ({}: {best_static:.0}): **{:.2}×**; target ≥ 1×: **{}**.\n\n",
+        adaptive / alone.max(1e-9),
+        verdict(adaptive >= 1.3 * alone),
+        hindsight.map_or("none", |c| c.label.as_str()),
+        adaptive / best_static.max(1e-9),
+        verdict(adaptive >= best_static),
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_run_report_gives_rows_and_the_trainers_share() {
+        let text = "delivered 6102 rows in 24 batches from 4 shard streams in 1.33s (4600 rows/s)\n\
+                    fragment ops ran on the server for 3066 rows, on this client for 3036 rows (6 shard streams left un-reduced; 1.57 s of this client's CPU)\n";
+        assert_eq!(super::parse_report(text).unwrap(), (6102, Some(3036)));
+        assert_eq!(
+            super::parse_report("delivered 5 rows in 1 batches").unwrap(),
+            (5, None)
+        );
+        assert!(super::parse_report("nothing").is_err());
+    }
+}
