@@ -232,6 +232,7 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
         bandwidth_bytes_per_s: 100e6 / 8.0,
         server_cores: 16.0,
         client_cores: 4.0,
+        client_ns_per_row: 0.0,
     };
     let costed = |side: i64| {
         let (fx, schema) = (&fx, &schema);

@@ -39,6 +39,7 @@ pub async fn costed_plan(
             .await?
     };
     let env = Environment {
+        client_ns_per_row: trainer_ns_per_row(pipeline, schema).unwrap_or(0.0),
         bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
         // Every server of the fleet streams shards at once.
         server_cores: link
@@ -49,4 +50,120 @@ pub async fn costed_plan(
             .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
     };
     Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
+}
+
+/// Rows timed for [`trainer_ns_per_row`].
+const TIMED_ROWS: usize = 256;
+
+/// This process's own work per delivered row on the pipeline's row-wise steps that run here
+/// whatever the placement (random ops and selects after the fragment), timed on rows of the
+/// fragment's output shape (zeros: the kernels here cost the same whatever the values); the
+/// best of three. `None` when it cannot be timed (a step needs a dataset's resources, a type
+/// has no zero value).
+pub fn trainer_ns_per_row(pipeline: &Pipeline, schema: &arrow::datatypes::Schema) -> Option<f64> {
+    use std::sync::Arc;
+    let full = pushdown_planner::plan_limited(pipeline, schema, usize::MAX).ok()?;
+    let bound = pushdown_ops::Calls::bind(&full.fragment.ops, Arc::new(schema.clone())).ok()?;
+    let out = bound.schema();
+    let indices = full
+        .fragment
+        .columns
+        .iter()
+        .map(|c| out.index_of(c))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .ok()?;
+    let wire = Arc::new(out.project(&indices).ok()?);
+    let steps: Vec<pushdown_planner::Step> = full
+        .client_steps
+        .iter()
+        .filter(|s| {
+            matches!(
+                s,
+                pushdown_planner::Step::Select { .. } | pushdown_planner::Step::Map(_)
+            )
+        })
+        .cloned()
+        .collect();
+    if steps.is_empty() {
+        return Some(0.0);
+    }
+    let steps =
+        crate::steps::RowSteps::new(&steps, Arc::clone(&wire), 0, Arc::new(pushdown_ops::NoResources))
+            .ok()?;
+    let columns = wire
+        .fields()
+        .iter()
+        .map(|f| zeros(f.data_type(), TIMED_ROWS))
+        .collect::<Option<Vec<_>>>()?;
+    let batch = arrow::record_batch::RecordBatch::try_new(wire, columns).ok()?;
+    steps.apply(batch.clone(), 0).ok()?;
+    (1..=3)
+        .map(|key| {
+            let start = std::time::Instant::now();
+            steps.apply(batch.clone(), key).ok()?;
+            Some(start.elapsed().as_nanos() as f64 / TIMED_ROWS as f64)
+        })
+        .collect::<Option<Vec<f64>>>()?
+        .into_iter()
+        .reduce(f64::min)
+}
+
+/// `rows` non-null zero values of `data_type` (empty strings and lists, zero numbers).
+fn zeros(data_type: &arrow::datatypes::DataType, rows: usize) -> Option<arrow::array::ArrayRef> {
+    fn valid(data: arrow::array::ArrayData) -> Option<arrow::array::ArrayData> {
+        let children = data
+            .child_data()
+            .iter()
+            .cloned()
+            .map(valid)
+            .collect::<Option<Vec<_>>>()?;
+        data.into_builder().nulls(None).child_data(children).build().ok()
+    }
+    valid(arrow::array::ArrayData::new_null(data_type, rows)).map(arrow::array::make_array)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
+    use pushdown_planner::Pipeline;
+
+    use super::*;
+
+    #[test]
+    fn zero_rows_are_valid_values_of_every_shape_ops_emit() {
+        let item = std::sync::Arc::new(Field::new("item", DataType::UInt8, false));
+        for t in [
+            DataType::Int32,
+            DataType::Float64,
+            DataType::Utf8,
+            DataType::Binary,
+            DataType::FixedSizeList(std::sync::Arc::clone(&item), 12),
+            DataType::List(item),
+        ] {
+            let a = zeros(&t, 5).unwrap_or_else(|| panic!("{t}"));
+            assert_eq!((a.len(), a.null_count(), a.data_type()), (5, 0, &t));
+        }
+    }
+
+    #[test]
+    fn the_trainers_own_steps_are_timed_on_the_fragments_output_shape() {
+        let schema = Schema::new(vec![
+            Field::new("image", DataType::Binary, false),
+            Field::new("label", DataType::Int32, false),
+        ]);
+        let augmented = Pipeline::new("images")
+            .map("decode_resize", "image", [64i64, 64], "pixels")
+            .select(["pixels", "label"])
+            .map("random_crop", "pixels", [56i64, 56], "pixels")
+            .map("random_flip", "pixels", [0.5f64], "pixels")
+            .batch(8);
+        let ns = trainer_ns_per_row(&augmented, &schema).expect("timed");
+        assert!(ns > 0.0, "{ns}");
+        // Nothing left to the trainer but batching: nothing to time.
+        let plain = Pipeline::new("images")
+            .map("decode_resize", "image", [64i64, 64], "pixels")
+            .select(["pixels", "label"])
+            .batch(8);
+        assert_eq!(trainer_ns_per_row(&plain, &schema), Some(0.0));
+    }
 }

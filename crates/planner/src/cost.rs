@@ -31,6 +31,9 @@ pub struct Environment {
     pub bandwidth_bytes_per_s: f64,
     pub server_cores: f64,
     pub client_cores: f64,
+    /// The trainer's own work per delivered row on the steps that run there whatever the
+    /// placement (random ops, selects), as the client timed it; 0 when not measured.
+    pub client_ns_per_row: f64,
 }
 
 /// One op's measured cost and where it was placed.
@@ -78,6 +81,8 @@ pub struct CostedPlan {
     pub ops: Vec<OpCost>,
     pub chosen: Estimate,
     pub candidates: Vec<Estimate>,
+    /// The trainer's own work per row the estimates counted ([`Environment::client_ns_per_row`]).
+    pub trainer_ns_per_row: f64,
 }
 
 /// Without measured codecs (an older server's profile): the link is taken to bound a
@@ -178,6 +183,7 @@ pub fn plan_with_profile(
         ops,
         chosen,
         candidates,
+        trainer_ns_per_row: env.client_ns_per_row,
     })
 }
 
@@ -338,7 +344,10 @@ impl Costs {
         };
         let client = rate(
             env.client_cores,
-            sel * ((1.0 - f) * self.pushed_ns + self.rest_ns + mix(w.decompress_ns, u.decompress_ns)),
+            sel * ((1.0 - f) * self.pushed_ns
+                + self.rest_ns
+                + mix(w.decompress_ns, u.decompress_ns)
+                + env.client_ns_per_row),
         );
         Estimate {
             pushed,
@@ -369,6 +378,13 @@ impl CostedPlan {
                 out,
                 "  {:<40} {:<6} {:>12.0} {:>12.0} {:>14.0}",
                 op.op, op.side, op.bytes_in, op.bytes_out, op.ns_per_row
+            );
+        }
+        if self.trainer_ns_per_row > 0.0 {
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<6} {:>12} {:>12} {:>14.0}",
+                "the trainer's own steps (timed there)", "client", "", "", self.trainer_ns_per_row
             );
         }
         let _ = writeln!(

@@ -238,6 +238,7 @@ mod cost {
             bandwidth_bytes_per_s: GBIT,
             server_cores: 16.0,
             client_cores: 8.0,
+            client_ns_per_row: 0.0,
         };
         let costed = plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
         assert_eq!(costed.chosen.pushed, 1, "{}", costed.explain());
@@ -266,6 +267,7 @@ mod cost {
                 bandwidth_bytes_per_s,
                 server_cores,
                 client_cores: 8.0,
+                client_ns_per_row: 0.0,
             };
             let costed =
                 plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
@@ -291,6 +293,7 @@ mod cost {
             bandwidth_bytes_per_s,
             server_cores,
             client_cores: 8.0,
+            client_ns_per_row: 0.0,
         };
         let pixels = 64.0 * 64.0 * 3.0;
         let costed = |profile: &Profile, env: &Environment| {
@@ -331,6 +334,7 @@ mod cost {
             bandwidth_bytes_per_s: GBIT,
             server_cores: 16.0,
             client_cores: 8.0,
+            client_ns_per_row: 0.0,
         };
         let costed =
             plan_with_profile(&pipeline(512), &images(), &profile(512.0 * 512.0 * 3.0), &env).unwrap();
@@ -352,6 +356,7 @@ mod cost {
             bandwidth_bytes_per_s: 100.0 * GBIT,
             server_cores: 1.0,
             client_cores: 64.0,
+            client_ns_per_row: 0.0,
         };
         let costed = plan_with_profile(&pipeline(64), &images(), &profile(64.0 * 64.0 * 3.0), &env).unwrap();
         assert_eq!(costed.chosen.pushed, 0, "{}", costed.explain());
@@ -365,6 +370,7 @@ mod cost {
             bandwidth_bytes_per_s: GBIT,
             server_cores: 1.0,
             client_cores: 1.0,
+            client_ns_per_row: 0.0,
         };
         let mut profile = profile(12_000.0);
         profile.ops[0].ns_per_row = 400_000.0;
