@@ -243,6 +243,14 @@ pub async fn connect(url: &str) -> Result<PushdownClient> {
         .context(format!("connecting to {url}")))
 }
 
+/// A count from the environment variable `name`, else `default`.
+pub fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The machine's cores (not `available_parallelism`: the harness pins itself to one).
 fn cores() -> usize {
     std::fs::read_to_string("/proc/cpuinfo")

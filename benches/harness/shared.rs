@@ -16,16 +16,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::link::Link;
 use crate::process::ServerProcess;
-use crate::{Datasets, Options, machine};
+use crate::{Datasets, Options, env_or, machine};
 
 const RATE: u64 = 1_000_000_000;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 struct Cell {
     label: String,

@@ -22,18 +22,12 @@ const RATE: u64 = 1_000_000_000;
 /// Epochs per run (`PUSHDOWN_EPOCHS`, default 8): a job's start-up (connecting, planning and
 /// measuring the ops, counting rows) and its last epoch's drain amortized as in training.
 fn epochs() -> usize {
-    std::env::var("PUSHDOWN_EPOCHS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(8)
+    crate::env_or("PUSHDOWN_EPOCHS", 8)
 }
 /// Rows per shard (`PUSHDOWN_SHARD_ROWS`, default 512: 16 shards per epoch; smaller ones
 /// pay the per-stream overhead — DoGet, planning, opening the file — more often).
 fn shard_rows() -> u64 {
-    std::env::var("PUSHDOWN_SHARD_ROWS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(512)
+    crate::env_or("PUSHDOWN_SHARD_ROWS", 512) as u64
 }
 
 struct Cell {
@@ -185,10 +179,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
 /// Shard streams in flight (`PUSHDOWN_CONCURRENCY`, default 16): with one row group per
 /// shard, enough to keep both ends fed while the consumer takes shards in order.
 fn concurrency() -> usize {
-    std::env::var("PUSHDOWN_CONCURRENCY")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(16)
+    crate::env_or("PUSHDOWN_CONCURRENCY", 16)
 }
 
 fn self_cpu() -> f64 {

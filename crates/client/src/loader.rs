@@ -1093,10 +1093,7 @@ async fn prepare(
         }
         LoaderSource::Pipeline(pipeline) => {
             let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let cores = options.link.client_cores.map_or_else(
-                || std::thread::available_parallelism().map_or(1, |n| n.get()),
-                |c| c.ceil() as usize,
-            );
+            let cores = options.link.trainer_cores().ceil() as usize;
             let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
                 Ok((
                     pushdown_planner::plan_limited(pipeline, &schema, first)?,

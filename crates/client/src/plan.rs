@@ -21,6 +21,12 @@ impl Link {
             client_cores: None,
         }
     }
+
+    /// This trainer's cores: as given, else the ones this process may run on.
+    pub fn trainer_cores(&self) -> f64 {
+        self.client_cores
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64)
+    }
 }
 
 /// Plans `pipeline`, placing its ops by the server's measurements of them when it has any.
@@ -45,9 +51,7 @@ pub async fn costed_plan(
         server_cores: link
             .server_cores
             .unwrap_or(f64::from(profile.server_cores.max(1)) * client.urls().len() as f64),
-        client_cores: link
-            .client_cores
-            .unwrap_or(std::thread::available_parallelism().map_or(1, |n| n.get()) as f64),
+        client_cores: link.trainer_cores(),
     };
     Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
 }

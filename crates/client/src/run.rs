@@ -228,10 +228,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         .collect();
     let usage = Usage {
         trainer_cpu,
-        trainer_cores: loader.link.client_cores.map_or_else(
-            || std::thread::available_parallelism().map_or(1, |n| n.get()),
-            |c| c.ceil() as usize,
-        ),
+        trainer_cores: loader.link.trainer_cores().ceil() as usize,
         link_bytes_per_s: loader.link.bandwidth_bytes_per_s,
         servers,
     };
