@@ -31,6 +31,7 @@ mod auth;
 mod cache;
 mod catalog;
 mod codec;
+mod conjunction;
 mod error;
 mod flight_sql;
 mod metrics;
