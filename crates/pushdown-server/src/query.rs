@@ -187,6 +187,11 @@ impl Engine {
         p.enable_page_index = true; // pages by the page index
         p.bloom_filter_on_read = true; // row groups by bloom filters (equality, IN)
         p.pushdown_filters = pushdown_filters; // late materialization in the decoder
+        // Late materialization is chosen only where the rest of the projection is far heavier
+        // than the filter's columns (`auto_filter_pushdown`): skip the rows the filter dropped
+        // rather than decoding every row and masking (the reader's default for scattered
+        // selections, which copies every JPEG of a row group to keep a tenth of them).
+        p.force_filter_selections = pushdown_filters;
         p.reorder_filters = true; // cheapest, most selective filters first
         p.skip_metadata = true; // embedded Arrow schema metadata is not part of the data
         p.metadata_size_hint = Some(METADATA_SIZE_HINT);
@@ -224,7 +229,13 @@ impl Engine {
             memory_pool: Arc::new(pool),
             ..(*self.runtime).clone()
         };
-        SessionContext::new_with_config_rt(config, Arc::new(runtime))
+        let state = datafusion::execution::session_state::SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(Arc::new(runtime))
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(crate::conjunction::FlatConjunctions))
+            .build();
+        SessionContext::new_with_state(state)
     }
 
     /// Refuses query text (SQL, a fragment's predicate) longer than the server's cap.
