@@ -183,8 +183,9 @@ fn datasets(options: &Options) -> Result<Datasets> {
     let mut rows = Vec::new();
     for (kind, n) in sizes {
         let dir = root.join(kind.name());
-        // The stamp holds the rows written (TPC-H's scale gives about the rows asked for).
-        let stamp = dir.join(format!("_rows_{n}"));
+        // The stamp holds the rows written (TPC-H's scale gives about the rows asked for); its
+        // name carries the layout, so data written by an older `pushdown gen` is regenerated.
+        let stamp = dir.join(format!("_rows_{n}_layout_{}", pushdown_datasets::LAYOUT_VERSION));
         let written = std::fs::read_to_string(&stamp)
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok());
