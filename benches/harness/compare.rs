@@ -634,12 +634,22 @@ pub async fn rss_under_streams(data: &Datasets, streams: usize) -> Result<(u64, 
     Ok((peak_rss(&server.pid()).unwrap_or(0), rows))
 }
 
-/// DuckDB's scan speed on `workload.scan` over local files, one thread, pinned like the
-/// server: `(rows in the dataset per second, rows out)`.
-pub fn duckdb_scan(data: &Path, workload: &Workload, reps: usize) -> Result<(f64, u64)> {
+/// DuckDB's scan of a workload, one thread on CPU 0.
+pub struct DuckScan {
+    /// Rows of the dataset per second over the same files as the server.
+    pub rows_per_s: f64,
+    pub rows_out: u64,
+    /// The same over a copy written by DuckDB's own Parquet writer (its default layout).
+    pub own_layout_rows_per_s: Option<f64>,
+}
+
+/// Runs `benches/python/duckdb_scan.py` on a workload's scan query, DuckDB with one thread
+/// on CPU 0; with `own_layout`, also over DuckDB's own copy of the dataset.
+pub fn duckdb_scan(data: &Path, workload: &Workload, reps: usize, own_layout: bool) -> Result<DuckScan> {
     let venv = crate::s3::venv()?;
     let script = std::env::current_dir()?.join("benches/python/duckdb_scan.py");
-    let out = std::process::Command::new("taskset")
+    let mut command = std::process::Command::new("taskset");
+    command
         .args(["-c", "0"])
         .arg(venv.join("python"))
         .arg(script)
@@ -648,7 +658,11 @@ pub fn duckdb_scan(data: &Path, workload: &Workload, reps: usize) -> Result<(f64
         .arg("--sql")
         .arg(&workload.scan)
         .arg("--reps")
-        .arg(reps.to_string())
+        .arg(reps.to_string());
+    if own_layout {
+        command.arg("--own-layout");
+    }
+    let out = command
         .output()
         .context("running benches/python/duckdb_scan.py")?;
     if !out.status.success() {
@@ -658,8 +672,11 @@ pub fn duckdb_scan(data: &Path, workload: &Workload, reps: usize) -> Result<(f64
     let v: serde_json::Value = serde_json::from_str(text.trim()).context("duckdb output")?;
     let secs = v["secs"].as_f64().context("secs")?;
     let rows_in = v["rows_in"].as_f64().context("rows_in")?;
-    let rows_out = v["rows_out"].as_u64().context("rows_out")?;
-    Ok((rows_in / secs, rows_out))
+    Ok(DuckScan {
+        rows_per_s: rows_in / secs,
+        rows_out: v["rows_out"].as_u64().context("rows_out")?,
+        own_layout_rows_per_s: v["own_layout_secs"].as_f64().map(|s| rows_in / s),
+    })
 }
 
 /// The server's scan speed on the same query: a server process pinned to CPU 0 with one

@@ -34,8 +34,9 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
          Best of {reps} runs per cell. DuckDB {} reads the same Parquet files (its external file cache on, as by default).\n\n\
          ### One thread each\n\n\
          The server pinned to CPU 0 with one CPU thread, its client on CPU 1 (uncompressed on loopback); DuckDB with one thread on CPU 0. \
-         Rows of the dataset per second.\n\n\
-         | workload | query | server over Flight | the engine in-process | DuckDB | server ÷ DuckDB | |\n|---|---|---:|---:|---:|---:|---|\n",
+         Rows of the dataset per second. DuckDB reads the same files, and also a copy written by its own Parquet writer with its defaults \
+         (the layout DuckDB would choose); the server is held to the faster of the two.\n\n\
+         | workload | query | server over Flight | the engine in-process | DuckDB, same files | DuckDB, its own layout | server ÷ faster DuckDB | |\n|---|---|---:|---:|---:|---:|---:|---|\n",
         crate::machine(),
         duckdb_version().unwrap_or_default(),
     );
@@ -43,23 +44,27 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         let rows_in = dataset_rows(data, w.pipeline.dataset.as_str());
         let server = server_scan(data, &w, rows_in, reps).await?;
         let engine = engine_scan(data, &w, rows_in, reps).await?;
-        let duck = duckdb_scan(&data.root, &w, reps).context("DuckDB: scripts/setup-python.sh --bench")?;
+        let duck =
+            duckdb_scan(&data.root, &w, reps, true).context("DuckDB: scripts/setup-python.sh --bench")?;
         anyhow::ensure!(
-            server.1 == duck.1,
+            server.1 == duck.rows_out,
             "{}: {} rows from the server, {} from DuckDB",
             w.name,
             server.1,
-            duck.1
+            duck.rows_out
         );
+        let own = duck.own_layout_rows_per_s.unwrap_or(0.0);
+        let faster = duck.rows_per_s.max(own);
         out.push_str(&format!(
-            "| {} | `{}` | {:.0} | {:.0} | {:.0} | {:.2} | {} |\n",
+            "| {} | `{}` | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} |\n",
             w.name,
             w.scan,
             server.0,
             engine,
-            duck.0,
-            server.0 / duck.0,
-            if server.0 >= duck.0 { "met" } else { "**missed**" }
+            duck.rows_per_s,
+            own,
+            server.0 / faster,
+            if server.0 >= faster { "met" } else { "**missed**" }
         ));
     }
     out.push_str(&format!(
