@@ -27,6 +27,12 @@ import numpy as np
 
 import pushdown
 
+if pushdown.BUILD_PROFILE != "release":
+    sys.exit(
+        f"pushdown is a {pushdown.BUILD_PROFILE} build, several times slower than what users run: "
+        "PUSHDOWN_PY_PROFILE=release scripts/setup-python.sh --bench"
+    )
+
 B, CROP, WINDOW = 256, 56, 4096
 
 

@@ -16,6 +16,7 @@ import datetime
 import decimal
 import json
 import os
+import sys
 import time
 
 import pyarrow as pa
@@ -23,6 +24,12 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 import pushdown
+
+if pushdown.BUILD_PROFILE != "release":
+    sys.exit(
+        f"pushdown is a {pushdown.BUILD_PROFILE} build, several times slower than what users run: "
+        "PUSHDOWN_PY_PROFILE=release scripts/setup-python.sh --bench"
+    )
 
 f = pads.field
 

@@ -385,5 +385,14 @@ impl PyTransform {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<PyTransform>()?;
+    // Benchmarks refuse a debug build: its kernels are several times slower.
+    m.add(
+        "BUILD_PROFILE",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
     Ok(())
 }

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
-from ._native import _Loader, _Transform
+from ._native import BUILD_PROFILE, _Loader, _Transform
 
-__all__ = ["Loader", "Transform"]
+__all__ = ["BUILD_PROFILE", "Loader", "Transform"]
 
 
 def _arrow(ipc: bytes):
