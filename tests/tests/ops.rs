@@ -222,6 +222,26 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     assert!(op.bytes_in_per_row > 5_000.0, "JPEGs: {op:?}");
     assert!((op.bytes_out_per_row - 64.0 * 64.0 * 3.0).abs() < 64.0, "{op:?}");
     assert!(op.ns_per_row > 0.0 && profile.scan_ns_per_row > 0.0);
+    // `label` is not sorted: statistics prune nothing, every row is scanned.
+    assert_eq!(profile.scanned_fraction, Some(1.0));
+    // `id` is: `id < 40` leaves the first of the two 64-row row groups.
+    let by_id = Pipeline::new("images")
+        .filter("id < 40")
+        .map("decode_resize", "image", [64i64, 64], "pixels")
+        .select(["pixels", "label"]);
+    let pruned = fx
+        .client
+        .profile(&ScanRequest::new(Query::Fragment(
+            plan(&by_id, &schema).expect("plan").fragment,
+        )))
+        .await
+        .expect("profile");
+    assert_eq!(pruned.scanned_fraction, Some(0.5), "{pruned:?}");
+    assert!(
+        (pruned.selectivity - 40.0 / 128.0).abs() < 1e-9,
+        "{}",
+        pruned.selectivity
+    );
 
     // Downscale to 64×64: reducing, pushed. To 512×512: expanding, kept with the trainer.
     // The machines are stated (a 16-core storage host, 4 trainer cores per accelerator, a

@@ -6,12 +6,14 @@
 //!
 //! ```text
 //!   rows/s = selectivity × min(server_rate, network_rate, client_rate)      (Plumber's view)
-//!   server_rate  = server_cores × 1e9 / (scan_ns + sel × Σ pushed op ns)
+//!   server_rate  = server_cores × 1e9 / (scanned × scan_ns + sel × Σ pushed op ns)
 //!   network_rate = bandwidth / (sel × Σ bytes of the columns that cross)
 //!   client_rate  = client_cores × 1e9 / (sel × Σ client op ns)
 //! ```
 //!
-//! with every number measured by the server's `profile` action on a sample of the data,
+//! in rows of the dataset, where `scanned` is the share of them in row groups statistics leave
+//! to scan (a filter on sorted data reads only its own rows), with every number measured by
+//! the server's `profile` action on a sample of the data,
 //! and takes the fastest (the fewest bytes when within 5%). Decode-to-full-size expands the data,
 //! so it stays with the trainer; decode-and-downscale reduces it, so it moves to the data —
 //! unless the link is so fast and the server so slow that the server becomes the bottleneck.
@@ -83,6 +85,11 @@ pub struct CostedPlan {
     pub candidates: Vec<Estimate>,
     /// The trainer's own work per row the estimates counted ([`Environment::client_ns_per_row`]).
     pub trainer_ns_per_row: f64,
+    /// The server's scan: its cost per scanned row, the filter's selectivity, and the share
+    /// of rows statistics leave to scan (`None`: not measured, all charged).
+    pub scan_ns_per_row: f64,
+    pub selectivity: f64,
+    pub scanned_fraction: Option<f64>,
 }
 
 /// Without measured codecs (an older server's profile): the link is taken to bound a
@@ -184,6 +191,9 @@ pub fn plan_with_profile(
         chosen,
         candidates,
         trainer_ns_per_row: env.client_ns_per_row,
+        scan_ns_per_row: profile.scan_ns_per_row,
+        selectivity: profile.selectivity,
+        scanned_fraction: profile.scanned_fraction,
     })
 }
 
@@ -259,7 +269,8 @@ fn wire(plan: &Plan, pushed: usize, profile: &Profile) -> Wire {
 struct Costs {
     /// Selectivity of the filter.
     sel: f64,
-    /// Scanning, per scanned row (server).
+    /// Scanning, per row of the dataset: the profiled cost per scanned row times the share
+    /// of rows that pruning leaves to scan (server).
     scan_ns: f64,
     /// The pushed ops, per row that passes the filter.
     pushed_ns: f64,
@@ -282,7 +293,8 @@ impl Costs {
         }
         Self {
             sel: profile.selectivity.clamp(1e-9, 1.0),
-            scan_ns: profile.scan_ns_per_row,
+            // Pruned row groups are never read: the scan is paid on the rest only.
+            scan_ns: profile.scan_ns_per_row * profile.scanned_fraction.unwrap_or(1.0),
             pushed_ns,
             rest_ns,
             wire: wire(plan, pushed, profile),
@@ -332,7 +344,7 @@ impl Costs {
                 cores.max(0.01) * 1e9 / ns
             }
         };
-        // Rates in sampled (scanned) rows per second.
+        // Rates in rows of the dataset per second (the scan is paid on the unpruned share).
         let server = rate(
             env.server_cores,
             self.scan_ns + sel * (f * self.pushed_ns + mix(w.compress_ns, u.compress_ns)),
@@ -367,7 +379,17 @@ impl CostedPlan {
     /// The decision table, as `pushdown explain` prints it.
     pub fn explain(&self) -> String {
         let mut out = self.plan.explain();
-        let _ = writeln!(out, "\nmeasured ops (per row that passes the filter):");
+        let scanned = match self.scanned_fraction {
+            Some(f) => format!("statistics leave {:.1}% of the rows to scan", 100.0 * f),
+            None => "every row scanned (pruning not measured)".into(),
+        };
+        let _ = writeln!(
+            out,
+            "\nmeasured scan: {:.0} ns per scanned row; {:.1}% of the rows pass the filter; {scanned}",
+            self.scan_ns_per_row,
+            100.0 * self.selectivity
+        );
+        let _ = writeln!(out, "measured ops (per row that passes the filter):");
         let _ = writeln!(
             out,
             "  {:<40} {:<6} {:>12} {:>12} {:>14}",

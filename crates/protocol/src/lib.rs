@@ -349,6 +349,9 @@ pub struct Profile {
     pub server_cores: u32,
     /// What the stream codecs do to each source column (empty: not measured).
     pub column_codecs: std::collections::BTreeMap<String, Codecs>,
+    /// Fraction of the dataset's rows in the row groups statistics leave to scan for the
+    /// predicate: what a scan reads per dataset row (`None`: not measured, all taken as read).
+    pub scanned_fraction: Option<f64>,
 }
 
 /// One op of a profiled fragment, per passing row.
@@ -444,6 +447,7 @@ impl Profile {
                 .iter()
                 .map(|(k, v)| (k.clone(), codecs_to_proto(v)))
                 .collect(),
+            scanned_fraction: self.scanned_fraction,
         }
         .encode_to_vec()
         .into()
@@ -478,6 +482,8 @@ impl Profile {
                 .into_iter()
                 .map(|(k, v)| (k, codecs_from_proto(v)))
                 .collect(),
+            // A fraction outside (0, 1] is not one: taken as not measured.
+            scanned_fraction: m.scanned_fraction.filter(|f| *f > 0.0 && *f <= 1.0),
         })
     }
 }
@@ -1245,8 +1251,22 @@ mod tests {
             }],
             server_cores: 16,
             column_codecs: [("image".to_string(), Codecs::default())].into(),
+            scanned_fraction: Some(0.25),
         };
         assert_eq!(Profile::decode(&p.encode()).unwrap(), p);
+        let unmeasured = Profile {
+            scanned_fraction: None,
+            ..p.clone()
+        };
+        assert_eq!(Profile::decode(&unmeasured.encode()).unwrap(), unmeasured);
+        let nonsense = Profile {
+            scanned_fraction: Some(3.0),
+            ..p
+        };
+        assert_eq!(
+            Profile::decode(&nonsense.encode()).unwrap().scanned_fraction,
+            None
+        );
     }
 
     #[test]

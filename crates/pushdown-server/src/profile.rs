@@ -182,6 +182,18 @@ pub async fn profile(
         average
     };
 
+    // What a scan of the whole fragment reads: the rows of the row groups that statistics
+    // leave, as the server plans its shards. A filter on sorted data (clicks' `day = 3`)
+    // reads only its own rows; charged for every row, the planner would misjudge the server.
+    let planned = engine.plan(request, grant).await?;
+    let scanned_fraction = match &planned.shape {
+        crate::query::Shape::RowWise { dataset, .. } if dataset.num_rows() > 0 => {
+            Some((planned.rows_upper_bound as f64 / dataset.num_rows() as f64).clamp(0.0, 1.0))
+        }
+        _ => None,
+    }
+    .filter(|f| *f > 0.0);
+
     // The rows the ops would see: the first `rows` that pass the predicate.
     let passing = table.clone().filter(keep.clone())?;
     let selectivity = passing.clone().count().await? as f64 / dataset.num_rows().max(1) as f64;
@@ -259,5 +271,6 @@ pub async fn profile(
         ops,
         server_cores: cores,
         column_codecs,
+        scanned_fraction,
     })
 }

@@ -248,6 +248,10 @@ pub struct Profile {
         ::prost::alloc::string::String,
         Codecs,
     >,
+    /// Fraction of the dataset's rows in the row groups that statistics leave to scan for the
+    /// predicate (1: nothing pruned; absent: not measured, by an older server).
+    #[prost(double, optional, tag = "8")]
+    pub scanned_fraction: ::core::option::Option<f64>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct OpProfile {
