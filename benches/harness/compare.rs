@@ -4,7 +4,8 @@
 //! Contenders, each running the whole workload to the end:
 //!
 //! * **pushdown**: a server process on the far side of the link, the planner's placement;
-//! * **no pushdown**: the datasets in a real S3-compatible server (s3s-fs) on the far side;
+//! * **no pushdown**: the datasets in a real S3-compatible server (s3s-fs's storage,
+//!   `tools/s3-server`) on the far side;
 //!   the trainer runs the same engine itself, fetching Parquet byte ranges over the link
 //!   (column chunks it needs, row groups the statistics keep: a good `pyarrow.dataset`
 //!   loader);
@@ -808,7 +809,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
          waiting for data; \"bottleneck\" is the busiest of the far core (server and S3 server share CPU 0), the trainer's core and the link, \
          busy for that fraction of the cell's time (below 70%: \"latency\", nothing saturated).\n\n\
          Contenders: **pushdown** (the planner's placement; a server over local files, and a server beside the S3 server reading from it); \
-         **no pushdown** from S3 (s3s-fs, SigV4 checked, objects on disk) with projection, statistics pruning and concurrent range reads: \
+         **no pushdown** from S3 (s3s-fs's storage with TCP_NODELAY, SigV4 checked, objects on disk) with projection, statistics pruning and concurrent range reads: \
          this project's engine in the trainer, and `pyarrow.dataset` (pre-buffered coalesced reads, 4 files and 16 batches read ahead, \
          the ops by `pushdown.Transform`: the same kernels); **finished batches**, tf.data service's design: the whole pipeline, \
          augmentation, shuffle and batching included, on the far core, finished tensors over the link; **local**: the engine on local files.\n\n",

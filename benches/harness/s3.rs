@@ -1,7 +1,9 @@
 //! A real S3-compatible server holding a copy of the datasets: where a trainer without
-//! pushdown fetches its Parquet from. s3s-fs (`scripts/setup-s3.sh`), a compiled Rust server
-//! that keeps objects as files and checks SigV4 signatures: its CPU per request is a real
-//! store's order, not a Python mock's (which would make the no-pushdown contender look slow).
+//! pushdown fetches its Parquet from. `tools/s3-server` (`scripts/setup-s3.sh`): s3s-fs's
+//! compiled Rust storage, which keeps objects as files and checks SigV4 signatures, so its CPU
+//! per request is a real store's order, not a Python mock's; with `TCP_NODELAY`, so a ranged
+//! GET is not held ~40 ms by Nagle's algorithm (either would make every S3 contender look
+//! slow).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,12 +31,12 @@ pub fn venv() -> Result<PathBuf> {
     Ok(venv)
 }
 
-/// The s3s-fs binary: `$PUSHDOWN_S3_SERVER`, else where `scripts/setup-s3.sh` installs it.
+/// The S3 server (tools/s3-server): `$PUSHDOWN_S3_SERVER`, else where `scripts/setup-s3.sh` installs it.
 fn binary() -> Result<PathBuf> {
     let path = match std::env::var_os("PUSHDOWN_S3_SERVER") {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/pushdown/tools/bin/s3s-fs"),
+            .join(".cache/pushdown/tools/bin/s3-server"),
     };
     if !path.exists() {
         bail!(
@@ -45,7 +47,7 @@ fn binary() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// An `s3s-fs` child process over a scratch directory.
+/// An S3 server child process over a scratch directory.
 #[derive(Debug)]
 pub struct S3Server {
     child: Child,

@@ -29,7 +29,7 @@ def write_corpus(root):
 
 
 S3_SERVER = os.environ.get("PUSHDOWN_S3_SERVER") or str(
-    pathlib.Path.home() / ".cache" / "pushdown" / "tools" / "bin" / "s3s-fs")
+    pathlib.Path.home() / ".cache" / "pushdown" / "tools" / "bin" / "s3-server")
 S3_KEY, S3_SECRET = "pushdown-test", "pushdown-test-secret"
 
 
@@ -40,8 +40,8 @@ def free_port():
 
 
 class S3Server:
-    """s3s-fs (scripts/setup-s3.sh) on loopback: a real S3-compatible server that keeps objects
-    as files under `root` and checks every request's SigV4 signature."""
+    """The S3 server of scripts/setup-s3.sh (s3s-fs's storage) on loopback: a real S3-compatible
+    server that keeps objects as files under `root` and checks every request's SigV4 signature."""
 
     def __init__(self, root):
         if not os.access(S3_SERVER, os.X_OK):
@@ -61,7 +61,7 @@ class S3Server:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.proc.kill()
-                    raise RuntimeError(f"s3s-fs did not start on port {self.port}")
+                    raise RuntimeError(f"the S3 server did not start on port {self.port}")
                 time.sleep(0.05)
 
     def env(self, secret=S3_SECRET):

@@ -105,9 +105,13 @@ impl Encoder {
     pub fn new(max_message_bytes: usize) -> Result<Self, arrow::error::ArrowError> {
         use arrow::ipc::CompressionType;
         let with = |codec| IpcWriteOptions::default().try_with_compression(codec);
+        // Each message's body starts in a buffer as large as the last one, not an empty one
+        // grown by doubling (a copy of the body per message, and fresh pages to zero).
+        let mut context = IpcWriteContext::default();
+        context.set_reserve_scratch(true);
         Ok(Self {
             generator: IpcDataGenerator::default(),
-            context: IpcWriteContext::default(),
+            context,
             dictionaries: DictionaryTracker::new(false),
             max_message_bytes: max_message_bytes.max(1),
             options: [

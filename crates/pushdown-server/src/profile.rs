@@ -2,8 +2,8 @@
 //!
 //! Three measurements, none of which depends on how the dataset happens to be sorted:
 //!
-//! * the scan: the first `rows` and `4 × rows` rows of the source columns (before the
-//!   predicate), each timed warm (footers cached, pages in the OS cache) so it measures
+//! * the scan: the first `n` and `4 × n` rows of the source columns (before the predicate),
+//!   `n` growing from `rows` until the larger sample takes 20 ms, each timed warm (footers cached, pages in the OS cache) so it measures
 //!   decoding rather than the first touch of storage; the cost per row is the slope between
 //!   the two, so the query's fixed start-up cost is not charged to every row;
 //! * the selectivity: the rows that pass the predicate over all rows, counted by the engine
@@ -85,6 +85,11 @@ fn codecs(name: &str, array: &ArrayRef) -> Option<Codecs> {
     })
 }
 
+/// How long the larger scan sample runs, at least (unless the dataset ends first).
+const SCAN_SAMPLE_NS: f64 = 20e6;
+/// The most rows a scan sample reads, however cheap they are.
+const MAX_SCAN_SAMPLE_ROWS: usize = 1 << 20;
+
 /// Rows returned by the first `n` rows of `df`, and the best of two warm runs in ns.
 async fn time_first_rows(df: &DataFrame, n: usize) -> Result<(usize, f64)> {
     let limited = df.clone().limit(0, Some(n))?;
@@ -162,10 +167,16 @@ pub async fn profile(
     exprs.push(keep.clone().alias(KEEP));
     let sample = table.clone().select(exprs)?;
     // Two sample sizes, each timed warm (best of two): the slope is the per-row cost, free of
-    // the query's fixed start-up cost, which a trainer pays once per shard, not per row.
-    let small_rows = rows.max(1);
-    let (small_n, small_ns) = time_first_rows(&sample, small_rows).await?;
-    let (sampled, large_ns) = time_first_rows(&sample, 4 * small_rows).await?;
+    // the query's fixed start-up cost, which a trainer pays once per shard, not per row. The
+    // sizes grow (×4) until the larger one takes `SCAN_SAMPLE_NS` or the dataset ends: a few
+    // hundred rows are a fraction of one page, and their slope was mostly page set-up and
+    // timer noise (on clicks, 1,400 ns per row against a whole shard's 200).
+    let (mut small_n, mut small_ns) = time_first_rows(&sample, rows.max(1)).await?;
+    let (mut sampled, mut large_ns) = time_first_rows(&sample, 4 * small_n.max(1)).await?;
+    while large_ns < SCAN_SAMPLE_NS && sampled == 4 * small_n && sampled < MAX_SCAN_SAMPLE_ROWS {
+        (small_n, small_ns) = (sampled, large_ns);
+        (sampled, large_ns) = time_first_rows(&sample, 4 * sampled).await?;
+    }
     if sampled == 0 {
         return Err(ServerError::BadRequest(format!(
             "dataset `{}` is empty",
