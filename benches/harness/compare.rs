@@ -120,6 +120,8 @@ pub struct Cell {
     pub waited: f64,
     /// For pushdown: how many of the pipeline's ops the planner placed on the server.
     pub ops_pushed: Option<usize>,
+    /// For pushdown: the share of shards those ops ran on at the server (below 1: split).
+    pub server_fraction: Option<f64>,
     /// For pushdown: the stream codec the planner chose.
     pub compression: Option<String>,
     /// The resource that bounds the cell, from what was measured ([`Cell::name_bottleneck`]).
@@ -293,14 +295,38 @@ async fn finished_batches(addr: SocketAddr, link: &Link, workload: &Workload) ->
     })
 }
 
+/// A placement the planner chose: the ops pushed, the share of shards they run on at the
+/// server (below 1: the rest are finished by the trainer), and the stream codec.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    pushed: usize,
+    server_fraction: f64,
+    compression: Compression,
+}
+
+impl Placed {
+    fn push(self) -> Push {
+        if self.server_fraction < 1.0 {
+            Push::Split {
+                first: self.pushed,
+                server_fraction: self.server_fraction,
+            }
+        } else {
+            Push::First(self.pushed)
+        }
+    }
+
+    fn describe(self, cell: &mut Cell) {
+        cell.ops_pushed = Some(self.pushed);
+        cell.server_fraction = Some(self.server_fraction);
+        cell.compression = Some(self.compression.to_string());
+    }
+}
+
 /// The planner's placement for `workload` over `link` (told 1 server core, 1 trainer core and
-/// the link's rate). Planning (profiling a sample on the server) happens once per job, not
-/// per epoch, so it is not part of the timed runs.
-async fn placement(
-    client: &PushdownClient,
-    link: &Link,
-    workload: &Workload,
-) -> Result<(usize, Compression)> {
+/// the link's rate), split placements included. Planning (profiling a sample on the server)
+/// happens once per job, not per epoch, so it is not part of the timed runs.
+async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) -> Result<Placed> {
     let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
     let env = pushdown_client::Link {
         bandwidth_bytes_per_s: link.rate_bytes(),
@@ -308,21 +334,25 @@ async fn placement(
         client_cores: Some(1.0),
     };
     let costed = pushdown_client::costed_plan(client, &workload.pipeline, &schema, env).await?;
-    Ok((costed.chosen.pushed, costed.chosen.compression))
+    Ok(Placed {
+        pushed: costed.chosen.pushed,
+        server_fraction: costed.chosen.server_fraction,
+        compression: costed.chosen.compression,
+    })
 }
 
 async fn pushdown(
     url: &str,
     link: &Link,
     workload: &Workload,
-    (pushed, compression): (usize, Compression),
+    placed: Placed,
 ) -> Result<Outcome> {
     let start = Instant::now();
     let report = run(&RunOptions {
         loader: LoaderOptions {
             link: one_core_each(link.rate_bytes()),
-            push: Push::First(pushed),
-            compression: Some(compression),
+            push: placed.push(),
+            compression: Some(placed.compression),
             // A trainer plans and connects once and streams epoch after epoch.
             epochs: EPOCHS_PER_RUN,
             seed: 1,
@@ -416,6 +446,7 @@ where
             trainer_peak_rss: peak_rss("self"),
             waited: outcome.waited.as_secs_f64() / secs,
             ops_pushed: None,
+            server_fraction: None,
             compression: None,
             bottleneck: String::new(),
         };
@@ -540,8 +571,7 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
             pushdown(&url, &link, w, placed)
         })
         .await?;
-        cell.ops_pushed = Some(placed.0);
-        cell.compression = Some(placed.1.to_string());
+        placed.describe(&mut cell);
         cells.push(cell);
         if let (Some(beside), Some(beside_url), Some(beside_client)) =
             (&beside_s3, &beside_url, &beside_client)
@@ -551,8 +581,7 @@ pub async fn over_link(options: &Options, data: &Datasets, link: Link) -> Result
                 pushdown(beside_url, &link, w, placed)
             })
             .await?;
-            cell.ops_pushed = Some(placed.0);
-            cell.compression = Some(placed.1.to_string());
+            placed.describe(&mut cell);
             cells.push(cell);
         }
         if real_link {
@@ -826,7 +855,14 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {:.2} | {:.0}% | {} | {} |\n",
                 c.link,
                 match (c.ops_pushed, &c.compression) {
-                    (Some(k), Some(codec)) => format!("{} ({k} op(s) on the server, {codec})", c.contender),
+                    (Some(k), Some(codec)) => match c.server_fraction.filter(|f| *f < 1.0) {
+                        Some(f) => format!(
+                            "{} ({k} op(s) on the server for {:.0}% of shards, {codec})",
+                            c.contender,
+                            f * 100.0
+                        ),
+                        None => format!("{} ({k} op(s) on the server, {codec})", c.contender),
+                    },
                     _ => c.contender.to_owned(),
                 },
                 c.samples_per_s,

@@ -59,6 +59,8 @@ pub struct Cell {
     pub pipeline: &'static str,
     pub link: String,
     pub pushed: usize,
+    /// The share of shards whose pushed ops ran on the server (below 1: a split placement).
+    pub server_fraction: f64,
     pub ops: Vec<String>,
     pub rows: u64,
     pub rows_per_s: f64,
@@ -122,7 +124,15 @@ async fn measure_pipeline(
                 let report = run(&RunOptions {
                     loader: LoaderOptions {
                         link: crate::compare::one_core_each(rate_bytes),
-                        push: Push::First(k),
+                        // A split candidate runs split: the same ops, on its share of shards.
+                        push: if candidate.server_fraction < 1.0 {
+                            Push::Split {
+                                first: k,
+                                server_fraction: candidate.server_fraction,
+                            }
+                        } else {
+                            Push::First(k)
+                        },
                         // Each placement with the codec the planner gives it.
                         compression: Some(candidate.compression),
                         seed: 1,
@@ -163,6 +173,7 @@ async fn measure_pipeline(
             pipeline: name,
             link: link.describe(),
             pushed: k,
+            server_fraction: candidate.server_fraction,
             ops,
             rows,
             rows_per_s,
@@ -171,7 +182,7 @@ async fn measure_pipeline(
             client_cpu_s,
             server_peak_rss: peak_rss(&server.pid()).unwrap_or(0),
             estimate_rows_per_s: candidate.estimated_rows_per_s,
-            chosen: k == costed.chosen.pushed,
+            chosen: k == costed.chosen.pushed && candidate.server_fraction == costed.chosen.server_fraction,
         });
     }
     Ok(cells)
@@ -197,6 +208,8 @@ pub fn report(cells: &[Cell]) -> (String, bool) {
         for c in &group {
             let ops = if c.ops.is_empty() {
                 "none".to_owned()
+            } else if c.server_fraction < 1.0 {
+                format!("{} on {:.0}% of shards", c.ops.join(", "), c.server_fraction * 100.0)
             } else {
                 c.ops.join(", ")
             };
@@ -220,8 +233,13 @@ pub fn report(cells: &[Cell]) -> (String, bool) {
             let ok = ratio >= 0.9;
             all_ok &= ok;
             verdicts.push_str(&format!(
-                "* {p} over {l}: the planner pushed {} op(s): {:.0} rows/s = {:.0}% of the best measured placement ({:.0} rows/s) — {}\n",
+                "* {p} over {l}: the planner pushed {} op(s){}: {:.0} rows/s = {:.0}% of the best measured placement ({:.0} rows/s) — {}\n",
                 chosen.pushed,
+                if chosen.server_fraction < 1.0 {
+                    format!(" on {:.0}% of shards", chosen.server_fraction * 100.0)
+                } else {
+                    String::new()
+                },
                 chosen.rows_per_s,
                 ratio * 100.0,
                 best,

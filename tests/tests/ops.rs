@@ -209,7 +209,7 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     let fragment = plan(&pipeline(64), &schema).expect("plan").fragment;
     let profile = fx
         .client
-        .profile(&ScanRequest::new(Query::Fragment(fragment)))
+        .profile(&ScanRequest::new(Query::Fragment(fragment.clone())))
         .await
         .expect("profile");
     assert_eq!(profile.rows_sampled, 128);
@@ -224,6 +224,15 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
     assert!(op.ns_per_row > 0.0 && profile.scan_ns_per_row > 0.0);
     // `label` is not sorted: statistics prune nothing, every row is scanned.
     assert_eq!(profile.scanned_fraction, Some(1.0));
+    // The shards a split can deal out: the endpoints the server plans for the fragment.
+    let endpoints = fx
+        .client
+        .plan(&ScanRequest::new(Query::Fragment(fragment.clone())))
+        .await
+        .expect("plan")
+        .endpoint
+        .len();
+    assert_eq!(profile.shards, Some(endpoints as u32));
     // `id` is: `id < 40` leaves the first of the two 64-row row groups.
     let by_id = Pipeline::new("images")
         .filter("id < 40")

@@ -143,8 +143,8 @@ pub fn plan_with_profile(
         // The whole placement, then (when ops are pushed) the best split of them.
         let mut estimates = vec![costs.estimate(pushed, 1.0, profile, env)];
         if pushed > 0 {
-            let split = (1..SPLIT_STEPS)
-                .map(|k| costs.estimate(pushed, k as f64 / SPLIT_STEPS as f64, profile, env))
+            let split = split_fractions(profile.shards)
+                .map(|f| costs.estimate(pushed, f, profile, env))
                 .max_by(|a, b| a.estimated_rows_per_s.total_cmp(&b.estimated_rows_per_s));
             let whole = estimates[0].estimated_rows_per_s;
             estimates.extend(split.filter(|s| s.estimated_rows_per_s > whole * (1.0 + TIE)));
@@ -197,8 +197,18 @@ pub fn plan_with_profile(
     })
 }
 
-/// Split placements are tried in steps of this many parts.
-const SPLIT_STEPS: usize = 20;
+/// Split placements are tried in steps of this many parts (fewer where there are fewer
+/// shards).
+const SPLIT_STEPS: u32 = 20;
+
+/// The server's shares a split can take. Whole shards go to each side, so with `shards` known
+/// only multiples of 1/shards are reachable (none with one shard: a lone stream runs on one
+/// side at a time, and the estimate of a finer split would count both sides' cores working
+/// at once when they never do).
+fn split_fractions(shards: Option<u32>) -> impl Iterator<Item = f64> {
+    let parts = shards.map_or(SPLIT_STEPS, |n| n.min(SPLIT_STEPS));
+    (1..parts).map(move |k| f64::from(k) / f64::from(parts))
+}
 
 /// What a delivered row of `plan`'s columns costs the link when its first `pushed` ops ran
 /// on the server: its bytes, and for each codec (when every column's was measured) the

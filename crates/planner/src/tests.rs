@@ -192,6 +192,7 @@ mod cost {
             server_cores: 16,
             column_codecs: Default::default(),
             scanned_fraction: None,
+            shards: None,
         }
     }
 
@@ -451,6 +452,45 @@ mod cost {
             "{}",
             costed.explain()
         );
+    }
+
+    /// A split deals whole shards to each side: with one shard there is none to deal (the
+    /// lone stream runs on one end at a time), and with three only thirds are reachable.
+    #[test]
+    fn a_split_takes_whole_shards() {
+        let env = Environment {
+            bandwidth_bytes_per_s: GBIT,
+            server_cores: 1.0,
+            client_cores: 1.0,
+            client_ns_per_row: 0.0,
+        };
+        let mut profile = profile(12_000.0);
+        profile.ops[0].ns_per_row = 400_000.0;
+        profile.shards = Some(1);
+        let one = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
+        assert!(
+            one.candidates.iter().all(|c| c.server_fraction == 1.0),
+            "{}",
+            one.explain()
+        );
+        profile.shards = Some(3);
+        let three = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
+        let fraction = three.chosen.server_fraction;
+        assert!(fraction < 1.0, "{}", three.explain());
+        assert!(
+            [1.0 / 3.0, 2.0 / 3.0].iter().any(|f| (fraction - f).abs() < 1e-9),
+            "{fraction}: {}",
+            three.explain()
+        );
+        // Thirds are not halves: the estimate is below the even split's ~2× either end alone.
+        let whole = three
+            .candidates
+            .iter()
+            .filter(|c| c.server_fraction == 1.0)
+            .map(|c| c.estimated_rows_per_s)
+            .fold(0.0, f64::max);
+        let gain = three.chosen.estimated_rows_per_s / whole;
+        assert!((1.4..1.6).contains(&gain), "{gain}: {}", three.explain());
     }
 
     #[test]

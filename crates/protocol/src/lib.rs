@@ -352,6 +352,9 @@ pub struct Profile {
     /// Fraction of the dataset's rows in the row groups statistics leave to scan for the
     /// predicate: what a scan reads per dataset row (`None`: not measured, all taken as read).
     pub scanned_fraction: Option<f64>,
+    /// Shards (endpoints) the server plans for the fragment: a split placement deals whole
+    /// shards to each side (`None`: not measured, by an older server).
+    pub shards: Option<u32>,
 }
 
 /// One op of a profiled fragment, per passing row.
@@ -448,6 +451,7 @@ impl Profile {
                 .map(|(k, v)| (k.clone(), codecs_to_proto(v)))
                 .collect(),
             scanned_fraction: self.scanned_fraction,
+            shards: self.shards,
         }
         .encode_to_vec()
         .into()
@@ -484,6 +488,7 @@ impl Profile {
                 .collect(),
             // A fraction outside (0, 1] is not one: taken as not measured.
             scanned_fraction: m.scanned_fraction.filter(|f| *f > 0.0 && *f <= 1.0),
+            shards: m.shards.filter(|n| *n > 0),
         })
     }
 }
@@ -1252,10 +1257,12 @@ mod tests {
             server_cores: 16,
             column_codecs: [("image".to_string(), Codecs::default())].into(),
             scanned_fraction: Some(0.25),
+            shards: Some(3),
         };
         assert_eq!(Profile::decode(&p.encode()).unwrap(), p);
         let unmeasured = Profile {
             scanned_fraction: None,
+            shards: None,
             ..p.clone()
         };
         assert_eq!(Profile::decode(&unmeasured.encode()).unwrap(), unmeasured);

@@ -204,6 +204,11 @@ pub async fn profile(
         _ => None,
     }
     .filter(|f| *f > 0.0);
+    // A split placement deals whole shards to each side: with one shard it cannot split.
+    let shards = match &planned.shape {
+        crate::query::Shape::RowWise { .. } => u32::try_from(planned.tickets().len()).ok(),
+        _ => None,
+    };
 
     // The rows the ops would see: the first `rows` that pass the predicate.
     let passing = table.clone().filter(keep.clone())?;
@@ -283,5 +288,6 @@ pub async fn profile(
         server_cores: cores,
         column_codecs,
         scanned_fraction,
+        shards,
     })
 }

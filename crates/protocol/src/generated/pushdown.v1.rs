@@ -252,6 +252,10 @@ pub struct Profile {
     /// predicate (1: nothing pruned; absent: not measured, by an older server).
     #[prost(double, optional, tag = "8")]
     pub scanned_fraction: ::core::option::Option<f64>,
+    /// Shards (endpoints) this server plans for the fragment: a split placement deals whole
+    /// shards to each side, so it can reach only multiples of 1/shards (absent: not measured).
+    #[prost(uint32, optional, tag = "9")]
+    pub shards: ::core::option::Option<u32>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct OpProfile {
