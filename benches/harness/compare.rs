@@ -305,17 +305,6 @@ struct Placed {
 }
 
 impl Placed {
-    fn push(self) -> Push {
-        if self.server_fraction < 1.0 {
-            Push::Split {
-                first: self.pushed,
-                server_fraction: self.server_fraction,
-            }
-        } else {
-            Push::First(self.pushed)
-        }
-    }
-
     fn describe(self, cell: &mut Cell) {
         cell.ops_pushed = Some(self.pushed);
         cell.server_fraction = Some(self.server_fraction);
@@ -341,17 +330,12 @@ async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) ->
     })
 }
 
-async fn pushdown(
-    url: &str,
-    link: &Link,
-    workload: &Workload,
-    placed: Placed,
-) -> Result<Outcome> {
+async fn pushdown(url: &str, link: &Link, workload: &Workload, placed: Placed) -> Result<Outcome> {
     let start = Instant::now();
     let report = run(&RunOptions {
         loader: LoaderOptions {
             link: one_core_each(link.rate_bytes()),
-            push: placed.push(),
+            push: Push::placed(placed.pushed, placed.server_fraction),
             compression: Some(placed.compression),
             // A trainer plans and connects once and streams epoch after epoch.
             epochs: EPOCHS_PER_RUN,
@@ -855,14 +839,11 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {:.2} | {:.0}% | {} | {} |\n",
                 c.link,
                 match (c.ops_pushed, &c.compression) {
-                    (Some(k), Some(codec)) => match c.server_fraction.filter(|f| *f < 1.0) {
-                        Some(f) => format!(
-                            "{} ({k} op(s) on the server for {:.0}% of shards, {codec})",
-                            c.contender,
-                            f * 100.0
-                        ),
-                        None => format!("{} ({k} op(s) on the server, {codec})", c.contender),
-                    },
+                    (Some(k), Some(codec)) => format!(
+                        "{} ({k} op(s) on the server{}, {codec})",
+                        c.contender,
+                        crate::placement::on_shards(c.server_fraction.unwrap_or(1.0))
+                    ),
                     _ => c.contender.to_owned(),
                 },
                 c.samples_per_s,

@@ -1,5 +1,6 @@
 //! Does the planner place ops where they run fastest? Every legal placement of three
-//! pipelines, measured over a link of fixed bandwidth, against the planner's choice.
+//! pipelines (each number of ops pushed, and the best split of them where the planner
+//! offers one), measured over a link of fixed bandwidth, against the planner's choice.
 //!
 //! The storage host and the trainer each get one core (the server pinned to CPU 0, this
 //! process to CPU 1) and the planner is told so, as it would be told a deployment's cores.
@@ -125,14 +126,7 @@ async fn measure_pipeline(
                     loader: LoaderOptions {
                         link: crate::compare::one_core_each(rate_bytes),
                         // A split candidate runs split: the same ops, on its share of shards.
-                        push: if candidate.server_fraction < 1.0 {
-                            Push::Split {
-                                first: k,
-                                server_fraction: candidate.server_fraction,
-                            }
-                        } else {
-                            Push::First(k)
-                        },
+                        push: Push::placed(k, candidate.server_fraction),
                         // Each placement with the codec the planner gives it.
                         compression: Some(candidate.compression),
                         seed: 1,
@@ -188,6 +182,15 @@ async fn measure_pipeline(
     Ok(cells)
 }
 
+/// How a split placement is labelled: " on 45% of shards", nothing for a whole one.
+pub fn on_shards(server_fraction: f64) -> String {
+    if server_fraction < 1.0 {
+        format!(" on {:.0}% of shards", server_fraction * 100.0)
+    } else {
+        String::new()
+    }
+}
+
 fn self_cpu() -> f64 {
     cpu_seconds("self").unwrap_or(f64::NAN)
 }
@@ -208,10 +211,8 @@ pub fn report(cells: &[Cell]) -> (String, bool) {
         for c in &group {
             let ops = if c.ops.is_empty() {
                 "none".to_owned()
-            } else if c.server_fraction < 1.0 {
-                format!("{} on {:.0}% of shards", c.ops.join(", "), c.server_fraction * 100.0)
             } else {
-                c.ops.join(", ")
+                format!("{}{}", c.ops.join(", "), on_shards(c.server_fraction))
             };
             out.push_str(&format!(
                 "| {} | {} | {} | {} | {:.0} | {} | {:.2} | {:.2} | {} | {:.0} | {} |\n",
@@ -235,11 +236,7 @@ pub fn report(cells: &[Cell]) -> (String, bool) {
             verdicts.push_str(&format!(
                 "* {p} over {l}: the planner pushed {} op(s){}: {:.0} rows/s = {:.0}% of the best measured placement ({:.0} rows/s) — {}\n",
                 chosen.pushed,
-                if chosen.server_fraction < 1.0 {
-                    format!(" on {:.0}% of shards", chosen.server_fraction * 100.0)
-                } else {
-                    String::new()
-                },
+                on_shards(chosen.server_fraction),
                 chosen.rows_per_s,
                 ratio * 100.0,
                 best,

@@ -1,5 +1,5 @@
-"""Serving from object storage: s3s-fs (scripts/setup-s3.sh), a real S3-compatible server that
-keeps objects on disk and checks request signatures, on loopback. Several servers over one
+"""Serving from object storage: s3s-fs's storage (tools/s3-server, scripts/setup-s3.sh), a real
+S3-compatible server that keeps objects on disk and checks request signatures, on loopback. Several servers over one
 prefix give the answers of the same files on local disk; refused credentials are named."""
 
 import os

@@ -311,3 +311,39 @@ async fn a_client_that_disconnects_stops_the_servers_work() {
     );
     still_serves(&fx).await;
 }
+
+/// Profiling a dataset with no rows is a named error, at once: the scan sample cannot grow
+/// (it once asked for 0 rows forever, holding a stream slot until the request timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profiling_an_empty_dataset_is_a_named_error() {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    let fx = Fixture::new(small_shards(), |root| {
+        write_images(root, 64);
+        let dir = root.join("empty");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let file = std::fs::File::create(dir.join("part-0.parquet")).expect("file");
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(file, Arc::clone(&schema), None).expect("writer");
+        let none =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(Vec::<i64>::new()))]).expect("batch");
+        writer.write(&none).expect("write");
+        writer.close().expect("close");
+    })
+    .await;
+    let request = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "empty".into(),
+        columns: vec!["id".into()],
+        ..Fragment::default()
+    }));
+    let answer = tokio::time::timeout(Duration::from_secs(120), fx.client.profile(&request))
+        .await
+        .expect("the profile answers instead of spinning");
+    let error = answer.expect_err("nothing to sample").to_string();
+    assert!(error.contains("empty"), "{error}");
+    still_serves(&fx).await;
+}

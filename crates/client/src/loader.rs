@@ -179,6 +179,21 @@ pub enum Push {
     Adaptive(usize),
 }
 
+impl Push {
+    /// The first `first` ops on the server for `server_fraction` of the shards:
+    /// [`Push::Split`], or [`Push::First`] when that is every shard.
+    pub fn placed(first: usize, server_fraction: f64) -> Self {
+        if server_fraction < 1.0 {
+            Push::Split {
+                first,
+                server_fraction,
+            }
+        } else {
+            Push::First(first)
+        }
+    }
+}
+
 impl std::str::FromStr for Push {
     type Err = ClientError;
 

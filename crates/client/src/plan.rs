@@ -40,9 +40,15 @@ pub async fn costed_plan(
     let profile = if static_plan.fragment.ops.is_empty() {
         Profile::default()
     } else {
-        client
-            .profile(&ScanRequest::new(Query::Fragment(static_plan.fragment.clone())))
-            .await?
+        let request = ScanRequest::new(Query::Fragment(static_plan.fragment.clone()));
+        let mut profile = client.profile(&request).await?;
+        // One server counts its own shards; a fleet deals every server's. (A rank of a
+        // distributed job reads a share of them: not counted here.)
+        if client.urls().len() > 1 && profile.shards.is_some() {
+            let endpoints = client.plan(&request).await?.endpoint.len();
+            profile.shards = u32::try_from(endpoints).ok().filter(|n| *n > 0);
+        }
+        profile
     };
     let env = Environment {
         client_ns_per_row: trainer_ns_per_row(pipeline, schema).unwrap_or(0.0),

@@ -144,6 +144,7 @@ pub fn plan_with_profile(
         let mut estimates = vec![costs.estimate(pushed, 1.0, profile, env)];
         if pushed > 0 {
             let split = split_fractions(profile.shards)
+                .into_iter()
                 .map(|f| costs.estimate(pushed, f, profile, env))
                 .max_by(|a, b| a.estimated_rows_per_s.total_cmp(&b.estimated_rows_per_s));
             let whole = estimates[0].estimated_rows_per_s;
@@ -201,13 +202,29 @@ pub fn plan_with_profile(
 /// shards).
 const SPLIT_STEPS: u32 = 20;
 
-/// The server's shares a split can take. Whole shards go to each side, so with `shards` known
-/// only multiples of 1/shards are reachable (none with one shard: a lone stream runs on one
-/// side at a time, and the estimate of a finer split would count both sides' cores working
-/// at once when they never do).
-fn split_fractions(shards: Option<u32>) -> impl Iterator<Item = f64> {
-    let parts = shards.map_or(SPLIT_STEPS, |n| n.min(SPLIT_STEPS));
-    (1..parts).map(move |k| f64::from(k) / f64::from(parts))
+/// The server's shares a split is tried at. An epoch deals whole shards to each side, so with
+/// `shards` known the shares are whole shards (at most [`SPLIT_STEPS`] of them, evenly
+/// spaced): a finer fraction is met only across epochs, each epoch's streams running on one
+/// end or the other, and its estimate would count both ends' cores working at once when they
+/// do not. With one shard there is no split (the lone stream runs on one end at a time).
+fn split_fractions(shards: Option<u32>) -> Vec<f64> {
+    let Some(n) = shards else {
+        return (1..SPLIT_STEPS)
+            .map(|k| f64::from(k) / f64::from(SPLIT_STEPS))
+            .collect();
+    };
+    let steps = n.min(SPLIT_STEPS);
+    let mut on_server: Vec<u32> = (1..steps)
+        .filter_map(|k| {
+            u32::try_from((u64::from(k) * u64::from(n) + u64::from(steps / 2)) / u64::from(steps)).ok()
+        })
+        .filter(|s| (1..n).contains(s))
+        .collect();
+    on_server.dedup();
+    on_server
+        .into_iter()
+        .map(|s| f64::from(s) / f64::from(n))
+        .collect()
 }
 
 /// What a delivered row of `plan`'s columns costs the link when its first `pushed` ops ran

@@ -491,6 +491,23 @@ mod cost {
             .fold(0.0, f64::max);
         let gain = three.chosen.estimated_rows_per_s / whole;
         assert!((1.4..1.6).contains(&gain), "{gain}: {}", three.explain());
+        // Many shards: whole-shard shares, at most 19 of them; unknown: twentieths.
+        profile.shards = Some(30);
+        let many = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
+        let shards = many.chosen.server_fraction * 30.0;
+        assert!((shards - shards.round()).abs() < 1e-9, "{}", many.explain());
+        assert!(
+            (many.chosen.server_fraction - 0.5).abs() < 0.06,
+            "{}",
+            many.explain()
+        );
+        profile.shards = None;
+        let unknown = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
+        assert!(
+            (unknown.chosen.server_fraction - 0.5).abs() < 0.06,
+            "{}",
+            unknown.explain()
+        );
     }
 
     #[test]

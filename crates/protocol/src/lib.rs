@@ -336,7 +336,8 @@ impl PlanEstimate {
 /// A fragment run on a sample, measured step by step (the `profile` action's answer).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Profile {
-    /// Rows sampled, before the predicate.
+    /// Rows the scan was timed on, before the predicate (the sample grows until it takes
+    /// about 20 ms); ops are timed on the first few hundred rows that pass the predicate.
     pub rows_sampled: u64,
     /// Fraction of sampled rows that pass the predicate.
     pub selectivity: f64,

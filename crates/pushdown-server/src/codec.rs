@@ -105,8 +105,10 @@ impl Encoder {
     pub fn new(max_message_bytes: usize) -> Result<Self, arrow::error::ArrowError> {
         use arrow::ipc::CompressionType;
         let with = |codec| IpcWriteOptions::default().try_with_compression(codec);
-        // Each message's body starts in a buffer as large as the last one, not an empty one
-        // grown by doubling (a copy of the body per message, and fresh pages to zero).
+        // Each message's body starts in a buffer as large as the last one's, not an empty one
+        // grown by doubling (a copy of the body per message, and fresh pages to zero). The
+        // buffer is the stream's largest message so far: about `max_message_bytes`, more only
+        // when a single row is larger; it lives as long as the stream.
         let mut context = IpcWriteContext::default();
         context.set_reserve_scratch(true);
         Ok(Self {

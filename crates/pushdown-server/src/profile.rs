@@ -1,18 +1,21 @@
 //! The `profile` action: run a fragment on a sample and measure each step.
 //!
-//! Three measurements, none of which depends on how the dataset happens to be sorted:
+//! Four measurements, none of which depends on how the dataset happens to be sorted:
 //!
 //! * the scan: the first `n` and `4 × n` rows of the source columns (before the predicate),
-//!   `n` growing from `rows` until the larger sample takes 20 ms, each timed warm (footers cached, pages in the OS cache) so it measures
-//!   decoding rather than the first touch of storage; the cost per row is the slope between
-//!   the two, so the query's fixed start-up cost is not charged to every row;
+//!   `n` growing ×4 from `rows` until the larger sample takes 20 ms, the dataset ends or
+//!   2^20 rows are read, each timed warm (footers cached, pages in the OS cache) so it
+//!   measures decoding rather than the first touch of storage; the cost per row is the slope
+//!   between the two, so the query's fixed start-up cost is not charged to every row;
 //! * the selectivity: the rows that pass the predicate over all rows, counted by the engine
 //!   over the whole dataset — it reads only the predicate's columns and skips row groups
 //!   their statistics rule out (a sample of the first rows would say 0 for `day = 3` on data
 //!   sorted by day);
 //! * each op: timed on one thread over the first `rows` rows that *pass* the predicate (the
 //!   rows it would really see); its input and output sizes are the Arrow buffers' bytes per
-//!   row: what would cross the network before IPC compression.
+//!   row: what would cross the network before IPC compression;
+//! * the plan: the share of rows the row groups' statistics leave to scan, and the shards
+//!   (endpoints) the server deals the fragment into.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -90,19 +93,61 @@ const SCAN_SAMPLE_NS: f64 = 20e6;
 /// The most rows a scan sample reads, however cheap they are.
 const MAX_SCAN_SAMPLE_ROWS: usize = 1 << 20;
 
-/// Rows returned by the first `n` rows of `df`, and the best of two warm runs in ns.
+/// Rows returned by the first `n` rows of `df`, and the best of two warm runs in ns. The
+/// batches are counted and dropped as they come: a large sample is never held whole.
 async fn time_first_rows(df: &DataFrame, n: usize) -> Result<(usize, f64)> {
+    use futures::TryStreamExt;
     let limited = df.clone().limit(0, Some(n))?;
-    limited.clone().collect().await?; // warm
+    let count = || async {
+        let stream = limited.clone().execute_stream().await?;
+        stream
+            .try_fold(0usize, |rows, batch| async move { Ok(rows + batch.num_rows()) })
+            .await
+    };
+    count().await?; // warm
     let mut best = f64::INFINITY;
     let mut got = 0;
     for _ in 0..2 {
         let start = Instant::now();
-        let batches = limited.clone().collect().await?;
+        got = count().await?;
         best = best.min(start.elapsed().as_nanos() as f64);
-        got = batches.iter().map(|b| b.num_rows()).sum();
     }
     Ok((got, best))
+}
+
+/// The scan's cost per row: the slope between two warm samples of the first rows of `sample`,
+/// `n` and `4 × n`, with `n` growing from `rows` until the larger takes [`SCAN_SAMPLE_NS`]
+/// (a few hundred rows are a fraction of one page, and their slope was mostly page set-up and
+/// timer noise: on clicks 1,400 ns a row against a whole shard's 200). A step is kept only
+/// when it read at least twice the rows of the one before: where the dataset ends just past
+/// a step, the slope over the few extra rows would be noise. Returns the rows of the larger
+/// sample and the cost per row; `None` when the dataset has no rows.
+async fn scan_cost(sample: &DataFrame, rows: usize) -> Result<Option<(usize, f64)>> {
+    let mut ask = rows.max(1);
+    let (mut small_n, mut small_ns) = time_first_rows(sample, ask).await?;
+    if small_n == 0 {
+        return Ok(None);
+    }
+    let (mut large_n, mut large_ns) = (small_n, small_ns);
+    while large_ns < SCAN_SAMPLE_NS && large_n == ask && large_n < MAX_SCAN_SAMPLE_ROWS {
+        ask = (4 * large_n).min(MAX_SCAN_SAMPLE_ROWS);
+        let (n, ns) = time_first_rows(sample, ask).await?;
+        if n < 2 * large_n {
+            break;
+        }
+        (small_n, small_ns) = (large_n, large_ns);
+        (large_n, large_ns) = (n, ns);
+    }
+    // The slope, floored at a hundredth of the large sample's average so that noise cannot
+    // make the scan look free. (A higher floor charges the fixed cost again: on clicks the
+    // query's start-up is ~15 µs per row of a 1,024-row sample, the slope ~0.3 µs.)
+    let average = large_ns / large_n as f64;
+    let per_row = if large_n > small_n && large_ns > small_ns {
+        ((large_ns - small_ns) / (large_n - small_n) as f64).max(average / 100.0)
+    } else {
+        average
+    };
+    Ok(Some((large_n, per_row)))
 }
 
 /// Profiles the fragment of `request` on its first `rows` rows.
@@ -166,31 +211,11 @@ pub async fn profile(
     // The predicate is evaluated with the scan, so its cost is timed as part of it.
     exprs.push(keep.clone().alias(KEEP));
     let sample = table.clone().select(exprs)?;
-    // Two sample sizes, each timed warm (best of two): the slope is the per-row cost, free of
-    // the query's fixed start-up cost, which a trainer pays once per shard, not per row. The
-    // sizes grow (×4) until the larger one takes `SCAN_SAMPLE_NS` or the dataset ends: a few
-    // hundred rows are a fraction of one page, and their slope was mostly page set-up and
-    // timer noise (on clicks, 1,400 ns per row against a whole shard's 200).
-    let (mut small_n, mut small_ns) = time_first_rows(&sample, rows.max(1)).await?;
-    let (mut sampled, mut large_ns) = time_first_rows(&sample, 4 * small_n.max(1)).await?;
-    while large_ns < SCAN_SAMPLE_NS && sampled == 4 * small_n && sampled < MAX_SCAN_SAMPLE_ROWS {
-        (small_n, small_ns) = (sampled, large_ns);
-        (sampled, large_ns) = time_first_rows(&sample, 4 * sampled).await?;
-    }
-    if sampled == 0 {
+    let Some((sampled, scan_ns_per_row)) = scan_cost(&sample, rows).await? else {
         return Err(ServerError::BadRequest(format!(
             "dataset `{}` is empty",
             dataset.name
         )));
-    }
-    // The slope, floored at a hundredth of the large sample's average so that noise cannot
-    // make the scan look free. (A higher floor charges the fixed cost again: on clicks the
-    // query's start-up is ~15 µs per row of a 1,024-row sample, the slope ~0.3 µs.)
-    let average = large_ns / sampled as f64;
-    let scan_ns_per_row = if sampled > small_n && large_ns > small_ns {
-        ((large_ns - small_ns) / (sampled - small_n) as f64).max(average / 100.0)
-    } else {
-        average
     };
 
     // What a scan of the whole fragment reads: the rows of the row groups that statistics
@@ -208,7 +233,8 @@ pub async fn profile(
     let shards = match &planned.shape {
         crate::query::Shape::RowWise { .. } => u32::try_from(planned.tickets().len()).ok(),
         _ => None,
-    };
+    }
+    .filter(|n| *n > 0);
 
     // The rows the ops would see: the first `rows` that pass the predicate.
     let passing = table.clone().filter(keep.clone())?;

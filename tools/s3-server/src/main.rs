@@ -54,7 +54,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (socket, _) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
+                // Out of descriptors, say: wait for some to close rather than spin.
                 eprintln!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             }
         };

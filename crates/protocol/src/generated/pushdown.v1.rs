@@ -221,7 +221,8 @@ pub struct PlanEstimate {
 /// on a sample, measured step by step. The planner's cost model reads these numbers.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Profile {
-    /// Rows sampled (before the predicate).
+    /// Rows the scan was timed on (before the predicate; the sample grows until it takes about
+    /// 20 ms). Ops are timed on fewer: the first rows that pass the predicate.
     #[prost(uint64, tag = "1")]
     pub rows_sampled: u64,
     /// Fraction of sampled rows that pass the predicate.
