@@ -1,6 +1,6 @@
 //! The S3-compatible server pushdown's tests and benchmarks read from: s3s-fs's storage
-//! (objects kept as files on disk, SigV4 signatures checked) behind a listener that sets
-//! `TCP_NODELAY` on every connection.
+//! (objects kept as files on disk, SigV4 signatures checked), its GETs read with one `pread`
+//! (`store`), behind a listener that sets `TCP_NODELAY` on every connection.
 //!
 //! s3s-fs's own binary leaves Nagle's algorithm on and streams an object in 4 KiB writes, so
 //! the tail of each ranged GET waited for the reader's delayed ACK: about 40 ms per response
@@ -15,8 +15,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
-use s3s_fs::FileSystem;
 use tokio::net::TcpListener;
+
+mod store;
 
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -40,7 +41,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let storage = FileSystem::new(&args.root).map_err(|e| format!("{}: {e:?}", args.root.display()))?;
+    let storage = store::Store::new(&args.root)?;
     let service = {
         let mut builder = S3ServiceBuilder::new(storage);
         builder.set_auth(SimpleAuth::from_single(args.access_key, args.secret_key));
@@ -63,7 +64,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Err(e) = socket.set_nodelay(true) {
             eprintln!("TCP_NODELAY: {e}");
         }
-        let connection = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
+        let connection = http
+            .serve_connection(TokioIo::new(socket), service.clone())
+            .into_owned();
         tokio::spawn(async move {
             let _ = connection.await;
         });
