@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the S3-compatible server the tests and benchmarks use: tools/s3-server, s3s-fs's
 # storage (crates.io; objects kept as files on disk, SigV4 signatures checked: real storage
-# semantics over HTTP, unlike an in-memory mock) behind a listener with TCP_NODELAY (s3s-fs's
-# own binary stalls ~40 ms at the end of each ranged GET on Nagle's algorithm). Built again
+# semantics over HTTP, unlike an in-memory mock), its GETs read with one pread (s3s-fs reads
+# 4 KiB at a time, one blocking task each) behind a listener with TCP_NODELAY (s3s-fs's own
+# binary stalls ~40 ms at the end of each ranged GET on Nagle's algorithm). Built again
 # whenever its sources change; prints the binary's path.
 set -euo pipefail
 tools=${PUSHDOWN_TOOLS:-$HOME/.cache/pushdown/tools}
