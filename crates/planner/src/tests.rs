@@ -406,10 +406,8 @@ mod cost {
         assert_eq!(costed.chosen.pushed, 0, "{}", costed.explain());
     }
 
-    /// One server core and one trainer core, each as fast at the op, and a link with room:
-    /// each end decoding half of the shards is twice either alone.
-    #[test]
-    fn equal_ends_and_a_roomy_link_split_the_op() {
+    /// One server core and one trainer core, each decoding at 400 µs a row, on a 1 Gbit/s link.
+    fn equal_ends() -> (Environment, Profile) {
         let env = Environment {
             bandwidth_bytes_per_s: GBIT,
             server_cores: 1.0,
@@ -418,6 +416,24 @@ mod cost {
         };
         let mut profile = profile(12_000.0);
         profile.ops[0].ns_per_row = 400_000.0;
+        (env, profile)
+    }
+
+    /// The best estimate among placements that run the pushed ops on every shard.
+    fn best_whole(costed: &CostedPlan) -> f64 {
+        costed
+            .candidates
+            .iter()
+            .filter(|c| c.server_fraction == 1.0)
+            .map(|c| c.estimated_rows_per_s)
+            .fold(0.0, f64::max)
+    }
+
+    /// One server core and one trainer core, each as fast at the op, and a link with room:
+    /// each end decoding half of the shards is twice either alone.
+    #[test]
+    fn equal_ends_and_a_roomy_link_split_the_op() {
+        let (env, profile) = equal_ends();
         let costed = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
         let chosen = &costed.chosen;
         assert_eq!(chosen.pushed, 1, "{}", costed.explain());
@@ -426,12 +442,7 @@ mod cost {
             "{}",
             costed.explain()
         );
-        let whole = costed
-            .candidates
-            .iter()
-            .filter(|c| c.server_fraction == 1.0)
-            .map(|c| c.estimated_rows_per_s)
-            .fold(0.0, f64::max);
+        let whole = best_whole(&costed);
         assert!(chosen.estimated_rows_per_s > 1.9 * whole, "{}", costed.explain());
         // The split moves both kinds of rows: its bytes are between the two.
         assert!(chosen.wire_bytes_per_row > 12_004.0 && chosen.wire_bytes_per_row < 15_004.0);
@@ -458,14 +469,7 @@ mod cost {
     /// lone stream runs on one end at a time), and with three only thirds are reachable.
     #[test]
     fn a_split_takes_whole_shards() {
-        let env = Environment {
-            bandwidth_bytes_per_s: GBIT,
-            server_cores: 1.0,
-            client_cores: 1.0,
-            client_ns_per_row: 0.0,
-        };
-        let mut profile = profile(12_000.0);
-        profile.ops[0].ns_per_row = 400_000.0;
+        let (env, mut profile) = equal_ends();
         profile.shards = Some(1);
         let one = plan_with_profile(&pipeline(64), &images(), &profile, &env).unwrap();
         assert!(
@@ -483,12 +487,7 @@ mod cost {
             three.explain()
         );
         // Thirds are not halves: the estimate is below the even split's ~2× either end alone.
-        let whole = three
-            .candidates
-            .iter()
-            .filter(|c| c.server_fraction == 1.0)
-            .map(|c| c.estimated_rows_per_s)
-            .fold(0.0, f64::max);
+        let whole = best_whole(&three);
         let gain = three.chosen.estimated_rows_per_s / whole;
         assert!((1.4..1.6).contains(&gain), "{gain}: {}", three.explain());
         // Many shards: whole-shard shares, at most 19 of them; unknown: twentieths.
