@@ -377,7 +377,11 @@ impl Server {
                 &Grant::All,
             )
             .await?;
-        Ok(crate::query::ordered_stream(opened.plan, opened.ctx.task_ctx())?)
+        Ok(crate::query::ordered_stream(
+            opened.plan,
+            opened.ctx.task_ctx(),
+            opened.parallelism,
+        )?)
     }
 
     pub fn builder(store: Arc<dyn ObjectStore>) -> ServerBuilder {

@@ -628,7 +628,8 @@ async fn produce(
             None => Lookup::Bypass,
         };
         let computed = || {
-            crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx()).map_err(ServerError::from)
+            crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx(), opened.parallelism)
+                .map_err(ServerError::from)
         };
         let batches = match lookup {
             Lookup::Hit(hit) => {
