@@ -812,13 +812,14 @@ fn split_range(range: Range<u32>, parts: usize) -> Vec<Range<u32>> {
         .collect()
 }
 
-/// What a partition decoding ahead of the one being sent may hold, in KiB: a row group's
-/// output of a typical projection fits, so a partition ahead can finish and free its core.
-const AHEAD_KIB: u32 = 16 * 1024;
+/// What the partitions decoding ahead of the one being sent may hold together, in KiB, shared
+/// equally (at least 1 MiB each). With 2 cores, 16 MiB each: a 131,072-row row group of a
+/// lineitem projection (7 MB) fits, so a partition ahead finishes and frees its core.
+const AHEAD_KIB: u32 = 32 * 1024;
 
 /// The plan's partitions one after another, as if one partition had read them all. Up to
 /// `window` partitions past the one being sent decode ahead, each on its own task and each
-/// holding at most [`AHEAD_KIB`] of finished batches: a shard cut into row groups uses
+/// holding at most its share of [`AHEAD_KIB`] of finished batches: a shard cut into row groups uses
 /// `window` cores while its rows leave in order. Nothing of partition `i + 1` is emitted
 /// before partition `i` ends, so a stream's rows, and the offsets it resumes from, do not
 /// depend on the parallelism.
@@ -827,7 +828,8 @@ pub fn ordered_stream(
     ctx: Arc<datafusion::execution::TaskContext>,
     window: usize,
 ) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
-    ordered_stream_within(plan, ctx, window, AHEAD_KIB)
+    let share = (AHEAD_KIB / window.max(1) as u32).max(1024);
+    ordered_stream_within(plan, ctx, window, share)
 }
 
 /// [`ordered_stream`] with `ahead_kib` for what each partition ahead may hold.
