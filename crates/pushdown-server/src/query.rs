@@ -540,6 +540,8 @@ impl Engine {
             }
             None => None,
         };
+        // After the cache key: the rewrite changes how, not what, the plan reads.
+        let optimized = crate::table::strings_as_views_under_filters(optimized)?;
         let plan = state
             .query_planner()
             .create_physical_plan(&optimized, &state)

@@ -14,22 +14,35 @@
 //! silently lost (apache/datafusion#15812, open in 55.2). A scan whose filters read a float
 //! column turns statistics, page-index and bloom-filter pruning off, so such a query gives
 //! the same rows whatever the files' row groups. Filters over other types prune as before.
+//!
+//! **Strings a filter drops are read as views.** Under a filter, [`strings_as_views_under_filters`]
+//! has the scan decode the projected `Utf8` and `Binary` columns the filter does not read as
+//! Arrow views (no copy of the values out of the decompressed pages), filters, and casts the
+//! survivors back above the filter: only the kept rows' values are copied. The query's output
+//! types do not change. Measured (one thread, DataFusion 55's reader): 6–17% faster on filters
+//! that keep 25–41% of rows with string columns; 15% slower on a plain projection, so scans
+//! without a filter are left alone.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Column;
 use datafusion::common::config::TableParquetOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::TableType;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetAccessPlan;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::logical_expr::{
+    Expr, Filter, LogicalPlan, Projection, TableProviderFilterPushDown, TableScanBuilder, cast,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 
@@ -56,6 +69,31 @@ impl ShardTable {
             store_url,
             files,
             options,
+        }
+    }
+
+    /// The same files with the columns at `columns` (`Utf8` or `Binary`) read as Arrow views.
+    fn with_views(&self, columns: &[usize]) -> Self {
+        let fields: Vec<_> = self
+            .schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match f.data_type() {
+                DataType::Utf8 if columns.contains(&i) => {
+                    Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8View))
+                }
+                DataType::Binary if columns.contains(&i) => {
+                    Arc::new(f.as_ref().clone().with_data_type(DataType::BinaryView))
+                }
+                _ => Arc::clone(f),
+            })
+            .collect();
+        Self {
+            schema: Arc::new(Schema::new_with_metadata(fields, self.schema.metadata().clone())),
+            store_url: self.store_url.clone(),
+            files: self.files.clone(),
+            options: self.options.clone(),
         }
     }
 
@@ -141,6 +179,71 @@ impl TableProvider for ShardTable {
     }
 }
 
+/// Rewrites each `Filter` directly over a scan of a [`ShardTable`]: the projected `Utf8` and
+/// `Binary` columns that neither the filter nor the scan's pushed filters read are scanned as
+/// views and cast back to their types above the filter (see the module docs). Everything
+/// above sees the same columns, names and types.
+pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::error::Result<LogicalPlan> {
+    plan.transform_up(|node| {
+        let LogicalPlan::Filter(filter) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let LogicalPlan::TableScan(scan) = filter.input.as_ref() else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(table) = source_as_provider(&scan.source).ok().and_then(|p| {
+            p.downcast_ref::<ShardTable>()
+                .map(|t| Arc::new(t.with_views(&[])))
+        }) else {
+            return Ok(Transformed::no(node));
+        };
+        let read: std::collections::HashSet<String> = std::iter::once(&filter.predicate)
+            .chain(&scan.filters)
+            .flat_map(|e| e.column_refs())
+            .map(|c| c.name.clone())
+            .collect();
+        let all: Vec<usize> = (0..table.schema.fields().len()).collect();
+        let projected = scan.projection.clone().unwrap_or(all);
+        let views: Vec<usize> = projected
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let f = table.schema.field(i);
+                matches!(f.data_type(), DataType::Utf8 | DataType::Binary) && !read.contains(f.name())
+            })
+            .collect();
+        if views.is_empty() {
+            return Ok(Transformed::no(node));
+        }
+        let viewed = TableScanBuilder::new(
+            scan.table_name.clone(),
+            provider_as_source(Arc::new(table.with_views(&views))),
+        )
+        .with_projection(scan.projection.clone())
+        .with_filters(scan.filters.clone())
+        .with_fetch(scan.fetch)
+        .build()?;
+        let filtered = Filter::try_new(filter.predicate.clone(), Arc::new(LogicalPlan::TableScan(viewed)))?;
+        let back: Vec<Expr> = scan
+            .projected_schema
+            .iter()
+            .map(|(qualifier, field)| {
+                let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
+                match field.data_type() {
+                    DataType::Utf8 | DataType::Binary if !read.contains(field.name()) => {
+                        cast(column, field.data_type().clone())
+                            .alias_qualified(qualifier.cloned(), field.name())
+                    }
+                    _ => column,
+                }
+            })
+            .collect();
+        let projection = Projection::try_new(back, Arc::new(LogicalPlan::Filter(filtered)))?;
+        Ok(Transformed::yes(LogicalPlan::Projection(projection)))
+    })
+    .map(|t| t.data)
+}
+
 /// Whether any of `columns` is floating-point (or holds floats, in a list or struct): its
 /// statistics cannot rule NaN rows out (see the module docs).
 pub(crate) fn reads_floats<'a>(schema: &Schema, columns: impl IntoIterator<Item = &'a str>) -> bool {
@@ -160,4 +263,103 @@ pub(crate) fn reads_floats<'a>(schema: &Schema, columns: impl IntoIterator<Item 
         .into_iter()
         .filter_map(|c| schema.field_with_name(c).ok())
         .any(|f| floats(f.data_type()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::config::TableParquetOptions;
+    use datafusion::datasource::provider_as_source;
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, col, lit};
+
+    use super::{ShardTable, strings_as_views_under_filters};
+
+    fn scan() -> LogicalPlanBuilder {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("lang", DataType::Utf8, true),
+            Field::new("body", DataType::Utf8, true),
+            Field::new("image", DataType::Binary, false),
+        ]));
+        let url = ObjectStoreUrl::parse("file://").expect("url");
+        let table = ShardTable::new(schema, url, vec![], TableParquetOptions::default());
+        LogicalPlanBuilder::scan("t", provider_as_source(Arc::new(table)), None).expect("scan")
+    }
+
+    /// The scan under the plan's filter, and its column types.
+    fn scanned_types(plan: &LogicalPlan) -> Vec<(String, DataType)> {
+        let mut found = None;
+        plan.apply(|node| {
+            if let LogicalPlan::TableScan(s) = node {
+                found = Some(
+                    s.projected_schema
+                        .fields()
+                        .iter()
+                        .map(|f| (f.name().clone(), f.data_type().clone()))
+                        .collect(),
+                );
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })
+        .expect("walk");
+        found.expect("a scan")
+    }
+
+    use datafusion::common::tree_node::TreeNode;
+
+    /// Under a filter, the strings and binaries it does not read are scanned as views and
+    /// cast back above it: the plan's output schema (names, qualifiers, types) is unchanged.
+    #[test]
+    fn strings_the_filter_does_not_read_are_scanned_as_views() {
+        let plan = scan()
+            .filter(col("lang").eq(lit("en")).and(col("id").gt(lit(3i64))))
+            .expect("filter")
+            .project(vec![col("id"), col("body"), col("image"), col("lang")])
+            .expect("project")
+            .build()
+            .expect("plan");
+        let rewritten = strings_as_views_under_filters(plan.clone()).expect("rewrite");
+        assert_eq!(rewritten.schema(), plan.schema(), "{rewritten}");
+        assert_eq!(
+            scanned_types(&rewritten),
+            vec![
+                ("id".to_owned(), DataType::Int64),
+                ("lang".to_owned(), DataType::Utf8),
+                ("body".to_owned(), DataType::Utf8View),
+                ("image".to_owned(), DataType::BinaryView),
+            ]
+        );
+        // The filter sits on the viewed scan, the casts above it.
+        let LogicalPlan::Projection(top) = &rewritten else {
+            panic!("{rewritten}")
+        };
+        let LogicalPlan::Projection(back) = top.input.as_ref() else {
+            panic!("{rewritten}")
+        };
+        assert!(
+            matches!(back.input.as_ref(), LogicalPlan::Filter(_)),
+            "{rewritten}"
+        );
+    }
+
+    /// Without a filter nothing is read as views: a plain projection would only pay for the
+    /// cast.
+    #[test]
+    fn scans_without_a_filter_are_left_alone() {
+        let plan = scan()
+            .project(vec![col("id"), col("body")])
+            .expect("project")
+            .build()
+            .expect("plan");
+        let rewritten = strings_as_views_under_filters(plan.clone()).expect("rewrite");
+        assert_eq!(rewritten, plan);
+        assert!(
+            scanned_types(&rewritten)
+                .iter()
+                .all(|(_, t)| !matches!(t, DataType::Utf8View | DataType::BinaryView))
+        );
+    }
 }
