@@ -459,6 +459,90 @@ async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
     );
 }
 
+/// A reader taking endpoints one by one, as pyarrow does, finds each next endpoint opened
+/// and decoding ahead: the same rows in the same order as a server that does not read ahead.
+/// A stream for any other ticket drops what was held, and the ticket is then opened afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_reader_finds_the_next_endpoint_opened_ahead() {
+    let config = |read_ahead| pushdown_server::ServerConfig {
+        read_ahead,
+        cpu_threads: 2,
+        batch_size: 16,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config(true), |root| {
+        pushdown_tests::write_images(root, 500);
+    })
+    .await;
+    let store = pushdown_server::open_store(&fx.root.path().to_string_lossy()).expect("store");
+    let plain = pushdown_server::Server::builder(store)
+        .config(config(false))
+        .open()
+        .await
+        .expect("server")
+        .spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("spawn");
+    let sql = "SELECT id, label, thumbnail(image, 4) AS t FROM images WHERE label % 3 <> 0";
+    let mut raw = pushdown_tests::raw_client(fx.running.url()).await;
+    let info = raw
+        .get_flight_info(FlightDescriptor::new_cmd(sql.as_bytes().to_vec()))
+        .await
+        .expect("plan")
+        .into_inner();
+    let tickets: Vec<bytes::Bytes> = info
+        .endpoint
+        .iter()
+        .map(|e| e.ticket.as_ref().expect("ticket").ticket.clone())
+        .collect();
+    assert!(tickets.len() >= 3, "{} endpoints", tickets.len());
+    let count = |outcome: &str| -> u64 {
+        let text = fx.server.metrics().encode();
+        let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map_or(0, |n| n.trim().parse().expect("count"))
+    };
+    let held = || async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !fx.server.holds_read_ahead() {
+            assert!(std::time::Instant::now() < deadline, "nothing opened ahead");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    for (i, ticket) in tickets.iter().enumerate() {
+        let got = fetch_from(fx.running.url(), ticket.clone()).await;
+        let want = fetch_from(plain.url(), ticket.clone()).await;
+        assert_eq!(rows(&got), rows(&want), "endpoint {i}");
+        assert!(!want.is_empty());
+        if i + 1 < tickets.len() {
+            held().await;
+        }
+    }
+    assert_eq!(count("taken"), tickets.len() as u64 - 1);
+    assert!(
+        !fx.server.holds_read_ahead(),
+        "the last endpoint has no successor"
+    );
+
+    // Out of order: the held endpoint 1 is dropped by a stream for endpoint 2.
+    let first = fetch_from(fx.running.url(), tickets[0].clone()).await;
+    assert!(!first.is_empty());
+    held().await;
+    let dropped = count("dropped");
+    let third = fetch_from(fx.running.url(), tickets[2].clone()).await;
+    assert_eq!(count("dropped"), dropped + 1);
+    assert_eq!(
+        rows(&third),
+        rows(&fetch_from(plain.url(), tickets[2].clone()).await)
+    );
+    let second = fetch_from(fx.running.url(), tickets[1].clone()).await;
+    assert_eq!(
+        rows(&second),
+        rows(&fetch_from(plain.url(), tickets[1].clone()).await)
+    );
+}
+
 /// The scaling signal end to end: a real loader reports its consumer's wait; the server
 /// answers the `scaling` action, `/scaling` and the metrics from it; bad reports are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,21 @@ struct ListenArgs {
     /// adaptive for the rest; set it when a local proxy hides where clients are.
     #[arg(long, env = "PUSHDOWN_PLAIN_CLIENT_CODEC")]
     plain_client_codec: Option<pushdown_server::Compression>,
+    /// Whether a stream that opens while no other runs also opens the endpoint planned after
+    /// it and starts decoding it, so a client reading endpoints in order (pyarrow) finds it
+    /// ready. Off: each endpoint is opened when asked for.
+    #[arg(long, env = "PUSHDOWN_READ_AHEAD", default_value = "on", value_parser = on_off,
+          action = clap::ArgAction::Set, value_name = "on|off")]
+    read_ahead: bool,
+}
+
+/// `on` or `off`.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
 }
 
 /// What one server may spend.
@@ -396,6 +411,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
         advertise: args.listen.advertise,
         plain_client_codec: args.listen.plain_client_codec,
+        read_ahead: args.listen.read_ahead,
         cache: pushdown_server::CacheConfig {
             memory_bytes: args.cache.cache_memory_mib << 20,
             disk: args.cache.cache_dir.clone(),

@@ -36,6 +36,7 @@ mod error;
 mod flight_sql;
 mod metrics;
 mod pool;
+mod prefetch;
 mod profile;
 mod query;
 mod runtime;
@@ -120,6 +121,9 @@ pub struct ServerConfig {
     /// host, [`Compression::Adaptive`] for the rest. Set it where the peer address misleads
     /// (behind a local proxy every peer is on loopback).
     pub plain_client_codec: Option<pushdown_protocol::Compression>,
+    /// Whether a stream that opens with no other running also opens, and starts decoding,
+    /// the endpoint planned after it (a reader taking endpoints in order finds it ready).
+    pub read_ahead: bool,
     /// An op call whose output may exceed this many bytes per row is refused at planning
     /// (`decode_resize(image, 8192, 8192)`: 192 MiB a row).
     pub max_op_row_bytes: u64,
@@ -155,6 +159,7 @@ impl Default for ServerConfig {
             max_message_bytes: 64 << 20,
             advertise: None,
             plain_client_codec: None,
+            read_ahead: true,
             max_op_row_bytes: 16 << 20,
             max_op_batch_bytes: 256 << 20,
             max_sql_bytes: 64 << 10,
@@ -234,6 +239,8 @@ pub(crate) struct State {
     config: Arc<ServerConfig>,
     /// The tokens requests must carry; none: every request reads everything.
     tokens: Option<Arc<Tokens>>,
+    /// The endpoint opened ahead for a lone reader, and each plan's endpoint order.
+    prefetch: prefetch::Prefetch,
 }
 
 /// Builds a [`Server`] over a store rooted at the data root.
@@ -336,6 +343,7 @@ impl ServerBuilder {
             reducing: Arc::default(),
             config,
             tokens: self.tokens.map(Arc::new),
+            prefetch: prefetch::Prefetch::default(),
         });
         Ok(Server {
             state,
@@ -397,6 +405,12 @@ impl Server {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.state.metrics
+    }
+
+    /// Whether an endpoint is opened ahead now, waiting for its reader (see
+    /// `ServerConfig::read_ahead`).
+    pub fn holds_read_ahead(&self) -> bool {
+        self.state.prefetch.holds()
     }
 
     /// The decorated store every read goes through.

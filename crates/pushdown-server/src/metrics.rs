@@ -63,6 +63,7 @@ pub struct Metrics {
     pub batches_sent: Family<CodecLabels, Counter>,
     pub op_rows: Family<OpSideLabels, Counter>,
     pub deferred_streams: Counter,
+    pub read_ahead: Family<OutcomeLabels, Counter>,
     pub cache_lookups: Family<OutcomeLabels, Counter>,
     pub cache_admitted: Counter,
     pub cache_declined: Counter,
@@ -111,6 +112,7 @@ impl Metrics {
             batches_sent: Family::default(),
             op_rows: Family::default(),
             deferred_streams: Counter::default(),
+            read_ahead: Family::default(),
             cache_lookups: Family::default(),
             cache_admitted: Counter::default(),
             cache_declined: Counter::default(),
@@ -170,6 +172,12 @@ impl Metrics {
             "deferred_streams",
             "Shard streams answered un-reduced, their ops left to the client",
             m.deferred_streams.clone(),
+        );
+        registry.register(
+            "read_ahead_streams",
+            "Endpoints opened ahead for a lone reader, by outcome: taken (its reader came), \
+             dropped (another stream opened first), expired (nobody came)",
+            m.read_ahead.clone(),
         );
         registry.register(
             "cache_lookups",
@@ -303,6 +311,10 @@ impl Metrics {
         self.requests
             .get_or_create(&RequestLabels { method, outcome })
             .inc();
+    }
+
+    pub(crate) fn read_ahead(&self, outcome: &'static str) {
+        self.read_ahead.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     pub(crate) fn cache_lookups(&self, outcome: &'static str) {

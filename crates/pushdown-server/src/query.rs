@@ -134,6 +134,8 @@ pub struct Opened {
     pub row_groups: u64,
     /// The partitions that may decode at once (see [`ordered_stream`]).
     pub parallelism: usize,
+    /// The plan's stream, when it was started ahead of its reader (see `prefetch`).
+    pub started: Option<datafusion::physical_plan::SendableRecordBatchStream>,
     /// The shard's cache key and what it reads; `None` for whole queries and volatile plans.
     pub cacheable: Option<crate::cache::Cacheable>,
 }
@@ -551,6 +553,7 @@ impl Engine {
             ctx,
             row_groups,
             parallelism,
+            started: None,
             cacheable,
         })
     }

@@ -4,7 +4,8 @@
 //! decoding never delays accepting connections or answering `GetFlightInfo` (the pattern of
 //! IOx's `DedicatedExecutor`). Every spawned task is owned by a [`TaskGuard`] that aborts it
 //! when dropped: when a client disconnects, tonic drops the response stream, the guard goes
-//! with it, and the query stops.
+//! with it, and the query stops. The one exception, [`CpuRuntime::spawn_detached`], is for
+//! work that ends by itself.
 
 use std::future::Future;
 
@@ -35,6 +36,15 @@ impl CpuRuntime {
             runtime: Some(runtime),
             handle,
         })
+    }
+
+    /// Runs `task` on the CPU runtime to its end, owned by nobody: for work that bounds
+    /// itself (a read-ahead that expires). It stops with the runtime.
+    pub fn spawn_detached<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        drop(self.handle.spawn(task));
     }
 
     /// Runs `task` on the CPU runtime; the task is aborted when the guard is dropped.

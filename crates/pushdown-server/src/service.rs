@@ -158,8 +158,11 @@ impl PushdownService {
             .metrics
             .row_groups_pruned_at_planning
             .inc_by(planned.row_groups_pruned);
-        let endpoints: Vec<FlightEndpoint> =
-            planned.tickets().into_iter().map(|t| self.endpoint(t)).collect();
+        let tickets: Vec<bytes::Bytes> = planned.tickets().iter().map(|t| t.encode()).collect();
+        if self.state.config.read_ahead {
+            self.state.prefetch.remember(&tickets);
+        }
+        let endpoints: Vec<FlightEndpoint> = tickets.into_iter().map(|t| self.endpoint(t)).collect();
         let total_records = match &planned.shape {
             // Every row group ruled out (or an empty dataset): known to be empty.
             Shape::RowWise { shards, .. } if shards.is_empty() => 0,
@@ -193,8 +196,8 @@ impl PushdownService {
         Ok(info)
     }
 
-    fn endpoint(&self, ticket: ShardTicket) -> FlightEndpoint {
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.encode()));
+    fn endpoint(&self, ticket: bytes::Bytes) -> FlightEndpoint {
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
         match &self.state.config.advertise {
             Some(url) => endpoint.with_location(url.clone()),
             None => endpoint,
@@ -202,7 +205,8 @@ impl PushdownService {
     }
 
     async fn open_stream(&self, ticket: Ticket, caller: &Caller) -> Result<FlightStream<FlightData>> {
-        let ticket = ShardTicket::decode(&ticket.ticket).map_err(ServerError::BadTicket)?;
+        let raw = ticket.ticket;
+        let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = self.place(ticket);
@@ -211,14 +215,34 @@ impl PushdownService {
         // on every core; many readers one core each.
         let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
         let config = &self.state.config;
-        let parallelism = (config.cpu_threads.max(config.store_reads_in_flight) / running.max(1)).max(1);
-        let opened = {
-            let (state, ticket, grant) = (Arc::clone(&self.state), ticket.clone(), Arc::clone(&caller.grant));
-            self.on_cpu("opening a stream", async move {
-                state.engine.open(&ticket, parallelism, &grant).await
-            })
-            .await?
+        let cores = config.cpu_threads.max(config.store_reads_in_flight);
+        let parallelism = (cores / running.max(1)).max(1);
+        // Opened ahead for this caller and unchanged by placement: taken as it is.
+        let ahead = match self.state.prefetch.claim(&caller.principal, &raw) {
+            crate::prefetch::Claim::Taken(opened) if *ticket.encode() == *raw => {
+                self.state.metrics.read_ahead("taken");
+                Some(opened)
+            }
+            crate::prefetch::Claim::None => None,
+            _ => {
+                self.state.metrics.read_ahead("dropped");
+                None
+            }
         };
+        let opened = match ahead {
+            Some(opened) => opened,
+            None => {
+                let (state, ticket, grant) =
+                    (Arc::clone(&self.state), ticket.clone(), Arc::clone(&caller.grant));
+                self.on_cpu("opening a stream", async move {
+                    state.engine.open(&ticket, parallelism, &grant).await
+                })
+                .await?
+            }
+        };
+        if config.read_ahead && running <= 1 {
+            self.read_ahead(&raw, caller, cores);
+        }
         let span = tracing::info_span!(
             "stream",
             caller = &*caller.principal,
@@ -276,6 +300,48 @@ impl PushdownService {
             item
         });
         Ok(stream.boxed())
+    }
+
+    /// Opens the endpoint planned after `ticket` for `caller` and starts its partitions
+    /// decoding, to be taken by the caller's next `DoGet` (see `prefetch`). Failures are
+    /// the next `DoGet`'s to report: here they only mean nothing is held.
+    fn read_ahead(&self, ticket: &[u8], caller: &Caller, cores: usize) {
+        let Some(next) = self.state.prefetch.successor(ticket) else {
+            return;
+        };
+        let Ok(decoded) = ShardTicket::decode(&next) else {
+            return;
+        };
+        let generation = self.state.prefetch.begin();
+        let (state, grant, principal) = (
+            Arc::clone(&self.state),
+            Arc::clone(&caller.grant),
+            Arc::clone(&caller.principal),
+        );
+        let work = async move {
+            let mut opened = state.engine.open(&decoded, cores, &grant).await?;
+            let stream =
+                crate::query::ordered_stream(Arc::clone(&opened.plan), opened.ctx.task_ctx(), cores)?;
+            opened.started = Some(stream);
+            if state.prefetch.hold(generation, principal, next, opened) {
+                // Waiting must not keep a stopped server alive.
+                let weak = Arc::downgrade(&state);
+                drop(state);
+                tokio::time::sleep(crate::prefetch::HELD_FOR).await;
+                if let Some(state) = weak.upgrade()
+                    && state.prefetch.expire(generation)
+                {
+                    state.metrics.read_ahead("expired");
+                }
+            }
+            Ok::<_, ServerError>(())
+        };
+        // It ends by itself: stale, taken, or expired.
+        self.state.cpu.spawn_detached(async move {
+            if let Err(e) = work.await {
+                tracing::debug!(error = %e, "reading ahead");
+            }
+        });
     }
 
     /// Where this stream's fragment ops run. A ticket that lets the server leave ops `from..`
@@ -586,7 +652,7 @@ const PROFILE_ROWS: usize = 256;
 async fn produce(
     state: Arc<State>,
     ticket: ShardTicket,
-    opened: crate::query::Opened,
+    mut opened: crate::query::Opened,
     grant: Arc<Grant>,
     (_permit, mut placement): (OwnedSemaphorePermit, Placement),
     tx: mpsc::Sender<Result<FlightData, Status>>,
@@ -627,9 +693,13 @@ async fn produce(
             Some(cacheable) => state.cache.lookup(cacheable, &schema, &grant).await?,
             None => Lookup::Bypass,
         };
-        let computed = || {
-            crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx(), opened.parallelism)
-                .map_err(ServerError::from)
+        let mut started = opened.started.take();
+        let mut computed = || match started.take() {
+            Some(stream) => Ok(stream),
+            None => {
+                crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx(), opened.parallelism)
+                    .map_err(ServerError::from)
+            }
         };
         let batches = match lookup {
             Lookup::Hit(hit) => {

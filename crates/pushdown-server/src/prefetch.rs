@@ -1,0 +1,172 @@
+//! Read-ahead across endpoints, for a lone reader taking them in order.
+//!
+//! A plain Flight client (pyarrow's `do_get` on each endpoint in turn) leaves the server idle
+//! between two endpoints: while it finishes one stream and asks for the next, and while the
+//! next one is opened and its first partition decoded. When a stream opens with no other
+//! stream running, the server opens the endpoint that follows it in the same `FlightInfo`
+//! and lets its partitions decode ahead within their budget (see
+//! [`crate::query::ordered_stream`]). The client's `DoGet` for that ticket then takes the
+//! stream as it is. Only the caller it was opened for can take it, and only unchanged: a
+//! ticket placed differently (its ops left to the client) is opened afresh. Any other stream
+//! that opens drops it, since the server no longer serves one reader; so does
+//! [`HELD_FOR`] unclaimed. What is held is bounded by one stream's decode budget.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::query::Opened;
+
+/// The successors remembered, in ticket bytes; the oldest plans are forgotten first.
+const SUCCESSOR_BYTES: usize = 16 << 20;
+
+/// How long a stream opened ahead waits for its reader.
+pub(crate) const HELD_FOR: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+pub(crate) struct Prefetch {
+    successors: Mutex<Successors>,
+    held: Mutex<Option<Held>>,
+    /// Bumped by every stream that opens: a read-ahead started before it is stale.
+    generation: AtomicU64,
+}
+
+impl std::fmt::Debug for Prefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetch")
+            .field("successors", &lock(&self.successors).map.len())
+            .field("held", &lock(&self.held).is_some())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Successors {
+    map: HashMap<Bytes, Bytes>,
+    order: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+/// A stream opened ahead for `principal`'s `ticket`.
+struct Held {
+    principal: Arc<str>,
+    ticket: Bytes,
+    opened: Opened,
+    generation: u64,
+}
+
+/// What [`Prefetch::claim`] found.
+pub(crate) enum Claim {
+    /// Nothing was held.
+    None,
+    /// The stream held for this caller's ticket.
+    Taken(Opened),
+    /// A stream held for another ticket or caller, now dropped.
+    Dropped,
+}
+
+impl Prefetch {
+    /// Remembers the tickets of one plan, in endpoint order: each one's successor.
+    pub(crate) fn remember(&self, tickets: &[Bytes]) {
+        let mut s = lock(&self.successors);
+        for pair in tickets.windows(2) {
+            let (ticket, next) = (&pair[0], &pair[1]);
+            if s.map.insert(ticket.clone(), next.clone()).is_none() {
+                s.bytes += ticket.len() + next.len();
+                s.order.push_back(ticket.clone());
+            }
+        }
+        while s.bytes > SUCCESSOR_BYTES {
+            let Some(old) = s.order.pop_front() else {
+                break;
+            };
+            if let Some(next) = s.map.remove(&old) {
+                s.bytes -= old.len() + next.len();
+            }
+        }
+    }
+
+    /// The ticket planned after `ticket`, if one was.
+    pub(crate) fn successor(&self, ticket: &[u8]) -> Option<Bytes> {
+        lock(&self.successors).map.get(ticket).cloned()
+    }
+
+    /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
+    /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
+    pub(crate) fn claim(&self, principal: &str, ticket: &[u8]) -> Claim {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        match lock(&self.held).take() {
+            None => Claim::None,
+            Some(h) if &*h.principal == principal && h.ticket == ticket => Claim::Taken(h.opened),
+            Some(_) => Claim::Dropped,
+        }
+    }
+
+    /// Starts a read-ahead: its generation, which [`Prefetch::hold`] checks.
+    pub(crate) fn begin(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Holds `opened` for `principal`'s `ticket`, unless a stream opened since the read-ahead
+    /// began. Returns whether it is held.
+    pub(crate) fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: Opened) -> bool {
+        let mut held = lock(&self.held);
+        if self.generation.load(Ordering::SeqCst) != generation {
+            return false;
+        }
+        *held = Some(Held {
+            principal,
+            ticket,
+            opened,
+            generation,
+        });
+        true
+    }
+
+    /// Whether a stream is held now.
+    pub(crate) fn holds(&self) -> bool {
+        lock(&self.held).is_some()
+    }
+
+    /// Drops the read-ahead of `generation` if it is still held: its reader never came.
+    pub(crate) fn expire(&self, generation: u64) -> bool {
+        let mut held = lock(&self.held);
+        if held.as_ref().is_some_and(|h| h.generation == generation) {
+            *held = None;
+            return true;
+        }
+        false
+    }
+}
+
+/// The lock's data, even after a panic elsewhere: every update above leaves it whole.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::{Prefetch, SUCCESSOR_BYTES};
+
+    #[test]
+    fn successors_follow_the_plan_and_old_plans_are_forgotten() {
+        let p = Prefetch::default();
+        let t = |s: &str| Bytes::from(s.to_owned());
+        p.remember(&[t("a"), t("b"), t("c")]);
+        assert_eq!(p.successor(b"a"), Some(t("b")));
+        assert_eq!(p.successor(b"b"), Some(t("c")));
+        assert_eq!(p.successor(b"c"), None);
+        // Plans past the byte budget push the oldest out.
+        let big: Vec<Bytes> = (0..40)
+            .map(|i| Bytes::from(format!("{i}:{}", "x".repeat(SUCCESSOR_BYTES / 32))))
+            .collect();
+        p.remember(&big);
+        assert_eq!(p.successor(b"a"), None);
+        assert_eq!(p.successor(&big[38]), Some(big[39].clone()));
+    }
+}
