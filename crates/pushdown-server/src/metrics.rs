@@ -176,7 +176,8 @@ impl Metrics {
         registry.register(
             "read_ahead_streams",
             "Endpoints opened ahead for a lone reader, by outcome: taken (its reader came), \
-             dropped (another stream opened first), expired (nobody came)",
+             dropped (another stream opened first, or the ticket's placement or file changed), \
+             expired (nobody came)",
             m.read_ahead.clone(),
         );
         registry.register(

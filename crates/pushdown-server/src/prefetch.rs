@@ -9,7 +9,8 @@
 //! stream as it is. Only the caller it was opened for can take it, and only unchanged: a
 //! ticket placed differently (its ops left to the client) is opened afresh. Any other stream
 //! that opens drops it, since the server no longer serves one reader; so does
-//! [`HELD_FOR`] unclaimed. What is held is bounded by one stream's decode budget.
+//! [`HELD_FOR`] unclaimed, and a file that changed since. What is held is bounded by one
+//! stream's decode budget (about 32 MiB).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,9 +75,13 @@ impl Prefetch {
         let mut s = lock(&self.successors);
         for pair in tickets.windows(2) {
             let (ticket, next) = (&pair[0], &pair[1]);
-            if s.map.insert(ticket.clone(), next.clone()).is_none() {
-                s.bytes += ticket.len() + next.len();
-                s.order.push_back(ticket.clone());
+            match s.map.insert(ticket.clone(), next.clone()) {
+                None => {
+                    s.bytes += ticket.len() + next.len();
+                    s.order.push_back(ticket.clone());
+                }
+                // A new plan gave the ticket another successor (a file in between changed).
+                Some(old) => s.bytes = s.bytes + next.len() - old.len(),
             }
         }
         while s.bytes > SUCCESSOR_BYTES {
@@ -151,7 +156,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use bytes::Bytes;
 
-    use super::{Prefetch, SUCCESSOR_BYTES};
+    use super::{Prefetch, SUCCESSOR_BYTES, lock};
 
     #[test]
     fn successors_follow_the_plan_and_old_plans_are_forgotten() {
@@ -161,6 +166,10 @@ mod tests {
         assert_eq!(p.successor(b"a"), Some(t("b")));
         assert_eq!(p.successor(b"b"), Some(t("c")));
         assert_eq!(p.successor(b"c"), None);
+        // A later plan with another successor replaces it, and its bytes.
+        p.remember(&[t("b"), t("dd")]);
+        assert_eq!(p.successor(b"b"), Some(t("dd")));
+        assert_eq!(lock(&p.successors).bytes, 2 + 3);
         // Plans past the byte budget push the oldest out.
         let big: Vec<Bytes> = (0..40)
             .map(|i| Bytes::from(format!("{i}:{}", "x".repeat(SUCCESSOR_BYTES / 32))))

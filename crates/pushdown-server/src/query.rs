@@ -132,12 +132,19 @@ pub struct Opened {
     pub plan: Arc<dyn ExecutionPlan>,
     pub ctx: SessionContext,
     pub row_groups: u64,
-    /// The partitions that may decode at once (see [`ordered_stream`]).
+    /// The partitions that may decode at once (see [`ordered_stream`]); all of them for a
+    /// query that is not row-wise.
     pub parallelism: usize,
     /// The plan's stream, when it was started ahead of its reader (see `prefetch`).
-    pub started: Option<datafusion::physical_plan::SendableRecordBatchStream>,
+    pub started: Option<Started>,
     /// The shard's cache key and what it reads; `None` for whole queries and volatile plans.
     pub cacheable: Option<crate::cache::Cacheable>,
+}
+
+/// A plan's stream started ahead of its reader, and since when.
+pub struct Started {
+    pub stream: datafusion::physical_plan::SendableRecordBatchStream,
+    pub since: std::time::Instant,
 }
 
 impl std::fmt::Debug for Opened {
@@ -532,6 +539,9 @@ impl Engine {
                 .batch_size = rows;
         }
         let optimized = state.optimize(&logical)?;
+        // A whole query's partitions may depend on each other (a hash repartition feeds them
+        // all): every one is drained at once, as DataFusion would.
+        let parallelism = if source.is_some() { parallelism } else { usize::MAX };
         let cacheable = match source {
             Some(source) => {
                 crate::cache::query_print(&optimized, &source.names)?.map(|print| crate::cache::Cacheable {
@@ -564,6 +574,22 @@ impl Engine {
         let bases = names.iter().flat_map(|n| self.views.bases_of(n));
         let all: Vec<String> = names.iter().cloned().chain(bases).collect();
         self.config.cache.mode_of(all.iter().map(String::as_str))
+    }
+
+    /// Whether the file `ticket`'s shard reads is still the version the ticket names: a
+    /// stream opened ahead is taken only then (its later pages are still to be read).
+    pub async fn still_current(&self, ticket: &ShardTicket) -> Result<bool> {
+        let Some(shard) = &ticket.shard else {
+            return Ok(true);
+        };
+        let datasets = self.catalog.datasets().await?;
+        let Some(file) = datasets.get(&shard.dataset).and_then(|d| d.file(&shard.file)) else {
+            return Ok(false);
+        };
+        Ok(matches!(
+            self.catalog.current(&shard.dataset, file).await?,
+            Some((_, now)) if now.version == shard.version
+        ))
     }
 
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
@@ -632,7 +658,10 @@ impl Engine {
                         .iter()
                         .map(|rg| rg.num_rows())
                         .sum();
-                    (rows.max(0) as u64 / UNIT_ROWS).clamp(parallelism as u64, MAX_PARTITIONS as u64) as usize
+                    // At least one per core, at most `MAX_PARTITIONS` (even past 64 cores).
+                    (rows.max(0) as u64 / UNIT_ROWS)
+                        .max(parallelism as u64)
+                        .min(MAX_PARTITIONS as u64) as usize
                 } else {
                     1
                 };
@@ -817,9 +846,10 @@ fn split_range(range: Range<u32>, parts: usize) -> Vec<Range<u32>> {
         .collect()
 }
 
-/// What the partitions decoding ahead of the one being sent may hold together, in KiB, shared
-/// equally (at least 1 MiB each). With 2 cores, 16 MiB each: a 131,072-row row group of a
-/// lineitem projection (7 MB) fits, so a partition ahead finishes and frees its core.
+/// What the partitions of one stream may hold in finished batches, in KiB, in equal shares
+/// (at least 1 MiB each; each may also have one batch waiting for room, so the bound is
+/// approximate). With 2 cores, 16 MiB each: a 131,072-row row group of a lineitem projection
+/// (7 MB) fits, so a partition ahead finishes and frees its core.
 const AHEAD_KIB: u32 = 32 * 1024;
 
 /// The plan's partitions one after another, as if one partition had read them all. Up to
@@ -833,7 +863,9 @@ pub fn ordered_stream(
     ctx: Arc<datafusion::execution::TaskContext>,
     window: usize,
 ) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
-    let share = (AHEAD_KIB / window.max(1) as u32).max(1024);
+    let n = datafusion::physical_plan::ExecutionPlanProperties::output_partitioning(&plan).partition_count();
+    let window = window.clamp(1, n.max(1));
+    let share = (AHEAD_KIB / u32::try_from(window).unwrap_or(u32::MAX)).max(1024);
     ordered_stream_within(plan, ctx, window, share)
 }
 
@@ -855,7 +887,8 @@ fn ordered_stream_within(
         .map(|i| plan.execute(i, Arc::clone(&ctx)))
         .collect::<datafusion::error::Result<Vec<_>>>()?;
     // The partitions started, in order; the bound keeps the one being sent plus `window`.
-    let (started_tx, started_rx) = tokio::sync::mpsc::channel::<Ahead>(window.max(1));
+    let window = window.clamp(1, n);
+    let (started_tx, started_rx) = tokio::sync::mpsc::channel::<Ahead>(window);
     let starter = crate::runtime::TaskGuard::spawn_here(async move {
         for mut partition in partitions {
             // A slot first: no partition starts before there is room for it.
@@ -878,15 +911,28 @@ fn ordered_stream_within(
                     }
                 }
             });
-            slot.send(Ahead { batches, _task: task });
+            slot.send(Ahead { batches, task });
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(started_rx)
         .flat_map(|ahead| {
-            futures::stream::unfold(ahead, |mut ahead| async move {
+            futures::stream::unfold(Some(ahead), |ahead| async move {
+                let mut ahead = ahead?;
                 // The batch leaves the budget as it is taken.
-                let (item, _held) = ahead.batches.recv().await?;
-                Some((item, ahead))
+                if let Some((item, _held)) = ahead.batches.recv().await {
+                    return Some((item, Some(ahead)));
+                }
+                // The partition's task ended: a panic in it must end the stream with an
+                // error, never look like the partition's last batch.
+                match ahead.task.join().await {
+                    Ok(()) => None,
+                    Err(e) => Some((
+                        Err(datafusion::error::DataFusionError::Execution(format!(
+                            "a partition's task failed: {e}"
+                        ))),
+                        None,
+                    )),
+                }
             })
         })
         .map(move |item| {
@@ -900,13 +946,13 @@ fn ordered_stream_within(
 }
 
 /// A partition decoding ahead: its batches in order, each holding its share of the budget
-/// until taken. Dropping it stops the partition.
+/// until taken, and its task. Dropping it stops the partition.
 struct Ahead {
     batches: tokio::sync::mpsc::UnboundedReceiver<(
         datafusion::error::Result<arrow::record_batch::RecordBatch>,
         tokio::sync::OwnedSemaphorePermit,
     )>,
-    _task: crate::runtime::TaskGuard<()>,
+    task: crate::runtime::TaskGuard<()>,
 }
 
 /// The names a view's SQL reads, or why it is not one read-only query.
@@ -1372,6 +1418,28 @@ mod ordered_tests {
                     .expect("stream");
             assert_eq!(numbers(stream, None).await, all, "window {window}");
         }
+    }
+
+    /// A partition whose task panics ends the stream with an error, never as if its rows
+    /// had simply ended.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_partition_ends_the_stream_with_an_error() {
+        use datafusion::physical_plan::test::exec::PanicExec;
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        // Each partition panics after a few (empty) batches.
+        let panics = Arc::new(
+            PanicExec::new(schema, 2)
+                .with_partition_panic(0, 2)
+                .with_partition_panic(1, 1),
+        );
+        let stream =
+            ordered_stream_within(panics, Arc::new(TaskContext::default()), 2, 1024).expect("stream");
+        let items: Vec<_> = stream.collect().await;
+        assert!(
+            items.iter().any(|i| i.is_err()),
+            "{} items, none an error",
+            items.len()
+        );
     }
 
     /// A reader that stops early drops the stream; the partitions decoding ahead, and those

@@ -219,14 +219,19 @@ impl PushdownService {
         let parallelism = (cores / running.max(1)).max(1);
         // Opened ahead for this caller and unchanged by placement: taken as it is.
         let ahead = match self.state.prefetch.claim(&caller.principal, &raw) {
-            crate::prefetch::Claim::Taken(opened) if *ticket.encode() == *raw => {
-                self.state.metrics.read_ahead("taken");
-                Some(opened)
-            }
             crate::prefetch::Claim::None => None,
-            _ => {
+            crate::prefetch::Claim::Dropped => {
                 self.state.metrics.read_ahead("dropped");
                 None
+            }
+            crate::prefetch::Claim::Taken(opened) => {
+                // Unchanged by placement, and its file unchanged since it was opened.
+                let unchanged = *ticket.encode() == *raw
+                    && self.state.engine.still_current(&ticket).await.unwrap_or(false);
+                self.state
+                    .metrics
+                    .read_ahead(if unchanged { "taken" } else { "dropped" });
+                unchanged.then_some(opened)
             }
         };
         let opened = match ahead {
@@ -320,9 +325,10 @@ impl PushdownService {
         );
         let work = async move {
             let mut opened = state.engine.open(&decoded, cores, &grant).await?;
+            let since = Instant::now();
             let stream =
                 crate::query::ordered_stream(Arc::clone(&opened.plan), opened.ctx.task_ctx(), cores)?;
-            opened.started = Some(stream);
+            opened.started = Some(crate::query::Started { stream, since });
             if state.prefetch.hold(generation, principal, next, opened) {
                 // Waiting must not keep a stopped server alive.
                 let weak = Arc::downgrade(&state);
@@ -693,24 +699,30 @@ async fn produce(
             Some(cacheable) => state.cache.lookup(cacheable, &schema, &grant).await?,
             None => Lookup::Bypass,
         };
-        let mut started = opened.started.take();
-        let mut computed = || match started.take() {
-            Some(stream) => Ok(stream),
+        let started = opened.started.take();
+        let computed = |started: Option<crate::query::Started>| match started {
+            Some(started) => Ok(started.stream),
             None => {
                 crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx(), opened.parallelism)
                     .map_err(ServerError::from)
             }
         };
+        // A stream decoded ahead had its head start to compute in: counted as producing (an
+        // upper bound: it may have waited for its budget), so the cache weighs it fully.
+        let head_start = started.as_ref().map(|s| s.since.elapsed());
         let batches = match lookup {
             Lookup::Hit(hit) => {
+                // What was decoded ahead is not needed: dropping it stops its partitions.
+                drop(started);
                 hit_bytes = Some(hit.bytes());
                 futures::stream::iter(hit.batches().into_iter().map(Ok)).boxed()
             }
             Lookup::Compute(c, tee) => {
                 claim = Some((c, tee));
-                computed()?
+                producing_total += head_start.unwrap_or_default();
+                computed(started)?
             }
-            Lookup::Bypass => computed()?,
+            Lookup::Bypass => computed(started)?,
         };
         let mut batches = std::pin::pin!(batches);
         let schema_message = encoder.schema(&sent_schema);

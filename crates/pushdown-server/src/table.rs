@@ -209,7 +209,10 @@ pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::e
             .copied()
             .filter(|&i| {
                 let f = table.schema.field(i);
-                matches!(f.data_type(), DataType::Utf8 | DataType::Binary) && !read.contains(f.name())
+                // A field with metadata (an extension type) keeps it only if never cast.
+                matches!(f.data_type(), DataType::Utf8 | DataType::Binary)
+                    && !read.contains(f.name())
+                    && f.metadata().is_empty()
             })
             .collect();
         if views.is_empty() {
@@ -230,7 +233,9 @@ pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::e
             .map(|(qualifier, field)| {
                 let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
                 match field.data_type() {
-                    DataType::Utf8 | DataType::Binary if !read.contains(field.name()) => {
+                    DataType::Utf8 | DataType::Binary
+                        if !read.contains(field.name()) && field.metadata().is_empty() =>
+                    {
                         cast(column, field.data_type().clone())
                             .alias_qualified(qualifier.cloned(), field.name())
                     }
