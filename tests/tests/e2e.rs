@@ -464,10 +464,15 @@ async fn a_shard_decoded_on_several_cores_streams_in_one_cores_order() {
 /// A stream for any other ticket drops what was held, and the ticket is then opened afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_reader_finds_the_next_endpoint_opened_ahead() {
+    // No cache: a shard the cache holds is never read ahead (`io_accounting` checks that).
     let config = |read_ahead| pushdown_server::ServerConfig {
         read_ahead,
         cpu_threads: 2,
         batch_size: 16,
+        cache: pushdown_server::CacheConfig {
+            default_mode: pushdown_server::CacheMode::Off,
+            ..pushdown_server::CacheConfig::default()
+        },
         ..pushdown_tests::small_shards()
     };
     let fx = Fixture::new(config(true), |root| {

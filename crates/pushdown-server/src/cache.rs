@@ -597,6 +597,11 @@ impl FragmentCache {
         ))
     }
 
+    /// Whether an entry of `key` is stored (not checked, not counted as a lookup).
+    pub fn holds(&self, key: Key) -> bool {
+        self.lock().entries.contains_key(&key)
+    }
+
     /// The entry of `key`, decoded, if it is stored, intact, and readable by `grant`.
     fn hit(&self, key: Key, schema: &SchemaRef, grant: &Grant) -> Result<Option<Hit>> {
         let tier = {

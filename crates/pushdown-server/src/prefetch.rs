@@ -9,7 +9,8 @@
 //! stream as it is. Only the caller it was opened for can take it, and only unchanged: a
 //! ticket placed differently (its ops left to the client) is opened afresh. Any other stream
 //! that opens drops it, since the server no longer serves one reader; so does
-//! [`HELD_FOR`] unclaimed, and a file that changed since. What is held is bounded by one
+//! [`HELD_FOR`] unclaimed, and a file that changed since. A shard the fragment cache holds
+//! is not read ahead. What is held is bounded by one
 //! stream's decode budget (about 32 MiB).
 
 use std::collections::{HashMap, VecDeque};

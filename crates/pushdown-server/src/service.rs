@@ -325,6 +325,13 @@ impl PushdownService {
         );
         let work = async move {
             let mut opened = state.engine.open(&decoded, cores, &grant).await?;
+            // A shard the cache holds is served from it: nothing to read ahead.
+            if let Some(c) = &opened.cacheable
+                && c.mode != crate::CacheMode::Off
+                && state.cache.holds(c.key)
+            {
+                return Ok(());
+            }
             let since = Instant::now();
             let stream =
                 crate::query::ordered_stream(Arc::clone(&opened.plan), opened.ctx.task_ctx(), cores)?;
