@@ -40,7 +40,7 @@ pub use loader::{
     Column, Echo, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared,
     Push, TensorBatch,
 };
-pub use plan::{Link, costed_plan};
+pub use plan::{Link, costed_plan, costed_plan_for_ranks};
 pub use steps::RowSteps;
 pub use stream::{Order, Segment, ShardStream, StreamOptions, StreamTotals};
 

@@ -53,7 +53,8 @@ use crate::steps::RowSteps;
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
 use crate::{
-    ClientError, ConnectOptions, Link, PushdownClient, Result, StreamOptions, costed_plan, plan_estimate,
+    ClientError, ConnectOptions, Link, PushdownClient, Result, StreamOptions, costed_plan_for_ranks,
+    plan_estimate,
 };
 use pushdown_ops::mix;
 use pushdown_planner::Plan;
@@ -1122,7 +1123,9 @@ async fn prepare(
             };
             let (plan, compression, placement) = match options.push {
                 Push::Costed => {
-                    let costed = costed_plan(&client, pipeline, &schema, options.link).await?;
+                    let costed =
+                        costed_plan_for_ranks(&client, pipeline, &schema, options.link, options.world_size)
+                            .await?;
                     let placement = ShardPlacement {
                         server_fraction: costed.chosen.server_fraction,
                         adaptive: false,

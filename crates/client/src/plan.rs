@@ -36,30 +36,60 @@ pub async fn costed_plan(
     schema: &arrow::datatypes::Schema,
     link: Link,
 ) -> Result<CostedPlan> {
+    costed_plan_for_ranks(client, pipeline, schema, link, 1).await
+}
+
+/// [`costed_plan`] for one of `ranks` trainers of a distributed job reading the same servers
+/// at once: this rank reads its share of the shards, and the servers' cores are shared by
+/// every rank (unless `link.server_cores` says what this rank gets).
+pub async fn costed_plan_for_ranks(
+    client: &PushdownClient,
+    pipeline: &Pipeline,
+    schema: &arrow::datatypes::Schema,
+    link: Link,
+    ranks: usize,
+) -> Result<CostedPlan> {
     let static_plan = pushdown_planner::plan(pipeline, schema)?;
     let profile = if static_plan.fragment.ops.is_empty() {
         Profile::default()
     } else {
         let request = ScanRequest::new(Query::Fragment(static_plan.fragment.clone()));
         let mut profile = client.profile(&request).await?;
-        // One server counts its own shards; a fleet deals every server's. (A rank of a
-        // distributed job reads a share of them: not counted here.)
+        // One server counts its own shards; a fleet deals every server's.
         if client.urls().len() > 1 && profile.shards.is_some() {
             let endpoints = client.plan(&request).await?.endpoint.len();
             profile.shards = u32::try_from(endpoints).ok().filter(|n| *n > 0);
         }
         profile
     };
+    let client_ns_per_row = trainer_ns_per_row(pipeline, schema).unwrap_or(0.0);
+    let (profile, env) = for_one_rank(profile, link, client.urls().len(), ranks, client_ns_per_row);
+    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
+}
+
+/// What one of `ranks` trainers plans with, reading from `servers`: its share of the shards
+/// (rounded up), and every server's cores divided among the ranks.
+fn for_one_rank(
+    mut profile: Profile,
+    link: Link,
+    servers: usize,
+    ranks: usize,
+    client_ns_per_row: f64,
+) -> (Profile, Environment) {
+    let ranks = ranks.max(1);
+    profile.shards = profile
+        .shards
+        .map(|n| n.div_ceil(u32::try_from(ranks).unwrap_or(u32::MAX)).max(1));
     let env = Environment {
-        client_ns_per_row: trainer_ns_per_row(pipeline, schema).unwrap_or(0.0),
+        client_ns_per_row,
         bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
-        // Every server of the fleet streams shards at once.
+        // Every server of the fleet streams shards at once, to every rank.
         server_cores: link
             .server_cores
-            .unwrap_or(f64::from(profile.server_cores.max(1)) * client.urls().len() as f64),
+            .unwrap_or(f64::from(profile.server_cores.max(1)) * servers as f64 / ranks as f64),
         client_cores: link.trainer_cores(),
     };
-    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
+    (profile, env)
 }
 
 /// Rows timed for [`trainer_ns_per_row`].
@@ -138,6 +168,34 @@ mod tests {
     use pushdown_planner::Pipeline;
 
     use super::*;
+
+    /// A rank of a distributed job plans with its share of the shards and of the servers'
+    /// cores; cores given for the link are this rank's already.
+    #[test]
+    fn a_rank_plans_with_its_share_of_shards_and_server_cores() {
+        let profile = Profile {
+            shards: Some(10),
+            server_cores: 8,
+            ..Profile::default()
+        };
+        let link = Link {
+            bandwidth_bytes_per_s: 1e9,
+            server_cores: None,
+            client_cores: Some(4.0),
+        };
+        let (alone, env) = for_one_rank(profile.clone(), link, 2, 1, 0.0);
+        assert_eq!((alone.shards, env.server_cores), (Some(10), 16.0));
+        let (rank, env) = for_one_rank(profile.clone(), link, 2, 4, 0.0);
+        assert_eq!((rank.shards, env.server_cores), (Some(3), 4.0));
+        assert_eq!(env.client_cores, 4.0);
+        let (many, _) = for_one_rank(profile.clone(), link, 2, 64, 0.0);
+        assert_eq!(many.shards, Some(1), "every rank reads at least one shard");
+        let given = Link {
+            server_cores: Some(1.5),
+            ..link
+        };
+        assert_eq!(for_one_rank(profile, given, 2, 4, 0.0).1.server_cores, 1.5);
+    }
 
     #[test]
     fn zero_rows_are_valid_values_of_every_shape_ops_emit() {
