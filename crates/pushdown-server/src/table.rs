@@ -191,10 +191,10 @@ pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::e
         let LogicalPlan::TableScan(scan) = filter.input.as_ref() else {
             return Ok(Transformed::no(node));
         };
-        let Some(table) = source_as_provider(&scan.source).ok().and_then(|p| {
-            p.downcast_ref::<ShardTable>()
-                .map(|t| Arc::new(t.with_views(&[])))
-        }) else {
+        let Ok(provider) = source_as_provider(&scan.source) else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(table) = provider.downcast_ref::<ShardTable>() else {
             return Ok(Transformed::no(node));
         };
         let read: std::collections::HashSet<String> = std::iter::once(&filter.predicate)
@@ -226,23 +226,21 @@ pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::e
         .with_filters(scan.filters.clone())
         .with_fetch(scan.fetch)
         .build()?;
-        let filtered = Filter::try_new(filter.predicate.clone(), Arc::new(LogicalPlan::TableScan(viewed)))?;
+        // Each column back to the scan's own type where the viewed scan changed it.
         let back: Vec<Expr> = scan
             .projected_schema
             .iter()
-            .map(|(qualifier, field)| {
+            .zip(viewed.projected_schema.fields())
+            .map(|((qualifier, field), as_read)| {
                 let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
-                match field.data_type() {
-                    DataType::Utf8 | DataType::Binary
-                        if !read.contains(field.name()) && field.metadata().is_empty() =>
-                    {
-                        cast(column, field.data_type().clone())
-                            .alias_qualified(qualifier.cloned(), field.name())
-                    }
-                    _ => column,
+                if as_read.data_type() == field.data_type() {
+                    column
+                } else {
+                    cast(column, field.data_type().clone()).alias_qualified(qualifier.cloned(), field.name())
                 }
             })
             .collect();
+        let filtered = Filter::try_new(filter.predicate.clone(), Arc::new(LogicalPlan::TableScan(viewed)))?;
         let projection = Projection::try_new(back, Arc::new(LogicalPlan::Filter(filtered)))?;
         Ok(Transformed::yes(LogicalPlan::Projection(projection)))
     })
