@@ -220,6 +220,108 @@ async fn tickets_are_checked_against_the_callers_grant() {
     assert!(!rows.is_empty());
 }
 
+/// A stream the server opens ahead for one caller is that caller's alone. Another token
+/// presenting the same ticket is checked against its own grant first: refused, it neither
+/// gets nor disturbs the stream held for the admin, whose next `DoGet` takes it. A token
+/// that may read the ticket gets a stream of its own, never the held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_read_ahead_for_one_caller_is_never_served_to_another() {
+    let config = pushdown_server::ServerConfig {
+        // A shard the cache holds is not read ahead.
+        cache: pushdown_server::CacheConfig {
+            default_mode: pushdown_server::CacheMode::Off,
+            ..pushdown_server::CacheConfig::default()
+        },
+        ..small_shards()
+    };
+    let fx = Fixture::secured(
+        config,
+        |root| {
+            write_images(root, 300);
+            let mut options = GenOptions::new(Kind::Text, 400);
+            options.row_group_rows = Some(64);
+            generate(&options, &root.join("text")).expect("text");
+        },
+        |b| b.tokens(tokens()),
+        ConnectOptions::default(),
+    )
+    .await;
+    let count = |outcome: &str| -> u64 {
+        let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
+        fx.server
+            .metrics()
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map_or(0, |n| n.trim().parse().expect("count"))
+    };
+    let held = || async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !fx.server.holds_read_ahead() {
+            assert!(std::time::Instant::now() < deadline, "nothing opened ahead");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    let get = |ticket: Ticket, token: &'static str| {
+        let url = fx.running.url();
+        async move {
+            let stream = pushdown_tests::raw_client(url)
+                .await
+                .do_get(request(ticket, Some(token)))
+                .await?;
+            let data = stream
+                .into_inner()
+                .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+            let batches: Vec<_> = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(data)
+                .try_collect()
+                .await
+                .expect("batches");
+            Ok::<_, tonic::Status>(pushdown_tests::rows(&batches))
+        }
+    };
+    let fx = &fx;
+    let plan = |text: &'static str| async move {
+        raw(fx)
+            .await
+            .get_flight_info(request(sql(text), Some(ADMIN)))
+            .await
+            .expect("admin plans")
+            .into_inner()
+            .endpoint
+            .into_iter()
+            .map(|e| e.ticket.expect("ticket"))
+            .collect::<Vec<_>>()
+    };
+
+    // Text, which the images-only token may not read.
+    let text = plan("SELECT id, body FROM text").await;
+    assert!(text.len() >= 3, "{} endpoints", text.len());
+    assert!(!get(text[0].clone(), ADMIN).await.expect("admin reads").is_empty());
+    held().await;
+    let refused = get(text[1].clone(), IMAGES_ONLY)
+        .await
+        .expect_err("the held ticket, presented by another token");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(fx.server.holds_read_ahead(), "a refused caller disturbs nothing");
+    let theirs = get(text[1].clone(), ADMIN).await.expect("admin reads");
+    assert_eq!(count("taken"), 1);
+    assert_eq!(count("dropped"), 0);
+
+    // Images, which both tokens may read: the other token's stream is opened for it, and the
+    // admin's held stream is dropped, not handed over.
+    let images = plan("SELECT id, label FROM images").await;
+    assert!(images.len() >= 2, "{} endpoints", images.len());
+    get(images[0].clone(), ADMIN).await.expect("admin reads"); // drops the held text[2]
+    held().await;
+    let dropped = count("dropped");
+    let other = get(images[1].clone(), IMAGES_ONLY).await.expect("its own stream");
+    assert_eq!(count("taken"), 1, "never taken by another caller");
+    assert_eq!(count("dropped"), dropped + 1);
+    let admins = get(images[1].clone(), ADMIN).await.expect("admin reads");
+    assert_eq!(other, admins, "the same rows, opened for each");
+    assert!(!theirs.is_empty() && !other.is_empty());
+}
+
 /// Flight's Handshake, as pyarrow's `authenticate_basic_token` and payload-based clients
 /// use it: the token comes back as the bearer header to send from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -176,8 +176,8 @@ impl Metrics {
         registry.register(
             "read_ahead_streams",
             "Endpoints opened ahead for a lone reader, by outcome: taken (its reader came), \
-             dropped (another stream opened first, or the ticket's placement or file changed), \
-             expired (nobody came)",
+             dropped (another stream opened first), stale (its reader came, but the ticket is \
+             now placed differently or its file changed), expired (nobody came)",
             m.read_ahead.clone(),
         );
         registry.register(

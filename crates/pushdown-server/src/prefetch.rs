@@ -28,15 +28,25 @@ const SUCCESSOR_BYTES: usize = 16 << 20;
 /// How long a stream opened ahead waits for its reader.
 pub(crate) const HELD_FOR: Duration = Duration::from_secs(30);
 
-#[derive(Default)]
-pub(crate) struct Prefetch {
+/// What is held is an opened stream; the tests hold stand-ins.
+pub(crate) struct Prefetch<T = Opened> {
     successors: Mutex<Successors>,
-    held: Mutex<Option<Held>>,
+    held: Mutex<Option<Held<T>>>,
     /// Bumped by every stream that opens: a read-ahead started before it is stale.
     generation: AtomicU64,
 }
 
-impl std::fmt::Debug for Prefetch {
+impl<T> Default for Prefetch<T> {
+    fn default() -> Self {
+        Self {
+            successors: Mutex::default(),
+            held: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Prefetch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prefetch")
             .field("successors", &lock(&self.successors).map.len())
@@ -53,24 +63,25 @@ struct Successors {
 }
 
 /// A stream opened ahead for `principal`'s `ticket`.
-struct Held {
+struct Held<T> {
     principal: Arc<str>,
     ticket: Bytes,
-    opened: Opened,
+    opened: T,
     generation: u64,
 }
 
 /// What [`Prefetch::claim`] found.
-pub(crate) enum Claim {
+#[derive(Debug, PartialEq)]
+pub(crate) enum Claim<T> {
     /// Nothing was held.
     None,
     /// The stream held for this caller's ticket.
-    Taken(Opened),
+    Taken(T),
     /// A stream held for another ticket or caller, now dropped.
     Dropped,
 }
 
-impl Prefetch {
+impl<T> Prefetch<T> {
     /// Remembers the tickets of one plan, in endpoint order: each one's successor.
     pub(crate) fn remember(&self, tickets: &[Bytes]) {
         let mut s = lock(&self.successors);
@@ -102,7 +113,7 @@ impl Prefetch {
 
     /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
     /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
-    pub(crate) fn claim(&self, principal: &str, ticket: &[u8]) -> Claim {
+    pub(crate) fn claim(&self, principal: &str, ticket: &[u8]) -> Claim<T> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         match lock(&self.held).take() {
             None => Claim::None,
@@ -118,7 +129,7 @@ impl Prefetch {
 
     /// Holds `opened` for `principal`'s `ticket`, unless a stream opened since the read-ahead
     /// began. Returns whether it is held.
-    pub(crate) fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: Opened) -> bool {
+    pub(crate) fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: T) -> bool {
         let mut held = lock(&self.held);
         if self.generation.load(Ordering::SeqCst) != generation {
             return false;
@@ -157,11 +168,46 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use bytes::Bytes;
 
-    use super::{Prefetch, SUCCESSOR_BYTES, lock};
+    use std::sync::Arc;
+
+    use super::{Claim, Prefetch, SUCCESSOR_BYTES, lock};
+
+    #[test]
+    fn only_its_caller_takes_a_held_stream_and_a_stale_one_is_never_held() {
+        let p: Prefetch<u32> = Prefetch::default();
+        let (me, ticket) = (Arc::<str>::from("me"), Bytes::from_static(b"t1"));
+        // Held, then taken by the same caller for the same ticket: once.
+        let g = p.begin();
+        assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 1));
+        assert!(p.holds());
+        assert_eq!(p.claim("me", b"t1"), Claim::Taken(1));
+        assert_eq!(p.claim("me", b"t1"), Claim::None);
+        // Another caller, or another ticket, drops it.
+        for (who, t) in [("you", &b"t1"[..]), ("me", &b"t2"[..])] {
+            let g = p.begin();
+            assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 2));
+            assert_eq!(p.claim(who, t), Claim::Dropped);
+            assert!(!p.holds());
+        }
+        // A stream that opened while the read-ahead was opening makes it stale: not held.
+        let g = p.begin();
+        assert_eq!(p.claim("you", b"t9"), Claim::None);
+        assert!(!p.hold(g, Arc::clone(&me), ticket.clone(), 3));
+        assert!(!p.holds());
+        // Expiry drops its own read-ahead, never a newer one.
+        let old = p.begin();
+        assert!(p.hold(old, Arc::clone(&me), ticket.clone(), 4));
+        assert!(p.expire(old));
+        assert!(!p.holds());
+        let newer = p.begin();
+        assert!(p.hold(newer, Arc::clone(&me), ticket.clone(), 5));
+        assert!(!p.expire(old));
+        assert_eq!(p.claim("me", b"t1"), Claim::Taken(5));
+    }
 
     #[test]
     fn successors_follow_the_plan_and_old_plans_are_forgotten() {
-        let p = Prefetch::default();
+        let p: Prefetch<()> = Prefetch::default();
         let t = |s: &str| Bytes::from(s.to_owned());
         p.remember(&[t("a"), t("b"), t("c")]);
         assert_eq!(p.successor(b"a"), Some(t("b")));

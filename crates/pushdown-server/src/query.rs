@@ -603,6 +603,23 @@ impl Engine {
         Ok(n.saturating_sub(ticket.skip_rows))
     }
 
+    /// Whether `grant` may redeem `ticket`, checked before its shard is looked at: the names
+    /// its query gives are granted, and one of them reads the shard's dataset (itself, or a
+    /// view over it). A ticket is the caller's own text: this is never skipped. Returns the
+    /// names the query gives.
+    pub fn authorize(&self, ticket: &ShardTicket, grant: &Grant) -> Result<Vec<String>> {
+        self.check_size(&ticket.request.query)?;
+        let names = self.granted_names(&self.session(1), &ticket.request.query, grant)?;
+        if let Some(shard) = &ticket.shard
+            && !names
+                .iter()
+                .any(|n| self.views.bases_of(n).contains(&shard.dataset))
+        {
+            grant.check(&shard.dataset)?;
+        }
+        Ok(names)
+    }
+
     /// The ticket's query as a DataFrame over its shard (or the whole catalog), checked.
     async fn dataframe_for(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Framed> {
         // A ticket is the caller's own text: its grant is checked again, never trusted.
@@ -611,15 +628,7 @@ impl Engine {
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
             Some(shard) => {
-                // Before the shard is looked at: the names the query gives are granted, and
-                // one of them reads the shard's dataset (itself, or a view over it).
-                let names = self.granted_names(&self.session(1), &ticket.request.query, grant)?;
-                if !names
-                    .iter()
-                    .any(|n| self.views.bases_of(n).contains(&shard.dataset))
-                {
-                    grant.check(&shard.dataset)?;
-                }
+                let names = self.authorize(ticket, grant)?;
                 let listed = lookup(&datasets, &shard.dataset)?;
                 let unknown = || ServerError::UnknownShard {
                     dataset: shard.dataset.clone(),

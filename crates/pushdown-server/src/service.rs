@@ -207,6 +207,8 @@ impl PushdownService {
     async fn open_stream(&self, ticket: Ticket, caller: &Caller) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
+        // Refused before it takes a slot or touches a stream opened ahead for someone else.
+        self.state.engine.authorize(&ticket, &caller.grant)?;
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = self.place(ticket);
@@ -230,7 +232,7 @@ impl PushdownService {
                     && self.state.engine.still_current(&ticket).await.unwrap_or(false);
                 self.state
                     .metrics
-                    .read_ahead(if unchanged { "taken" } else { "dropped" });
+                    .read_ahead(if unchanged { "taken" } else { "stale" });
                 unchanged.then_some(opened)
             }
         };
