@@ -393,10 +393,9 @@ pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server:
 
 /// `harness serve`: a server with `threads` CPU threads over `data`; prints its address.
 fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    // As `pushdown serve` builds it: one I/O worker per CPU the process may run on (one
+    // where the harness pins it to a CPU).
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let running = open_server(data, threads).await?.spawn(listen).await?;
         println!("listening on {}", running.addr());

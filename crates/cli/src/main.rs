@@ -18,7 +18,8 @@ use pushdown_server::{Server, ServerConfig, ServerTls, Tokens, open_store, serve
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc keeps freed pages for the next batch; glibc's allocator unmaps large buffers
-/// and faults them back in (a fifth of a scan's CPU in `perf`).
+/// and faults them back in (a fifth of a scan's CPU in `perf`). With the `override` feature
+/// it also serves C's `malloc` (zstd's contexts, see the workspace `Cargo.toml`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
