@@ -416,3 +416,23 @@ impl Default for TestPki {
         Self::new()
     }
 }
+
+/// How many of `server`'s read-aheads ended in `outcome` (`pushdown_read_ahead_streams_total`).
+pub fn read_aheads(server: &Server, outcome: &str) -> u64 {
+    let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
+    server
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |n| n.trim().parse().expect("count"))
+}
+
+/// Waits (20 s at most) until `server` holds a stream opened ahead.
+pub async fn until_read_ahead_held(server: &Server) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server.holds_read_ahead() {
+        assert!(std::time::Instant::now() < deadline, "nothing opened ahead");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -501,20 +501,8 @@ async fn a_lone_reader_finds_the_next_endpoint_opened_ahead() {
         .map(|e| e.ticket.as_ref().expect("ticket").ticket.clone())
         .collect();
     assert!(tickets.len() >= 3, "{} endpoints", tickets.len());
-    let count = |outcome: &str| -> u64 {
-        let text = fx.server.metrics().encode();
-        let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .map_or(0, |n| n.trim().parse().expect("count"))
-    };
-    let held = || async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !fx.server.holds_read_ahead() {
-            assert!(std::time::Instant::now() < deadline, "nothing opened ahead");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    };
+    let count = |outcome: &str| pushdown_tests::read_aheads(&fx.server, outcome);
+    let held = || pushdown_tests::until_read_ahead_held(&fx.server);
     for (i, ticket) in tickets.iter().enumerate() {
         let got = fetch_from(fx.running.url(), ticket.clone()).await;
         let want = fetch_from(plain.url(), ticket.clone()).await;

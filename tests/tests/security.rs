@@ -246,22 +246,8 @@ async fn a_stream_read_ahead_for_one_caller_is_never_served_to_another() {
         ConnectOptions::default(),
     )
     .await;
-    let count = |outcome: &str| -> u64 {
-        let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
-        fx.server
-            .metrics()
-            .encode()
-            .lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .map_or(0, |n| n.trim().parse().expect("count"))
-    };
-    let held = || async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !fx.server.holds_read_ahead() {
-            assert!(std::time::Instant::now() < deadline, "nothing opened ahead");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    };
+    let count = |outcome: &str| pushdown_tests::read_aheads(&fx.server, outcome);
+    let held = || pushdown_tests::until_read_ahead_held(&fx.server);
     let get = |ticket: Ticket, token: &'static str| {
         let url = fx.running.url();
         async move {
