@@ -102,7 +102,7 @@ def main():
         out = subprocess.run(
             [sys.executable, __file__, "--measure", target, "--threads", str(threads), "--data", data,
              "--reps", str(args.reps)],
-            check=True, capture_output=True, text=True)
+            check=True, stdout=subprocess.PIPE, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     try:
@@ -114,7 +114,8 @@ def main():
             print("|---|---:|---:|---:|---:|---:|---:|")
         for name, sql in QUERIES.items():
             (a, n), (f, k), (t, j), (b, m) = ours[name], duck_flight[name], in_memory[name], local[name]
-            assert n == m == k == j, f"{name}: {n} rows from the server, {k} from DuckDB's Flight server, {m} from DuckDB"
+            assert n == m == k == j, (f"{name}: {n} rows from the server, {k} from DuckDB's Flight server, "
+                                      f"{j} from memory, {m} from DuckDB")
             if args.json:
                 print(json.dumps({"query": name, "sql": sql, "rows": n, "plain_s": a, "duckdb_flight_s": f,
                                   "memory_flight_s": t, "duckdb_s": b}), flush=True)

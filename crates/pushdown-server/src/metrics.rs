@@ -177,7 +177,7 @@ impl Metrics {
             "read_ahead_streams",
             "Endpoints opened ahead for a lone reader, by outcome: taken (its reader came), \
              dropped (another stream opened first), stale (its reader came, but the ticket is \
-             now placed differently or its file changed), expired (nobody came)",
+             now placed differently, or its file changed or could not be checked), expired (nobody came)",
             m.read_ahead.clone(),
         );
         registry.register(

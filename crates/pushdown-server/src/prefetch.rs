@@ -71,7 +71,7 @@ struct Held<T> {
 }
 
 /// What [`Prefetch::claim`] found.
-#[derive(Debug, PartialEq)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 pub(crate) enum Claim<T> {
     /// Nothing was held.
     None,

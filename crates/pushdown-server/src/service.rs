@@ -207,8 +207,12 @@ impl PushdownService {
     async fn open_stream(&self, ticket: Ticket, caller: &Caller) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
-        // Refused before it takes a slot or touches a stream opened ahead for someone else.
-        self.state.engine.authorize(&ticket, &caller.grant)?;
+        // A caller the ticket is not for is refused before it can drop a stream opened ahead
+        // for someone else (opening checks the grant too; this only costs a second parse
+        // while something is held).
+        if self.state.prefetch.holds() {
+            self.state.engine.authorize(&ticket, &caller.grant)?;
+        }
         let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = self.place(ticket);
