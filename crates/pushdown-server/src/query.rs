@@ -885,7 +885,6 @@ fn ordered_stream_within(
     window: usize,
     ahead_kib: u32,
 ) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
-    use futures::StreamExt;
     let n = datafusion::physical_plan::ExecutionPlanProperties::output_partitioning(&plan).partition_count();
     if n <= 1 {
         return datafusion::physical_plan::execute_stream(plan, ctx);
@@ -895,8 +894,19 @@ fn ordered_stream_within(
     let partitions = (0..n)
         .map(|i| plan.execute(i, Arc::clone(&ctx)))
         .collect::<datafusion::error::Result<Vec<_>>>()?;
+    Ok(ordered_partitions(schema, partitions, window, ahead_kib))
+}
+
+/// [`ordered_stream_within`] over partitions already opened.
+fn ordered_partitions(
+    schema: arrow::datatypes::SchemaRef,
+    partitions: Vec<datafusion::physical_plan::SendableRecordBatchStream>,
+    window: usize,
+    ahead_kib: u32,
+) -> datafusion::physical_plan::SendableRecordBatchStream {
+    use futures::StreamExt;
     // The partitions started, in order; the bound keeps the one being sent plus `window`.
-    let window = window.clamp(1, n);
+    let window = window.clamp(1, partitions.len().max(1));
     let (started_tx, started_rx) = tokio::sync::mpsc::channel::<Ahead>(window);
     let starter = crate::runtime::TaskGuard::spawn_here(async move {
         for mut partition in partitions {
@@ -949,8 +959,8 @@ fn ordered_stream_within(
             let _owner = &starter;
             item
         });
-    Ok(Box::pin(
-        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream),
+    Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+        schema, stream,
     ))
 }
 
@@ -1378,7 +1388,7 @@ mod ordered_tests {
     use datafusion::execution::TaskContext;
     use futures::StreamExt;
 
-    use super::ordered_stream_within;
+    use super::{ordered_partitions, ordered_stream_within};
 
     /// `parts` partitions of `batches` batches of `rows` rows each, numbered in order.
     fn numbered(parts: i64, batches: i64, rows: i64) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
@@ -1427,6 +1437,55 @@ mod ordered_tests {
                     .expect("stream");
             assert_eq!(numbers(stream, None).await, all, "window {window}");
         }
+    }
+
+    /// What decodes ahead is bounded: a reader that stops after one batch finds only the
+    /// started partitions (the one being sent and `window` more) each holding its budget
+    /// (plus the batch waiting for room), never the whole shard decoded; and every row still
+    /// arrives, in order, once it reads on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partitions_ahead_hold_no_more_than_their_budget() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (parts, batches, rows, window) = (6_i64, 8_i64, 1024_i64, 2_usize);
+        let plan = numbered(parts, batches, rows);
+        let schema = plan.schema();
+        let ctx = Arc::new(TaskContext::default());
+        let produced = Arc::new(AtomicUsize::new(0));
+        let partitions = (0..parts as usize)
+            .map(|i| {
+                let produced = Arc::clone(&produced);
+                let stream = plan
+                    .execute(i, Arc::clone(&ctx))
+                    .expect("partition")
+                    .inspect(move |_| {
+                        produced.fetch_add(1, Ordering::SeqCst);
+                    });
+                Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                    Arc::clone(&schema),
+                    stream,
+                )) as datafusion::physical_plan::SendableRecordBatchStream
+            })
+            .collect();
+        // 1,024 Int64 rows are 8 KiB: a 16 KiB budget holds two batches per partition.
+        let mut stream = ordered_partitions(Arc::clone(&schema), partitions, window, 16);
+        let first = stream.next().await.expect("a batch").expect("batch");
+        assert_eq!(first.num_rows(), rows as usize);
+        // The partitions ahead decode while the reader waits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while produced.load(Ordering::SeqCst) < 1 + 2 * window {
+            assert!(std::time::Instant::now() < deadline, "nothing decoded ahead");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let held = produced.load(Ordering::SeqCst);
+        let bound = 1 + (window + 1) * (2 + 1);
+        assert!(
+            held <= bound,
+            "{held} batches decoded for a reader that took 1 (at most {bound})"
+        );
+        let rest = numbers(stream, None).await;
+        let all: Vec<i64> = (rows..parts * batches * rows).collect();
+        assert_eq!(rest, all);
     }
 
     /// A partition whose task panics ends the stream with an error, never as if its rows
