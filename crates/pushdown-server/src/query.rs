@@ -163,6 +163,9 @@ pub struct Engine {
     runtime: Arc<RuntimeEnv>,
     store_url: ObjectStoreUrl,
     config: Arc<ServerConfig>,
+    /// A session's state kept to parse queries and name what they read, the same for every
+    /// query (built once: cloning a session's state copies its function registries).
+    parser: std::sync::OnceLock<datafusion::execution::SessionState>,
 }
 
 impl Engine {
@@ -179,6 +182,7 @@ impl Engine {
             runtime,
             store_url,
             config,
+            parser: std::sync::OnceLock::new(),
         }
     }
 
@@ -299,8 +303,9 @@ impl Engine {
     }
 
     /// The names (datasets and views) a query reads, each one granted to the caller.
-    fn granted_names(&self, ctx: &SessionContext, query: &Query, grant: &Grant) -> Result<Vec<String>> {
-        let names = referenced_datasets(ctx, query)?;
+    fn granted_names(&self, query: &Query, grant: &Grant) -> Result<Vec<String>> {
+        let parser = self.parser.get_or_init(|| self.session(1).state());
+        let names = referenced_datasets(parser, query)?;
         for name in &names {
             grant.check(name)?;
         }
@@ -321,7 +326,7 @@ impl Engine {
         limits: &OpLimits,
         table: impl Fn(&Dataset) -> Arc<ShardTable>,
     ) -> Result<Vec<Arc<Dataset>>> {
-        let names = self.granted_names(ctx, query, grant)?;
+        let names = self.granted_names(query, grant)?;
         self.register_names(ctx, datasets, grant, &names, limits, table)
             .await
     }
@@ -402,7 +407,7 @@ impl Engine {
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
         let limits = self.op_limits(&ctx);
-        let names = self.granted_names(&ctx, &request.query, grant)?;
+        let names = self.granted_names(&request.query, grant)?;
         let referenced = self
             .register_names(&ctx, &datasets, grant, &names, &limits, |d| {
                 self.full_table(d, false)
@@ -609,7 +614,7 @@ impl Engine {
     /// names the query gives.
     pub fn authorize(&self, ticket: &ShardTicket, grant: &Grant) -> Result<Vec<String>> {
         self.check_size(&ticket.request.query)?;
-        let names = self.granted_names(&self.session(1), &ticket.request.query, grant)?;
+        let names = self.granted_names(&ticket.request.query, grant)?;
         if let Some(shard) = &ticket.shard
             && !names
                 .iter()
@@ -976,15 +981,14 @@ struct Ahead {
 
 /// The names a view's SQL reads, or why it is not one read-only query.
 pub(crate) fn referenced_names(sql: &str) -> Result<Vec<String>> {
-    referenced_datasets(&SessionContext::new(), &Query::Sql(sql.to_owned()))
+    referenced_datasets(&SessionContext::new().state(), &Query::Sql(sql.to_owned()))
 }
 
 /// Refuses anything but one read-only query; returns the datasets (and views) it names.
-fn referenced_datasets(ctx: &SessionContext, query: &Query) -> Result<Vec<String>> {
+fn referenced_datasets(state: &datafusion::execution::SessionState, query: &Query) -> Result<Vec<String>> {
     match query {
         Query::Fragment(f) => Ok(vec![f.dataset.clone()]),
         Query::Sql(sql) => {
-            let state = ctx.state();
             let dialect = state.config().options().sql_parser.dialect;
             let statement = state.sql_to_statement(sql, &dialect).map_err(|e| match e {
                 e @ datafusion::error::DataFusionError::SQL(..) => {
