@@ -24,11 +24,20 @@ fn tokens() -> Tokens {
 /// `images` (300 rows) and `text` side by side, behind [`tokens`]; the fixture's client
 /// holds `token`.
 async fn guarded(token: Option<&str>) -> Fixture {
+    guarded_with(small_shards(), 100, token).await
+}
+
+/// [`guarded`] with `config` and `text_rows` rows of `text`.
+async fn guarded_with(
+    config: pushdown_server::ServerConfig,
+    text_rows: usize,
+    token: Option<&str>,
+) -> Fixture {
     Fixture::secured(
-        small_shards(),
+        config,
         |root| {
             write_images(root, 300);
-            let mut options = GenOptions::new(Kind::Text, 100);
+            let mut options = GenOptions::new(Kind::Text, text_rows);
             options.row_group_rows = Some(64);
             generate(&options, &root.join("text")).expect("text");
         },
@@ -234,18 +243,7 @@ async fn a_stream_read_ahead_for_one_caller_is_never_served_to_another() {
         },
         ..small_shards()
     };
-    let fx = Fixture::secured(
-        config,
-        |root| {
-            write_images(root, 300);
-            let mut options = GenOptions::new(Kind::Text, 400);
-            options.row_group_rows = Some(64);
-            generate(&options, &root.join("text")).expect("text");
-        },
-        |b| b.tokens(tokens()),
-        ConnectOptions::default(),
-    )
-    .await;
+    let fx = guarded_with(config, 400, None).await;
     let count = |outcome: &str| pushdown_tests::read_aheads(&fx.server, outcome);
     let held = || pushdown_tests::until_read_ahead_held(&fx.server);
     let get = |ticket: Ticket, token: &'static str| {
