@@ -239,6 +239,41 @@ pub fn rows(batches: &[RecordBatch]) -> Vec<String> {
     out
 }
 
+/// The `blobs` dataset: `files` files of `rows` rows, each row an `id` and a `blob` of
+/// `row_bytes` bytes (the id's low byte repeated: tiny on disk, large once decoded), in row
+/// groups of 16 rows. Streams of it are many megabytes from a few kilobytes of Parquet.
+pub fn write_blobs(root: &Path, files: usize, rows: usize, row_bytes: usize) {
+    use arrow::array::BinaryArray;
+    let dir = root.join("blobs");
+    std::fs::create_dir_all(&dir).expect("blobs dir");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("blob", DataType::Binary, false),
+    ]));
+    let props = WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .set_dictionary_enabled(false)
+        .set_max_row_group_row_count(Some(16))
+        .build();
+    for f in 0..files {
+        let ids: Vec<i64> = (0..rows).map(|r| (f * rows + r) as i64).collect();
+        let blobs: Vec<Vec<u8>> = ids.iter().map(|&id| vec![id as u8; row_bytes]).collect();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(BinaryArray::from_iter_values(blobs.iter())),
+            ],
+        )
+        .expect("blobs batch");
+        let file = std::fs::File::create(dir.join(format!("part-{f:03}.parquet"))).expect("create");
+        let mut writer =
+            ArrowWriter::try_new(file, Arc::clone(&schema), Some(props.clone())).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+    }
+}
+
 pub fn num_rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(|b| b.num_rows()).sum()
 }
@@ -420,6 +455,17 @@ impl Default for TestPki {
 /// How many of `server`'s read-aheads ended in `outcome` (`pushdown_read_ahead_streams_total`).
 pub fn read_aheads(server: &Server, outcome: &str) -> u64 {
     let key = format!("pushdown_read_ahead_streams_total{{outcome=\"{outcome}\"}} ");
+    server
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |n| n.trim().parse().expect("count"))
+}
+
+/// Record batches `server` has sent in `codec` (none, lz4, zstd).
+pub fn batches_sent(server: &Server, codec: &str) -> u64 {
+    let key = format!("pushdown_batches_sent_total{{codec=\"{codec}\"}} ");
     server
         .metrics()
         .encode()

@@ -317,11 +317,7 @@ impl Placed {
 /// happens once per job, not per epoch, so it is not part of the timed runs.
 async fn placement(client: &PushdownClient, link: &Link, workload: &Workload) -> Result<Placed> {
     let schema = client.dataset_schema(&workload.pipeline.dataset).await?;
-    let env = pushdown_client::Link {
-        bandwidth_bytes_per_s: link.rate_bytes(),
-        server_cores: Some(1.0),
-        client_cores: Some(1.0),
-    };
+    let env = one_core_each(link.rate_bytes());
     let costed = pushdown_client::costed_plan(client, &workload.pipeline, &schema, env).await?;
     Ok(Placed {
         pushed: costed.chosen.pushed,
@@ -967,8 +963,8 @@ pub(crate) async fn engine_scan(
 /// The planner's view of a link of `bytes_per_s` between one server core and one trainer core.
 pub(crate) fn one_core_each(bytes_per_s: f64) -> pushdown_client::Link {
     pushdown_client::Link {
-        bandwidth_bytes_per_s: bytes_per_s,
         server_cores: Some(1.0),
         client_cores: Some(1.0),
+        ..pushdown_client::Link::bandwidth(bytes_per_s)
     }
 }

@@ -11,6 +11,7 @@
 
 mod cache;
 mod compare;
+mod feed;
 mod finished;
 mod fleet;
 mod link;
@@ -98,6 +99,13 @@ enum Command {
     /// a core of its own: the static plan each made alone, adaptive placement, and every
     /// static placement chosen with hindsight.
     Shared {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// A trainer that "trains" for a fixed step per batch, fed by pushdown's default options
+    /// and by a DataLoader-style contender decoding on the trainer's cores: samples/s, the
+    /// consumer's wait, CPU per 1,000 samples on each side, the bottleneck named.
+    Feed {
         #[command(flatten)]
         options: Options,
     },
@@ -301,6 +309,7 @@ fn main() -> Result<()> {
         Command::Scale { options } => ("scale", options.resolve()),
         Command::Split { options } => ("split", options.resolve()),
         Command::Shared { options } => ("shared", options.resolve()),
+        Command::Feed { options } => ("feed", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
@@ -323,6 +332,7 @@ fn main() -> Result<()> {
                 "scale" => scale::suite(&options, &data, &command).await?,
                 "split" => split::suite(&options, &data, &command).await?,
                 "shared" => shared::suite(&options, &data, &command).await?,
+                "feed" => feed::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");

@@ -103,9 +103,9 @@ async fn measure_pipeline(
     let schema = client.dataset_schema(&pipeline.dataset).await?;
     let rate_bytes = link.rate_bytes();
     let plan_link = PlanLink {
-        bandwidth_bytes_per_s: rate_bytes,
         server_cores: Some(1.0),
         client_cores: Some(1.0),
+        ..PlanLink::bandwidth(rate_bytes)
     };
     let costed = costed_plan(client, pipeline, &schema, plan_link)
         .await

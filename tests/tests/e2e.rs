@@ -666,3 +666,145 @@ async fn loaders_report_their_wait_and_servers_answer_how_many_servers_remove_it
     let _ = stop.send(());
     metrics.await.expect("join").expect("metrics server");
 }
+
+/// Streams the client is not reading yet never starve the one it is: a 2-thread server, 8
+/// streams in flight over one connection, read shard after shard, each shard far larger than
+/// what the client reads ahead of it (rows of 64 KiB, 256 KiB read ahead). Each unread
+/// stream fills its HTTP/2 window and waits; with a connection window smaller than their sum
+/// the head stream got no byte, was cancelled as stalled and resumed into the same wall (the
+/// deadlock past 4 streams). Every row arrives, in order, with no stream cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_held_back_by_the_client_never_starve_the_one_it_reads() {
+    use pushdown_client::Order;
+    let (files, rows, row_bytes) = (12, 160, 64 << 10);
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: 2,
+        batch_size: 16,
+        shard_max_rows: rows as u64,
+        ..pushdown_server::ServerConfig::default()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_blobs(root, files, rows, row_bytes)
+    })
+    .await;
+    let mut request = ScanRequest::new(Query::Sql("SELECT id, blob FROM blobs".into()));
+    request.compression = pushdown_protocol::Compression::None;
+    request.stats = true;
+    let info = fx.client.plan(&request).await.expect("plan");
+    assert_eq!(info.endpoint.len(), files, "a shard per file");
+    let options = StreamOptions {
+        concurrency: 8,
+        buffered_bytes: 256 << 10,
+        order: Order::Sequential,
+        // A stall is cancelled quickly, and never retried: a starved stream fails the test.
+        stall_timeout: std::time::Duration::from_secs(5),
+        max_retries: 0,
+        ..StreamOptions::default()
+    };
+    let mut stream = fx.client.stream(&info, options).expect("stream");
+    let mut next_id = 0i64;
+    let read = async {
+        while let Some(batch) = stream.next().await {
+            let batch = batch.expect("no stream fails");
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .expect("ids");
+            for id in ids.values() {
+                assert_eq!(*id, next_id, "shard after shard, in order");
+                next_id += 1;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(300), read)
+        .await
+        .expect("the epoch finishes");
+    assert_eq!(next_id as usize, files * rows, "every row");
+    let totals = stream.totals();
+    assert_eq!(totals.retries, 0, "no stream was cancelled and resumed");
+    assert!(totals.bytes_received as usize >= files * rows * row_bytes);
+}
+
+/// With default options a trainer on the servers' host gets uncompressed streams: the link
+/// is loopback (unlimited), so compressing would only cost both ends CPU. The report says
+/// where the link's figure came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_options_on_loopback_stream_uncompressed() {
+    let fx = Fixture::images(300).await;
+    let pipeline = Pipeline::new("images")
+        .map("decode_resize", "image", [16i64, 16], "pixels")
+        .select(["pixels", "label"])
+        .batch(32);
+    let options = RunOptions::new(vec![fx.running.url()], LoaderSource::Pipeline(pipeline));
+    let report = run(&options).await.expect("run");
+    assert_eq!(report.rows, 300);
+    assert_eq!(report.compression, pushdown_protocol::Compression::None);
+    let link = report.usage.link.expect("resolved");
+    assert_eq!(link.source, pushdown_client::LinkSource::Local);
+    assert!(link.bandwidth_bytes_per_s.is_infinite());
+    let text = report.to_string();
+    assert!(
+        text.contains("link: unlimited (every server is on this host)"),
+        "{text}"
+    );
+    assert!(pushdown_tests::batches_sent(&fx.server, "none") > 0);
+    assert_eq!(pushdown_tests::batches_sent(&fx.server, "zstd"), 0);
+    assert_eq!(pushdown_tests::batches_sent(&fx.server, "lz4"), 0);
+}
+
+/// Streams in flight tuned while the epoch runs never change the samples: a loader with the
+/// default (tuned) concurrency and a slow consumer's opposite, a consumer that never waits,
+/// deliver the sequence of one with a single stream in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tuned_streams_in_flight_never_change_the_sequence() {
+    let fx = Fixture::images(600).await;
+    let sequence = |max_concurrency: usize, concurrency: usize| {
+        let url = fx.running.url();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let options = LoaderOptions {
+                    batch_size: Some(32),
+                    shuffle_buffer: Some(96),
+                    seed: 5,
+                    epochs: 2,
+                    stream: StreamOptions {
+                        concurrency,
+                        max_concurrency,
+                        buffered_bytes: 1,
+                        ..StreamOptions::default()
+                    },
+                    ..LoaderOptions::default()
+                };
+                let loader = pushdown_client::Loader::new(
+                    &[url],
+                    LoaderSource::Sql("SELECT id, thumbnail(image, 8) AS t FROM images".into()),
+                    options,
+                )
+                .expect("loader");
+                let mut ids = Vec::new();
+                let mut loader = loader;
+                for batch in &mut loader {
+                    let batch = batch.expect("batch");
+                    let values = match batch.column("id").expect("id") {
+                        pushdown_client::Column::Tensor { values, .. } => values,
+                        pushdown_client::Column::Arrow(values) => values,
+                    };
+                    let values = values
+                        .as_any()
+                        .downcast_ref::<arrow::array::Int64Array>()
+                        .expect("ids");
+                    ids.extend(values.values().iter().copied());
+                }
+                (ids, loader.stats())
+            })
+            .await
+            .expect("loader thread")
+        }
+    };
+    let (fixed, _) = sequence(1, 1).await;
+    let (tuned, stats) = sequence(32, 1).await;
+    assert_eq!(fixed.len(), 1200);
+    assert_eq!(tuned, fixed, "the same samples in the same order");
+    assert!(stats.peak_streams >= 1, "{stats:?}");
+}

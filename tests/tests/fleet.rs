@@ -50,15 +50,23 @@ struct Member {
     addr: SocketAddr,
     runtime: Option<Runtime>,
     running: Option<RunningServer>,
+    server: Option<Server>,
+    config: ServerConfig,
 }
 
 impl Member {
     fn start(root: &Path, addr: SocketAddr) -> Self {
+        Self::start_with(root, addr, config())
+    }
+
+    fn start_with(root: &Path, addr: SocketAddr, config: ServerConfig) -> Self {
         let mut m = Self {
             root: root.to_owned(),
             addr,
             runtime: None,
             running: None,
+            server: None,
+            config,
         };
         m.restart();
         m
@@ -74,16 +82,13 @@ impl Member {
         let rt = runtime(1);
         let root = self.root.clone();
         let addr = self.addr;
-        let running = rt.block_on(async move {
+        let config = self.config.clone();
+        let (running, server) = rt.block_on(async move {
             let store = open_store(&root.to_string_lossy()).expect("store");
-            let server = Server::builder(store)
-                .config(config())
-                .open()
-                .await
-                .expect("opens");
+            let server = Server::builder(store).config(config).open().await.expect("opens");
             for _ in 0..100 {
                 match server.clone().spawn(addr).await {
-                    Ok(r) => return r,
+                    Ok(r) => return (r, server),
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             }
@@ -91,6 +96,7 @@ impl Member {
         });
         self.addr = running.addr();
         self.running = Some(running);
+        self.server = Some(server);
         self.runtime = Some(rt);
     }
 
@@ -123,6 +129,8 @@ struct Link {
 
 #[derive(Default)]
 struct LinkState {
+    /// The rate now, bytes/s (an `f64`'s bits): [`Link::set_rate`] changes it mid-stream.
+    rate: AtomicU64,
     sent: AtomicU64,
     down_at: AtomicU64,
     stall_at: AtomicU64,
@@ -144,6 +152,7 @@ impl Link {
     fn new(target: SocketAddr, rate: f64) -> Self {
         let rt = runtime(1);
         let state = Arc::new(LinkState {
+            rate: AtomicU64::new(rate.to_bits()),
             down_at: AtomicU64::new(u64::MAX),
             stall_at: AtomicU64::new(u64::MAX),
             ..LinkState::default()
@@ -165,8 +174,8 @@ impl Link {
                 let _ = server.set_nodelay(true);
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                let up = tokio::spawn(pump(cr, sw, Arc::clone(&st), rate, false));
-                let down = tokio::spawn(pump(sr, cw, Arc::clone(&st), rate, true));
+                let up = tokio::spawn(pump(cr, sw, Arc::clone(&st), false));
+                let down = tokio::spawn(pump(sr, cw, Arc::clone(&st), true));
                 let mut h = st.pumps.lock().unwrap();
                 h.push(up.abort_handle());
                 h.push(down.abort_handle());
@@ -199,6 +208,11 @@ impl Link {
         self.state.down.load(Ordering::SeqCst)
     }
 
+    /// The link's rate from now on, bytes/s per direction and connection.
+    fn set_rate(&self, rate: f64) {
+        self.state.rate.store(rate.to_bits(), Ordering::SeqCst);
+    }
+
     fn is_stalled(&self) -> bool {
         self.state.stalled.load(Ordering::SeqCst)
     }
@@ -216,10 +230,12 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<LinkState>,
-    rate: f64,
     towards_client: bool,
 ) {
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; 16 << 10];
+    // Paced on what was sent since the rate last changed, so that the timer's millisecond
+    // does not cap a fast link.
+    let mut paced = (std::time::Instant::now(), 0f64, f64::NAN);
     loop {
         while state.stalled.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -242,7 +258,15 @@ async fn pump(
                 state.go_down();
             }
         }
-        tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate)).await;
+        let rate = f64::from_bits(state.rate.load(Ordering::SeqCst));
+        if rate.to_bits() != paced.2.to_bits() {
+            paced = (std::time::Instant::now(), 0.0, rate);
+        }
+        paced.1 += n as f64;
+        if rate.is_finite() {
+            let due = paced.0 + Duration::from_secs_f64(paced.1 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
     }
     let _ = to.shutdown().await;
 }
@@ -685,4 +709,92 @@ fn image_bytes() -> Vec<u8> {
     let mut out = std::io::Cursor::new(Vec::new());
     img.write_to(&mut out, image::ImageFormat::Jpeg).expect("jpeg");
     out.into_inner()
+}
+
+/// A link that slows down mid-epoch: streams start uncompressed (the server's CPU, decoding
+/// and resizing, is the bound), and once the link drops to 4 MB/s their server measures it
+/// and compresses, keeps compressing although its sends stop waiting (its uncompressed
+/// bytes would not fit the link it measured), and carries what it learnt to the next
+/// shard's stream. The client asked for nothing but a measured link (a proxy on loopback
+/// would otherwise be taken for this host: unlimited, uncompressed). Every row arrives once.
+#[test]
+fn a_link_that_slows_down_mid_run_switches_the_codec() {
+    let data = tempfile::tempdir().expect("dir");
+    let rows = 512;
+    write_images(data.path(), rows);
+    let rt = runtime(2);
+    // A shard per file: streams of 256 rows of 192 KiB, more than the socket buffers and
+    // HTTP/2 window hold, so the server's sends wait for a slow link.
+    let whole_files = ServerConfig {
+        shard_max_rows: 1 << 20,
+        batch_size: 8,
+        ..ServerConfig::default()
+    };
+    let m = Member::start_with(data.path(), free_addr(), whole_files);
+    let server = m.server.clone().expect("server");
+    let link = Link::new(m.addr, f64::INFINITY);
+    let codecs = || [codecs_sent(&server, "none"), codecs_sent(&server, "compressed")];
+    let (before, after, ids) = rt.block_on(async {
+        let client = PushdownClient::connect(&[link.url()]).await.expect("client");
+        let options = LoaderOptions {
+            link: pushdown_client::Link::measured(),
+            // Small batches, one prepared ahead: what is delivered follows what was sent.
+            batch_size: Some(8),
+            prefetch: 1,
+            // One stream, a megabyte ahead: most of it crosses after the drop.
+            stream: StreamOptions {
+                concurrency: 1,
+                max_concurrency: 1,
+                buffered_bytes: 1 << 20,
+                ..StreamOptions::default()
+            },
+            ..LoaderOptions::default()
+        };
+        let sql = "SELECT id, decode_resize(image, 256, 256) AS pixels FROM images";
+        let prepared = Prepared::new(client, LoaderSource::Sql(sql.into()), options)
+            .await
+            .expect("prepared");
+        assert_eq!(prepared.compression(), pushdown_protocol::Compression::Adaptive);
+        let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
+        let mut batches = prepared.epoch(0, 0, Arc::clone(&totals));
+        let mut ids = Vec::new();
+        let mut before = None;
+        while let Some(batch) = batches.next().await {
+            let batch = batch.expect("batch");
+            ids.extend(
+                batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
+            if before.is_none() && ids.len() >= rows / 4 {
+                before = Some(codecs());
+                link.set_rate(4e6);
+            }
+        }
+        let before = before.expect("the link dropped");
+        (before, codecs(), ids)
+    });
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..rows as i64).collect::<Vec<_>>(), "every row once");
+    assert!(
+        before[0] > 0 && before[1] == 0,
+        "uncompressed while the link was fast: {before:?}"
+    );
+    let (plain, compressed) = (after[0] - before[0], after[1] - before[1]);
+    assert!(
+        compressed > plain,
+        "compressed once the link slowed: {compressed} compressed, {plain} not, after the drop"
+    );
+}
+
+/// Record batches `server` sent uncompressed (`"none"`) or compressed (any other name).
+fn codecs_sent(server: &Server, codec: &str) -> u64 {
+    match codec {
+        "none" => pushdown_tests::batches_sent(server, "none"),
+        _ => pushdown_tests::batches_sent(server, "lz4") + pushdown_tests::batches_sent(server, "zstd"),
+    }
 }

@@ -265,18 +265,21 @@ struct ClientArgs {
     /// resolves to; repeat for several servers. Each shard goes to a server holding its file.
     #[arg(long = "server", required = true)]
     servers: Vec<String>,
-    /// Shard streams in flight at once.
-    #[arg(long, default_value_t = 4)]
-    concurrency: usize,
+    /// Shard streams in flight at once, fixed. Default: tuned while the run goes, from 4 up
+    /// to what keeps the consumer from waiting (within 1 GiB of read-ahead).
+    #[arg(long)]
+    concurrency: Option<usize>,
     /// A stream that receives nothing for this long (seconds) is resumed on another server.
     #[arg(long, default_value_t = 30.0)]
     stall_timeout: f64,
     /// Consecutive transient failures of one shard's stream before the run fails.
     #[arg(long, default_value_t = 3)]
     retries: usize,
-    /// The link to the servers (1Gbit, 100Mbit, 125MB, unlimited, …), for placing ops and choosing the stream codec.
-    #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
-    bandwidth: f64,
+    /// The link to the servers (1Gbit, 100Mbit, 125MB, unlimited, …), for placing ops and
+    /// choosing the stream codec. Default: found when connecting (unlimited to servers on
+    /// this host; off it, each stream's codec follows the send rate its server measures).
+    #[arg(long, value_parser = pushdown_planner::parse_bandwidth)]
+    bandwidth: Option<f64>,
     #[command(flatten)]
     credentials: CredentialArgs,
 }
@@ -322,8 +325,10 @@ struct ExplainArgs {
     #[arg(long)]
     data: Option<String>,
     /// The link between server and trainer (1Gbit, 10Gbit, 100Mbit, 125MB, unlimited, …).
-    #[arg(long, default_value = "1Gbit", value_parser = pushdown_planner::parse_bandwidth)]
-    bandwidth: f64,
+    /// Default: found from the server's address (unlimited on this host, else assumed
+    /// 1 Gbit/s for placement while each stream's codec follows what its server measures).
+    #[arg(long, value_parser = pushdown_planner::parse_bandwidth)]
+    bandwidth: Option<f64>,
     /// Cores of the trainer host for client-side ops (default: this machine's).
     #[arg(long)]
     client_cores: Option<f64>,
@@ -552,12 +557,14 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     options.out = args.out.clone();
     let loader = &mut options.loader;
     loader.connect = args.client.credentials.options()?;
-    loader.link = Link::bandwidth(args.client.bandwidth);
+    loader.link = args.client.bandwidth.map_or_else(Link::auto, Link::bandwidth);
     loader.epochs = args.epochs;
     loader.seed = args.seed;
     loader.push = args.placement;
+    let defaults = StreamOptions::default();
     loader.stream = StreamOptions {
-        concurrency: args.client.concurrency,
+        concurrency: args.client.concurrency.unwrap_or(defaults.concurrency),
+        max_concurrency: args.client.concurrency.unwrap_or(defaults.max_concurrency),
         stall_timeout: std::time::Duration::try_from_secs_f64(args.client.stall_timeout)
             .ok()
             .filter(|d| !d.is_zero())
@@ -603,13 +610,15 @@ async fn explain(args: ExplainArgs) -> Result<()> {
             let client = PushdownClient::connect_with(&[url], args.credentials.options()?).await?;
             let schema = client.dataset_schema(&pipeline.dataset).await?;
             let link = Link {
-                bandwidth_bytes_per_s: args.bandwidth,
                 server_cores: args.server_cores,
                 client_cores: args.client_cores,
-            };
+                ..args.bandwidth.map_or_else(Link::auto, Link::bandwidth)
+            }
+            .resolve(&client.urls())
+            .await;
             let costed = costed_plan(&client, &pipeline, &schema, link).await?;
             match args.format {
-                Format::Text => print!("{}", costed.explain()),
+                Format::Text => print!("link: {link}\n{}", costed.explain()),
                 Format::Json => println!("{}", costed.to_json()),
             }
         }

@@ -72,6 +72,18 @@ impl tonic::service::Interceptor for Credentials {
 /// Longest a failing server rests before it is tried again.
 const MAX_REST: Duration = Duration::from_secs(10);
 
+/// What one stream may hold that this client has not read yet (HTTP/2's stream window).
+pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
+
+/// HTTP/2's largest window, for the connection: it never limits the streams on it. Streams in
+/// flight share one connection, and the loader reads them one at a time (shard after shard),
+/// so the others fill their own windows and stop. Those unread bytes also count against the
+/// connection's window: with a window smaller than their sum (32 MiB against 8 streams of
+/// 8 MiB) the streams not being read took all of it, and the one being read got nothing, for
+/// ever (the deadlock at more than 4 streams). Memory stays bounded by the streams in flight
+/// × [`STREAM_WINDOW`], which the loader bounds.
+pub(crate) const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+
 /// What a failed call says about trying again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -153,8 +165,8 @@ impl Node {
         let channel = endpoint
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
-            .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(32 << 20))
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .connect_lazy();
         Ok(Self {
             url: http,

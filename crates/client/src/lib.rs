@@ -23,6 +23,7 @@ mod plan;
 pub mod run;
 mod steps;
 mod stream;
+mod tune;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,9 +41,9 @@ pub use loader::{
     Column, Echo, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderState, LoaderStats, Prepared,
     Push, TensorBatch,
 };
-pub use plan::{Link, costed_plan, costed_plan_for_ranks};
+pub use plan::{Link, LinkSource, costed_plan, costed_plan_for_ranks, is_on_this_host};
 pub use steps::RowSteps;
-pub use stream::{Order, Segment, ShardStream, StreamOptions, StreamTotals};
+pub use stream::{Order, READ_AHEAD_BYTES, Segment, ShardStream, StreamOptions, StreamTotals};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

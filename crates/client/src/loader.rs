@@ -53,8 +53,8 @@ use crate::steps::RowSteps;
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
 use crate::{
-    ClientError, ConnectOptions, Link, PushdownClient, Result, StreamOptions, costed_plan_for_ranks,
-    plan_estimate,
+    ClientError, ConnectOptions, Link, LinkSource, PushdownClient, Result, StreamOptions,
+    costed_plan_for_ranks, plan_estimate,
 };
 use pushdown_ops::mix;
 use pushdown_planner::Plan;
@@ -92,11 +92,13 @@ pub struct LoaderOptions {
     /// Streams in flight, buffering and retries. Its `order` is not used: the loader always
     /// takes shards in its epoch's order (the streams in flight only prefetch).
     pub stream: StreamOptions,
-    /// How the server compresses the stream. Default (`None`): for a pipeline, the planner's
-    /// choice (compress only when the link bounds the stream, as `link` describes it); for
-    /// SQL, [`Compression::for_link`]. Set it to force zstd, LZ4 or none.
+    /// How the server compresses the stream. Default (`None`): what the link calls for
+    /// ([`Link::codec`]): none to servers on this host, the servers' measured choice
+    /// ([`Compression::Adaptive`]) to the rest, the planner's choice for a given bandwidth.
+    /// Set it to force zstd, LZ4 or none.
     pub compression: Option<Compression>,
-    /// For placing a pipeline's ops.
+    /// For placing a pipeline's ops and choosing the codec. Default: [`Link::auto`], found
+    /// when connecting (unlimited on this host, measured off it).
     pub link: Link,
     /// Which of a pipeline's ops run on the servers.
     pub push: Push,
@@ -236,7 +238,7 @@ impl Default for LoaderOptions {
             workers: 2,
             stream: StreamOptions::default(),
             compression: None,
-            link: Link::bandwidth(1e9 / 8.0),
+            link: Link::auto(),
             push: Push::Costed,
             connect: ConnectOptions::default(),
             echo: Echo::Off,
@@ -420,6 +422,11 @@ pub struct LoaderStats {
     pub waited: Duration,
     /// Time since the first `next`.
     pub elapsed: Duration,
+    /// The most shard streams in flight at once (tuned unless `concurrency` was set), over
+    /// the epochs finished.
+    pub peak_streams: u64,
+    /// Bytes received from the servers in the epochs finished.
+    pub bytes_received: u64,
 }
 
 impl LoaderStats {
@@ -583,6 +590,11 @@ impl Prepared {
         self.shared.compression
     }
 
+    /// The link the query was planned for, resolved against the servers ([`Link::resolve`]).
+    pub fn link(&self) -> Link {
+        self.shared.options.link
+    }
+
     /// What this client did of the fragment's ops, on shards the servers left un-reduced.
     pub fn completed(&self) -> CompletionTotals {
         self.shared
@@ -687,6 +699,8 @@ pub struct Loader {
     reported: Option<(Instant, Duration, u64)>,
     /// The next epoch, started once this one's last shards are in flight.
     ahead: Option<Ahead>,
+    /// What the finished epochs' streams cost (bytes, retries, streams in flight).
+    streams: Arc<std::sync::Mutex<StreamTotals>>,
 }
 
 /// A batch as the [`Loader`] hands it out.
@@ -759,6 +773,7 @@ impl Loader {
             client_id: rand::random(),
             reported: None,
             ahead: None,
+            streams: Arc::default(),
         })
     }
 
@@ -844,6 +859,8 @@ impl Loader {
 
     pub fn stats(&self) -> LoaderStats {
         let mut s = self.stats;
+        let streams = *self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        (s.peak_streams, s.bytes_received) = (streams.peak_streams, streams.bytes_received);
         s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
         s.distinct_rows = self
             .prepared
@@ -919,6 +936,7 @@ impl Loader {
         let (planned, prepared) = tokio::sync::oneshot::channel();
         let base = self.prepared.clone();
         let echo = options.echo.factor(None);
+        let streams = Arc::clone(&self.streams);
         let producer = runtime.spawn(async move {
             let next = match base.replan().await {
                 Ok(next) => next,
@@ -937,7 +955,10 @@ impl Loader {
                 0,
                 tx.clone(),
                 to_tensors,
-                EpochWatch::default(),
+                EpochWatch {
+                    totals: Arc::clone(&streams),
+                    ..EpochWatch::default()
+                },
             )
             .await
             {
@@ -994,6 +1015,7 @@ impl Loader {
             Arc::clone(&self.prepared.shards),
         );
         let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
+        let streams = Arc::clone(&self.streams);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Invalid("the loader is shut down".into()));
         };
@@ -1006,7 +1028,10 @@ impl Loader {
                 first,
                 tx.clone(),
                 to_tensors,
-                EpochWatch::default(),
+                EpochWatch {
+                    totals: Arc::clone(&streams),
+                    ..EpochWatch::default()
+                },
             )
             .await
             {
@@ -1092,9 +1117,10 @@ impl Drop for Loader {
 async fn prepare(
     client: PushdownClient,
     source: LoaderSource,
-    options: LoaderOptions,
+    mut options: LoaderOptions,
     count: bool,
 ) -> Result<(Shared, Shards)> {
+    options.link = options.link.resolve(&client.urls()).await;
     if options.world_size == 0 || options.rank >= options.world_size {
         return Err(ClientError::Invalid(format!(
             "rank {} is not in 0..{}",
@@ -1104,7 +1130,7 @@ async fn prepare(
     let (mut request, steps, dataset, batch_step, shuffle_step, plan) = match &source {
         LoaderSource::Sql(sql) => {
             let mut request = ScanRequest::new(Query::Sql(sql.clone()));
-            request.compression = Compression::for_link(options.link.bandwidth_bytes_per_s);
+            request.compression = options.link.codec();
             (request, Vec::new(), None, None, None, None)
         }
         LoaderSource::Pipeline(pipeline) => {
@@ -1113,7 +1139,7 @@ async fn prepare(
             let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
                 Ok((
                     pushdown_planner::plan_limited(pipeline, &schema, first)?,
-                    Compression::for_link(options.link.bandwidth_bytes_per_s),
+                    options.link.codec(),
                     ShardPlacement {
                         server_fraction,
                         adaptive,
@@ -1131,7 +1157,13 @@ async fn prepare(
                         adaptive: false,
                         cores,
                     };
-                    (costed.plan, costed.chosen.compression, placement)
+                    // A given bandwidth is planned for, codec included; a found one is
+                    // unlimited (none) or measured by the servers as they send.
+                    let compression = match options.link.source {
+                        LinkSource::Given => costed.chosen.compression,
+                        _ => options.link.codec(),
+                    };
+                    (costed.plan, compression, placement)
                 }
                 Push::First(k) => forced(k, 1.0, false)?,
                 Push::Split {

@@ -1,7 +1,7 @@
 //! Planning a pipeline against a server's measurements of it.
 
 use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile};
-use pushdown_protocol::{Profile, Query, ScanRequest};
+use pushdown_protocol::{Compression, Profile, Query, ScanRequest};
 
 use crate::{PushdownClient, Result};
 
@@ -11,14 +11,60 @@ pub struct Link {
     pub bandwidth_bytes_per_s: f64,
     pub server_cores: Option<f64>,
     pub client_cores: Option<f64>,
+    /// Where [`Link::bandwidth_bytes_per_s`] comes from.
+    pub source: LinkSource,
+}
+
+/// Where a link's figure comes from: what `explain` and the run report say of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LinkSource {
+    /// Given by the user (`--bandwidth`, `bandwidth_bytes_per_s`): planned for, and the codec
+    /// chosen for it.
+    Given,
+    /// Not given: found when the loader connects ([`Link::resolve`]).
+    #[default]
+    Auto,
+    /// Every server is on this host (a loopback address, or one of this host's own): the
+    /// link is unlimited and streams travel uncompressed.
+    Local,
+    /// Servers off this host, whose link nothing has measured before the first stream:
+    /// planned at [`Link::ASSUMED_BYTES_PER_S`], and each stream's codec chosen by its
+    /// server from the send rate it measures, batch by batch (compressed while the socket
+    /// holds it back, not while its CPU does).
+    Measured,
 }
 
 impl Link {
+    /// What the planner places ops by on a link off this host before anything is measured.
+    /// Low on purpose: reducing ops on the server never cost a slow link anything, and the
+    /// codec follows the measured rate whatever this says.
+    pub const ASSUMED_BYTES_PER_S: f64 = 1e9 / 8.0;
+
+    /// A link of the given bandwidth (bytes/s; infinite: unlimited).
     pub fn bandwidth(bandwidth_bytes_per_s: f64) -> Self {
         Self {
             bandwidth_bytes_per_s,
             server_cores: None,
             client_cores: None,
+            source: LinkSource::Given,
+        }
+    }
+
+    /// Found when connecting (the default): unlimited to servers on this host, measured to
+    /// the rest.
+    pub fn auto() -> Self {
+        Self {
+            source: LinkSource::Auto,
+            ..Self::bandwidth(Self::ASSUMED_BYTES_PER_S)
+        }
+    }
+
+    /// Measured whatever the servers' addresses say: for servers reached through a proxy on
+    /// this host (every address is loopback, yet the link behind it is not).
+    pub fn measured() -> Self {
+        Self {
+            source: LinkSource::Measured,
+            ..Self::bandwidth(Self::ASSUMED_BYTES_PER_S)
         }
     }
 
@@ -27,6 +73,91 @@ impl Link {
         self.client_cores
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64)
     }
+
+    /// An [`LinkSource::Auto`] link resolved against the servers at `urls`: unlimited
+    /// ([`LinkSource::Local`]) when every one is on this host, else [`LinkSource::Measured`].
+    /// Any other link is returned as it is.
+    pub async fn resolve(self, urls: &[String]) -> Self {
+        if self.source != LinkSource::Auto {
+            return self;
+        }
+        let mut local = !urls.is_empty();
+        for url in urls {
+            local &= is_on_this_host(url).await;
+        }
+        if local {
+            Self {
+                bandwidth_bytes_per_s: f64::INFINITY,
+                source: LinkSource::Local,
+                ..self
+            }
+        } else {
+            Self {
+                bandwidth_bytes_per_s: Self::ASSUMED_BYTES_PER_S,
+                source: LinkSource::Measured,
+                ..self
+            }
+        }
+    }
+
+    /// The codec streams over this link ask for: the one for a given bandwidth, none in
+    /// host, the servers' measured choice ([`Compression::Adaptive`]) otherwise.
+    pub fn codec(&self) -> Compression {
+        match self.source {
+            LinkSource::Given => Compression::for_link(self.bandwidth_bytes_per_s),
+            LinkSource::Local => Compression::None,
+            LinkSource::Auto | LinkSource::Measured => Compression::Adaptive,
+        }
+    }
+}
+
+impl std::fmt::Display for Link {
+    /// The figure and where it came from, as `explain` and the run report print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let figure = if self.bandwidth_bytes_per_s.is_finite() {
+            format!("{:.0} Mbit/s", self.bandwidth_bytes_per_s * 8.0 / 1e6)
+        } else {
+            "unlimited".to_owned()
+        };
+        match self.source {
+            LinkSource::Given => write!(f, "{figure} (given)"),
+            LinkSource::Local => write!(f, "unlimited (every server is on this host)"),
+            LinkSource::Auto | LinkSource::Measured => write!(
+                f,
+                "{figure} assumed for placement (servers off this host; the codec follows the \
+                 send rate each server measures)"
+            ),
+        }
+    }
+}
+
+/// Whether the server at `url` runs on this host: its address is a loopback one, or one this
+/// host can bind (an address of one of its interfaces). A name that does not resolve is not.
+pub async fn is_on_this_host(url: &str) -> bool {
+    let Some(authority) = url
+        .split("://")
+        .nth(1)
+        .map(|rest| rest.split('/').next().unwrap_or(rest))
+    else {
+        return false;
+    };
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:0")
+    };
+    let Ok(addrs) = tokio::net::lookup_host(with_port).await else {
+        return false;
+    };
+    let addrs: Vec<_> = addrs.collect();
+    !addrs.is_empty()
+        && addrs.iter().all(|a| {
+            let ip = a.ip();
+            ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+        })
 }
 
 /// Plans `pipeline`, placing its ops by the server's measurements of them when it has any.
@@ -179,9 +310,8 @@ mod tests {
             ..Profile::default()
         };
         let link = Link {
-            bandwidth_bytes_per_s: 1e9,
-            server_cores: None,
             client_cores: Some(4.0),
+            ..Link::bandwidth(1e9)
         };
         let (alone, env) = for_one_rank(profile.clone(), link, 2, 1, 0.0);
         assert_eq!((alone.shards, env.server_cores), (Some(10), 16.0));
@@ -195,6 +325,43 @@ mod tests {
             ..link
         };
         assert_eq!(for_one_rank(profile, given, 2, 4, 0.0).1.server_cores, 1.5);
+    }
+
+    /// Loopback and this host's own addresses are unlimited; a name that does not resolve,
+    /// or an address this host does not have, is measured.
+    #[tokio::test]
+    async fn servers_on_this_host_have_an_unlimited_link_and_others_a_measured_one() {
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://localhost:1",
+            "grpc://[::1]:9",
+            "http://127.0.0.2:80",
+        ] {
+            assert!(is_on_this_host(url).await, "{url}");
+        }
+        // TEST-NET-1 (RFC 5737): never an address of this host.
+        for url in ["http://192.0.2.1:50051", "http://host.invalid:1", "not a url"] {
+            assert!(!is_on_this_host(url).await, "{url}");
+        }
+        let local = Link::auto().resolve(&["http://127.0.0.1:1".into()]).await;
+        assert_eq!(local.source, LinkSource::Local);
+        assert!(local.bandwidth_bytes_per_s.is_infinite());
+        assert_eq!(local.codec(), Compression::None);
+        let mixed = Link::auto()
+            .resolve(&["http://127.0.0.1:1".into(), "http://192.0.2.1:1".into()])
+            .await;
+        assert_eq!(mixed.source, LinkSource::Measured);
+        assert_eq!(mixed.codec(), Compression::Adaptive);
+        assert!(mixed.to_string().contains("assumed"), "{mixed}");
+        // A given link stays as given, on loopback too.
+        let given = Link::bandwidth(125e6)
+            .resolve(&["http://127.0.0.1:1".into()])
+            .await;
+        assert_eq!(
+            (given.source, given.codec()),
+            (LinkSource::Given, Compression::Zstd)
+        );
+        assert_eq!(given.to_string(), "1000 Mbit/s (given)");
     }
 
     #[test]

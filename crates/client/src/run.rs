@@ -76,6 +76,8 @@ pub struct Usage {
     pub trainer_cores: usize,
     /// The link's bandwidth the run was planned for (bytes/s; infinite: unlimited).
     pub link_bytes_per_s: f64,
+    /// The link as resolved against the servers: the figure and where it came from.
+    pub link: Option<crate::Link>,
     /// Each server's CPU use during the run (all its clients'), from the CPU seconds its
     /// scaling signal reports before and after.
     pub servers: Vec<ServerUsage>,
@@ -133,8 +135,11 @@ impl RunReport {
         let u = &self.usage;
         Shares {
             server_cpu: u.servers.iter().map(|s| s.busy).max_by(f64::total_cmp),
-            link: (u.link_bytes_per_s.is_finite() && u.link_bytes_per_s > 0.0)
-                .then(|| self.totals.bytes_received as f64 / secs / u.link_bytes_per_s),
+            // A share of a figure only when the figure is the link's: given, not assumed.
+            link: (u.link_bytes_per_s.is_finite()
+                && u.link_bytes_per_s > 0.0
+                && u.link.is_none_or(|l| l.source == crate::LinkSource::Given))
+            .then(|| self.totals.bytes_received as f64 / secs / u.link_bytes_per_s),
             trainer_cpu: u
                 .trainer_cpu
                 .map(|cpu| cpu / (secs * u.trainer_cores.max(1) as f64)),
@@ -229,7 +234,8 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let usage = Usage {
         trainer_cpu,
         trainer_cores: loader.link.trainer_cores().ceil() as usize,
-        link_bytes_per_s: loader.link.bandwidth_bytes_per_s,
+        link_bytes_per_s: prepared.link().bandwidth_bytes_per_s,
+        link: Some(prepared.link()),
         servers,
     };
     Ok(RunReport {
@@ -314,6 +320,14 @@ impl std::fmt::Display for RunReport {
         let shares = self.shares();
         let pct = |s: Option<f64>| s.map_or_else(|| "unknown".to_owned(), |s| format!("{:.0}%", s * 100.0));
         let cores: u32 = self.usage.servers.iter().map(|s| s.cores).max().unwrap_or(0);
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        if let Some(l) = &self.usage.link {
+            writeln!(
+                f,
+                "link: {l}; the streams received {}/s",
+                bytes((self.totals.bytes_received as f64 / secs) as u64)
+            )?;
+        }
         let link = if self.usage.link_bytes_per_s.is_finite() {
             format!("{}/s", bytes(self.usage.link_bytes_per_s as u64))
         } else {
@@ -398,6 +412,7 @@ mod tests {
                 trainer_cpu: Some(1.0),
                 trainer_cores: 2,
                 link_bytes_per_s: 125e6,
+                link: Some(crate::Link::bandwidth(125e6)),
                 servers: vec![ServerUsage {
                     url: "http://a".into(),
                     busy: 0.5,
@@ -413,5 +428,14 @@ mod tests {
         assert_eq!(s.bottleneck().map(|(n, _)| n), Some("link"));
         let text = report.to_string();
         assert!(text.contains("bottleneck: link (80% used)"), "{text}");
+        assert!(
+            text.contains("link: 1000 Mbit/s (given); the streams received 95.37 MiB/s"),
+            "{text}"
+        );
+        // A figure only assumed is no capacity to be a share of.
+        let mut assumed = report.clone();
+        assumed.usage.link = Some(crate::Link::auto());
+        assert_eq!(assumed.shares().link, None);
+        assert!(assumed.to_string().contains("assumed for placement"));
     }
 }

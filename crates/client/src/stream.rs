@@ -23,8 +23,14 @@ use crate::{ClientError, PushdownClient, Result};
 /// How a [`ShardStream`] fans out.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
-    /// Shard streams in flight at once.
+    /// Shard streams in flight at once; with [`Order::Sequential`], where the tuning starts.
     pub concurrency: usize,
+    /// With [`Order::Sequential`], the most streams in flight the stream tunes itself up to
+    /// (see `tune.rs`: more while the consumer waits and each step raises the rate, fewer
+    /// while it never waits), bounded also by [`READ_AHEAD_BYTES`] of read-ahead in all. At
+    /// or below `concurrency`: `concurrency`, fixed. Round-robin order never tunes (its
+    /// sequence depends on the count).
+    pub max_concurrency: usize,
     /// Bytes (in Arrow memory) each in-flight stream may read ahead of the consumer before
     /// it waits (back-pressure); at least one batch. With [`Order::Sequential`] only the
     /// head shard is being consumed: the others keep their servers and links busy only as
@@ -74,12 +80,31 @@ impl Default for StreamOptions {
     fn default() -> Self {
         Self {
             concurrency: 4,
+            max_concurrency: 32,
             buffered_bytes: 32 << 20,
             max_retries: 3,
             retry_backoff: Duration::from_millis(100),
             stall_timeout: Duration::from_secs(30),
             order: Order::RoundRobin,
         }
+    }
+}
+
+/// What the streams in flight of one [`ShardStream`] may hold ahead of its consumer in all
+/// (each its `buffered_bytes` and its HTTP/2 window): the bound on tuned concurrency.
+pub const READ_AHEAD_BYTES: usize = 1 << 30;
+
+impl StreamOptions {
+    /// The streams in flight are tuned ([`Order::Sequential`] and room above `concurrency`).
+    pub fn tuned(&self) -> bool {
+        self.order == Order::Sequential && self.tuned_max() > self.concurrency.max(1)
+    }
+
+    /// The most streams in flight tuning may reach: `max_concurrency`, within
+    /// [`READ_AHEAD_BYTES`].
+    fn tuned_max(&self) -> usize {
+        let per_stream = self.buffered_bytes.max(1) + crate::fleet::STREAM_WINDOW as usize;
+        self.max_concurrency.min(READ_AHEAD_BYTES / per_stream).max(1)
     }
 }
 
@@ -93,6 +118,8 @@ pub struct StreamTotals {
     pub retries: u64,
     /// The servers' own accounting, summed from stream trailers (when requested).
     pub server: StreamStats,
+    /// The most streams in flight at once (tuned, or as set).
+    pub peak_streams: u64,
 }
 
 impl std::ops::AddAssign for StreamTotals {
@@ -102,6 +129,7 @@ impl std::ops::AddAssign for StreamTotals {
         self.batches += o.batches;
         self.retries += o.retries;
         self.server += o.server;
+        self.peak_streams = self.peak_streams.max(o.peak_streams);
     }
 }
 
@@ -185,6 +213,10 @@ pub struct ShardStream {
     all_started: Arc<AtomicBool>,
     /// Woken when a shard's stream ends, to start the next behind a head still streaming.
     ended: Arc<futures::task::AtomicWaker>,
+    /// Sizes `options.concurrency` from the consumer's waits, when tuned.
+    tuner: Option<crate::tune::Tuner>,
+    /// Since when the consumer has been waiting for the next batch.
+    waiting_since: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for ShardStream {
@@ -223,6 +255,9 @@ impl ShardStream {
     ) -> Result<Self> {
         let schema = Arc::new(info.clone().try_decode_schema()?);
         let all_started = Arc::new(AtomicBool::new(segments.is_empty()));
+        let tuner = options
+            .tuned()
+            .then(|| crate::tune::Tuner::new(options.concurrency, options.tuned_max()));
         Ok(Self {
             client,
             schema,
@@ -234,6 +269,8 @@ impl ShardStream {
             completion: None,
             all_started,
             ended: Arc::default(),
+            tuner,
+            waiting_since: None,
         })
     }
 
@@ -339,6 +376,17 @@ impl Stream for ShardStream {
             match front.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(held))) => {
                     let batch = held.batch;
+                    let now = std::time::Instant::now();
+                    let waited = self.waiting_since.take().map(|t| now - t).unwrap_or_default();
+                    let streams = self
+                        .active
+                        .iter()
+                        .filter(|a| !a.finished.load(Ordering::Acquire))
+                        .count() as u64;
+                    let rows = batch.num_rows() as u64;
+                    if let Some(level) = self.tuner.as_mut().map(|t| t.observe(now, waited, rows)) {
+                        self.options.concurrency = level;
+                    }
                     // Round-robin: this shard goes to the back of the line.
                     if self.options.order == Order::RoundRobin
                         && let Some(a) = self.active.pop_front()
@@ -346,8 +394,9 @@ impl Stream for ShardStream {
                         self.active.push_back(a);
                     }
                     let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
-                    totals.rows += batch.num_rows() as u64;
+                    totals.rows += rows;
                     totals.batches += 1;
+                    totals.peak_streams = totals.peak_streams.max(streams);
                     return Poll::Ready(Some(Ok(batch)));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -359,7 +408,10 @@ impl Stream for ShardStream {
                 Poll::Ready(None) => {
                     self.active.pop_front();
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    self.waiting_since.get_or_insert_with(std::time::Instant::now);
+                    return Poll::Pending;
+                }
             }
         }
     }

@@ -2,9 +2,18 @@
 //!
 //! Arrow IPC compresses each record batch message on its own (its header names the codec),
 //! so a stream may change codec between batches and any IPC reader — pyarrow's included —
-//! decodes the mix. [`Governor`] uses that for clients that could not choose: it compresses
-//! while the socket holds the stream back (sends wait for the client) and stops while the
-//! server's CPU does (the client waits for us, and compressing would only add to it).
+//! decodes the mix. [`Governor`] uses that for clients that could not choose, or asked it to
+//! ([`Compression::Adaptive`]): it compresses while the socket holds the stream back (sends
+//! wait for the client) and stops while the server's CPU does (the client waits for us, and
+//! compressing would only add to it).
+//!
+//! Stopping needs care: a stream compressed *because* the link was slow stops waiting on it,
+//! and looks CPU-bound. So the governor measures the link: a window whose sends waited
+//! (the link bound it) gives its wire rate as the link's; any window's wire rate is a floor
+//! under it. A compressed stream goes back to fewer bytes' work only when its uncompressed
+//! bytes would fit that link; without a measurement it goes back as before. The choice is
+//! revised every [`WINDOW`] batches, so a link that slows down mid-stream (or speeds up) is
+//! followed.
 
 use std::time::Duration;
 
@@ -20,8 +29,25 @@ const WINDOW: u32 = 8;
 /// socket: compress more.
 const LINK_BOUND: f64 = 0.3;
 /// A window whose sends waited for less than this share of its time was held back by the
-/// server's CPU: compress less.
+/// server's CPU: compress less (if the link can carry it).
 const CPU_BOUND: f64 = 0.05;
+/// A compressed stream goes back to a lighter codec only when the bytes it would send fit
+/// this share of the measured link…
+const FITS: f64 = 0.8;
+/// … or, to find a link that became faster (a compressed stream cannot see it), after this
+/// many windows in a row that did not wait on the link: one window is tried lighter.
+const PROBE_AFTER: u32 = 16;
+
+/// What one adaptive stream learnt of its peer's link, for the next stream to the same peer
+/// to go on from: a shard's stream is often shorter than the windows a codec takes to
+/// settle, and a loader reads many in a row over the same link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkMemory {
+    pub codec: Compression,
+    /// The link's rate as measured, bytes/s.
+    pub link: Option<f64>,
+    patience: u32,
+}
 
 /// The codec of each batch: fixed, or adapted to where the stream waits.
 #[derive(Debug, Clone)]
@@ -31,6 +57,13 @@ pub struct Governor {
     batches: u32,
     producing: Duration,
     sending: Duration,
+    /// The window's bytes before any codec (Arrow IPC bodies uncompressed) and as sent.
+    raw_bytes: u64,
+    wire_bytes: u64,
+    /// The link's rate as measured (bytes/s), once a window was held back by it.
+    link: Option<f64>,
+    /// Windows in a row that were not held back but kept their codec for the link's sake.
+    patience: u32,
 }
 
 impl Governor {
@@ -44,7 +77,31 @@ impl Governor {
             batches: 0,
             producing: Duration::ZERO,
             sending: Duration::ZERO,
+            raw_bytes: 0,
+            wire_bytes: 0,
+            link: None,
+            patience: 0,
         }
+    }
+
+    /// [`Governor::new`], an adaptive one going on from what an earlier stream over the same
+    /// link learnt.
+    pub fn resume(requested: Compression, memory: Option<LinkMemory>) -> Self {
+        let mut g = Self::new(requested);
+        if let (true, Some(m)) = (g.adaptive, memory) {
+            (g.codec, g.link, g.patience) = (m.codec, m.link, m.patience);
+        }
+        g
+    }
+
+    /// What this stream learnt of its link (adaptive streams, once a window was judged).
+    pub fn memory(&self) -> Option<LinkMemory> {
+        let learnt = self.link.is_some() || self.codec != Compression::None;
+        (self.adaptive && learnt).then_some(LinkMemory {
+            codec: self.codec,
+            link: self.link,
+            patience: self.patience,
+        })
     }
 
     /// The codec for the next batch (never [`Compression::Adaptive`]).
@@ -52,15 +109,23 @@ impl Governor {
         self.codec
     }
 
+    /// The link's rate as this stream measured it (bytes/s), once its sends were held back.
+    pub fn link(&self) -> Option<f64> {
+        self.link
+    }
+
     /// One batch sent: `producing` from the previous send's end until this batch was encoded
-    /// (the scan, the ops, the codec), `sending` waiting for the client to take it.
-    pub fn observe(&mut self, producing: Duration, sending: Duration) {
+    /// (the scan, the ops, the codec), `sending` waiting for the client to take it; `raw`
+    /// its bytes uncompressed, `wire` as sent.
+    pub fn observe(&mut self, producing: Duration, sending: Duration, raw: u64, wire: u64) {
         if !self.adaptive {
             return;
         }
         self.batches += 1;
         self.producing += producing;
         self.sending += sending;
+        self.raw_bytes += raw;
+        self.wire_bytes += wire;
         if self.batches < WINDOW {
             return;
         }
@@ -70,22 +135,64 @@ impl Governor {
         } else {
             0.0
         };
+        if total > 0.0 {
+            let wire_rate = self.wire_bytes as f64 / total;
+            self.link = if waiting > LINK_BOUND {
+                // Held back by the link: its rate.
+                Some(wire_rate)
+            } else {
+                // The link carried at least this much.
+                Some(self.link.map_or(wire_rate, |l| l.max(wire_rate)))
+            };
+        }
+        let lighter = match self.codec {
+            Compression::Zstd => Compression::Lz4,
+            _ => Compression::None,
+        };
         self.codec = if waiting > LINK_BOUND {
             match self.codec {
                 Compression::None => Compression::Lz4,
                 _ => Compression::Zstd,
             }
-        } else if waiting < CPU_BOUND {
-            match self.codec {
-                Compression::Zstd => Compression::Lz4,
-                _ => Compression::None,
+        } else if waiting < CPU_BOUND && self.codec != Compression::None {
+            self.patience += 1;
+            if self.fits(lighter, total) || self.patience >= PROBE_AFTER {
+                self.patience = 0;
+                lighter
+            } else {
+                self.codec
             }
         } else {
             self.codec
         };
+        if waiting > LINK_BOUND {
+            self.patience = 0;
+        }
+        self.reset();
+    }
+
+    /// A new window.
+    fn reset(&mut self) {
         self.batches = 0;
         self.producing = Duration::ZERO;
         self.sending = Duration::ZERO;
+        self.raw_bytes = 0;
+        self.wire_bytes = 0;
+    }
+
+    /// Whether the window's bytes in `lighter` would fit the measured link. Uncompressed is
+    /// known (the raw bytes); LZ4 from zstd is taken to send twice the bytes. Unmeasured:
+    /// yes (nothing says the link is slow).
+    fn fits(&self, lighter: Compression, secs: f64) -> bool {
+        let Some(link) = self.link else { return true };
+        if self.codec == Compression::None || secs <= 0.0 {
+            return true;
+        }
+        let bytes = match lighter {
+            Compression::None => self.raw_bytes as f64,
+            _ => 2.0 * self.wire_bytes as f64,
+        };
+        bytes / secs <= FITS * link
     }
 }
 
@@ -177,26 +284,107 @@ mod tests {
             g.observe(
                 Duration::from_millis(producing_ms),
                 Duration::from_millis(sending_ms),
+                1000,
+                1000,
             );
         }
         g.codec()
+    }
+
+    /// A stream over a link of 10 MB/s producing 1 MB batches every 10 ms (100 MB/s raw)
+    /// that compress 20×: each batch's send waits for what the link takes for its wire bytes.
+    fn over_link(g: &mut Governor, batches: u32, link: f64) -> Compression {
+        for _ in 0..batches {
+            let raw = 1_000_000u64;
+            let wire = match g.codec() {
+                Compression::None => raw,
+                Compression::Lz4 => raw / 10,
+                _ => raw / 20,
+            };
+            let producing = Duration::from_millis(match g.codec() {
+                Compression::Zstd => 14,
+                Compression::Lz4 => 11,
+                _ => 10,
+            });
+            let on_wire = Duration::from_secs_f64(wire as f64 / link);
+            g.observe(producing, on_wire.saturating_sub(producing), raw, wire);
+        }
+        g.codec()
+    }
+
+    #[test]
+    fn a_stream_compressed_for_a_slow_link_stays_compressed_and_follows_the_link() {
+        let mut g = Governor::new(Compression::Adaptive);
+        // A fast link: never held back, never compressed.
+        assert_eq!(over_link(&mut g, 4 * WINDOW, 1e12), Compression::None);
+        // The link drops to 10 MB/s: compressed, and kept so although sends stop waiting
+        // (1 MB raw per 10 ms would need 100 MB/s).
+        over_link(&mut g, 2 * WINDOW, 10e6);
+        let mut codecs = Vec::new();
+        for _ in 0..8 {
+            codecs.push(over_link(&mut g, WINDOW, 10e6));
+        }
+        assert!(codecs.iter().all(|c| *c != Compression::None), "{codecs:?}");
+        let link = g.link().expect("measured");
+        assert!((5e6..=20e6).contains(&link), "{link}");
+        // The link comes back: the wire rate it carries lifts the estimate, and the stream
+        // sheds its codec.
+        let mut last = g.codec();
+        for _ in 0..40 {
+            last = over_link(&mut g, WINDOW, 1e12);
+        }
+        assert_eq!(last, Compression::None, "link {:?}", g.link());
     }
 
     #[test]
     fn a_stream_held_by_the_socket_compresses_more_and_one_held_by_the_cpu_less() {
         let mut g = Governor::new(Compression::Adaptive);
         assert_eq!(g.codec(), Compression::None);
-        // Sends wait 80% of the time: the link is the bottleneck.
-        assert_eq!(run(&mut g, WINDOW - 1, 2, 8), Compression::None, "a window first");
-        assert_eq!(run(&mut g, 1, 2, 8), Compression::Lz4);
-        assert_eq!(run(&mut g, WINDOW, 2, 8), Compression::Zstd);
-        assert_eq!(run(&mut g, WINDOW, 2, 8), Compression::Zstd, "the most it does");
+        // A link of 1 MB/s for 100 MB/s of batches: held back by the socket.
+        assert_eq!(
+            over_link(&mut g, WINDOW - 1, 1e6),
+            Compression::None,
+            "a window first"
+        );
+        assert_eq!(over_link(&mut g, 1, 1e6), Compression::Lz4);
+        assert_eq!(over_link(&mut g, WINDOW, 1e6), Compression::Zstd);
+        assert_eq!(
+            over_link(&mut g, WINDOW, 1e6),
+            Compression::Zstd,
+            "the most it does"
+        );
         // Between the thresholds nothing changes.
         assert_eq!(run(&mut g, WINDOW, 10, 1), Compression::Zstd);
-        // Sends never wait: the server's CPU is the bottleneck.
-        assert_eq!(run(&mut g, WINDOW, 10, 0), Compression::Lz4);
-        assert_eq!(run(&mut g, WINDOW, 10, 0), Compression::None);
-        assert_eq!(run(&mut g, WINDOW, 10, 0), Compression::None);
+        // Sends never wait: the server's CPU is the bottleneck. But the link was measured
+        // slower than these bytes uncompressed: each step down is a probe, after
+        // `PROBE_AFTER` windows.
+        assert_eq!(
+            over_link(&mut g, (PROBE_AFTER - 1) * WINDOW, 1e12),
+            Compression::Zstd
+        );
+        assert_eq!(over_link(&mut g, WINDOW, 1e12), Compression::Lz4);
+        assert_eq!(over_link(&mut g, PROBE_AFTER * WINDOW, 1e12), Compression::None);
+        assert_eq!(over_link(&mut g, WINDOW, 1e12), Compression::None);
+    }
+
+    #[test]
+    fn a_stream_starts_from_what_the_last_one_to_its_peer_learnt() {
+        let mut g = Governor::new(Compression::Adaptive);
+        over_link(&mut g, 3 * WINDOW, 10e6);
+        let memory = g.memory().expect("learnt");
+        assert_ne!(memory.codec, Compression::None);
+        let next = Governor::resume(Compression::Adaptive, Some(memory));
+        assert_eq!((next.codec(), next.link()), (memory.codec, memory.link));
+        // A client that chose a codec keeps it whatever was learnt.
+        assert_eq!(
+            Governor::resume(Compression::Lz4, Some(memory)).codec(),
+            Compression::Lz4
+        );
+        assert_eq!(
+            Governor::new(Compression::Adaptive).memory(),
+            None,
+            "nothing learnt yet"
+        );
     }
 
     #[test]

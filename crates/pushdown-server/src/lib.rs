@@ -236,6 +236,12 @@ pub(crate) struct State {
     /// Streams running fragment ops here now: a stream that may leave its ops to the client
     /// does so when there are as many as CPU threads.
     reducing: Arc<std::sync::atomic::AtomicUsize>,
+    /// Streams computing now (any stream, not only reducing ones): not waiting for their
+    /// clients. A stream opened shares the cores with these, not with streams their readers
+    /// hold back.
+    computing: Arc<std::sync::atomic::AtomicUsize>,
+    /// What adaptive streams learnt of each peer's link, for the next stream to it.
+    links: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, codec::LinkMemory>>,
     config: Arc<ServerConfig>,
     /// The tokens requests must carry; none: every request reads everything.
     tokens: Option<Arc<Tokens>>,
@@ -341,6 +347,8 @@ impl ServerBuilder {
             cpu,
             streams: Arc::new(Semaphore::new(config.max_concurrent_streams.max(1))),
             reducing: Arc::default(),
+            computing: Arc::default(),
+            links: Default::default(),
             config,
             tokens: self.tokens.map(Arc::new),
             prefetch: prefetch::Prefetch::default(),

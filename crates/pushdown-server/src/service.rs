@@ -204,7 +204,12 @@ impl PushdownService {
         }
     }
 
-    async fn open_stream(&self, ticket: Ticket, caller: &Caller) -> Result<FlightStream<FlightData>> {
+    async fn open_stream(
+        &self,
+        ticket: Ticket,
+        caller: &Caller,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
         // A caller the ticket is not for is refused before it can drop a stream opened ahead
@@ -217,12 +222,15 @@ impl PushdownService {
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = self.place(ticket);
         // The CPU threads (and reads in flight, for a remote store) shared among the streams
-        // running now: a lone reader (pyarrow taking endpoints one by one) decodes its shard
-        // on every core; many readers one core each.
+        // computing now: a lone reader (pyarrow taking endpoints one by one) decodes its shard
+        // on every core; many readers one core each. Streams their readers hold back (a
+        // loader prefetching shards it will read in order) leave their cores to this one:
+        // counting them starved the shard being read while the cores idled.
         let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
+        let computing = self.state.computing.load(std::sync::atomic::Ordering::Relaxed);
         let config = &self.state.config;
         let cores = config.cpu_threads.max(config.store_reads_in_flight);
-        let parallelism = (cores / running.max(1)).max(1);
+        let parallelism = (cores / (computing + 1).min(running.max(1))).max(1);
         // Opened ahead for this caller and unchanged by placement: taken as it is.
         let ahead = match self.state.prefetch.claim(&caller.principal, &raw) {
             crate::prefetch::Claim::None => None,
@@ -268,7 +276,7 @@ impl PushdownService {
             ticket,
             opened,
             Arc::clone(&caller.grant),
-            (permit, placement),
+            (permit, placement, peer),
             tx.clone(),
         );
         let metrics = Arc::clone(&self.state.metrics);
@@ -391,7 +399,7 @@ impl PushdownService {
             ticket.request.query = Query::Fragment(deferred);
             self.state.metrics.deferred_streams.inc();
         }
-        let guard = (on_server > 0).then(|| Reducing::new(Arc::clone(reducing)));
+        let guard = (on_server > 0).then(|| Counted::new(Arc::clone(reducing)));
         (
             ticket,
             Placement {
@@ -673,7 +681,7 @@ async fn produce(
     ticket: ShardTicket,
     mut opened: crate::query::Opened,
     grant: Arc<Grant>,
-    (_permit, mut placement): (OwnedSemaphorePermit, Placement),
+    (_permit, mut placement, peer): (OwnedSemaphorePermit, Placement, Option<std::net::IpAddr>),
     tx: mpsc::Sender<Result<FlightData, Status>>,
 ) -> Result<bool, Status> {
     use crate::cache::Lookup;
@@ -704,7 +712,11 @@ async fn produce(
     let mut copying_total = std::time::Duration::ZERO;
     let mut claim = None;
     let mut hit_bytes = None;
-    let mut governor = Governor::new(ticket.request.compression);
+    // An adaptive stream starts from what the last one to this peer learnt of the link.
+    let learnt = peer.and_then(|p| crate::catalog::lock(&state.links).get(&p).copied());
+    let mut governor = Governor::resume(ticket.request.compression, learnt);
+    // Counted as computing but while it waits for its client.
+    let mut computing = Counted::new(Arc::clone(&state.computing));
     let mut encoder = Encoder::new(state.config.max_flight_data_bytes)
         .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
     let stream_all = async {
@@ -775,10 +787,25 @@ async fn produce(
                 .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
             let producing = ready_since.elapsed();
             producing_total += producing;
+            let wire: u64 = messages
+                .iter()
+                .map(|m| (m.data_header.len() + m.data_body.len()) as u64)
+                .sum();
+            // What the batch would have been uncompressed (its buffers: what IPC copies).
+            let raw = if codec == Compression::None {
+                wire
+            } else {
+                batch
+                    .columns()
+                    .iter()
+                    .map(|c| c.get_buffer_memory_size() as u64)
+                    .sum()
+            };
             let sending_since = Instant::now();
             // Waiting for the client is not computing: a stream held back by its reader does
             // not count against the streams its server reduces at once.
             placement.waiting(true);
+            computing.set(false);
             for data in messages {
                 bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
                 if tx.send(Ok(data)).await.is_err() {
@@ -787,14 +814,24 @@ async fn produce(
                 }
             }
             placement.waiting(false);
+            computing.set(true);
             state.metrics.record_batch(codec);
             ready_since = Instant::now();
-            governor.observe(producing, ready_since - sending_since);
+            governor.observe(producing, ready_since - sending_since, raw, wire);
         }
         producing_total += ready_since.elapsed();
         Ok::<bool, Status>(true)
     };
-    let completed = match tokio::time::timeout(deadline, stream_all).await {
+    let ended = tokio::time::timeout(deadline, stream_all).await;
+    if let (Some(peer), Some(memory)) = (peer, governor.memory()) {
+        let mut links = crate::catalog::lock(&state.links);
+        // Bounded: a server with this many peers forgets them all and learns again.
+        if links.len() >= MAX_PEERS_REMEMBERED && !links.contains_key(&peer) {
+            links.clear();
+        }
+        links.insert(peer, memory);
+    }
+    let completed = match ended {
         Ok(result) => result?,
         Err(_) => return Err(ServerError::Deadline(deadline).into()),
     };
@@ -820,7 +857,7 @@ async fn produce(
     state
         .metrics
         .record_op_rows(&placement.ops, placement.on_server, output);
-    tracing::debug!(?stats, "stream finished");
+    tracing::debug!(?stats, link_bytes_per_s = ?governor.link(), "stream finished");
     if completed && ticket.request.stats {
         let _ = tx
             .send(Ok(FlightData::new().with_app_metadata(stats.encode())))
@@ -829,6 +866,9 @@ async fn produce(
     Ok(completed)
 }
 
+/// Peers whose links adaptive streams remember (see [`crate::codec::LinkMemory`]).
+const MAX_PEERS_REMEMBERED: usize = 4096;
+
 /// Where a stream's fragment ops run: the first `on_server` here, the rest (from
 /// `deferred_from`) on the client.
 #[derive(Debug, Default)]
@@ -836,7 +876,7 @@ struct Placement {
     ops: Vec<String>,
     on_server: usize,
     deferred_from: Option<usize>,
-    reducing: Option<Reducing>,
+    reducing: Option<Counted>,
 }
 
 impl Placement {
@@ -848,15 +888,15 @@ impl Placement {
     }
 }
 
-/// One stream running fragment ops on this server: counted while it computes (not while
-/// its client holds it back), until it ends.
+/// One stream in a count of streams (those computing, those running fragment ops here):
+/// counted while it computes (not while its client holds it back), until it ends.
 #[derive(Debug)]
-struct Reducing {
+struct Counted {
     count: Arc<std::sync::atomic::AtomicUsize>,
     counted: bool,
 }
 
-impl Reducing {
+impl Counted {
     fn new(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
         let mut r = Self {
             count,
@@ -879,7 +919,7 @@ impl Reducing {
     }
 }
 
-impl Drop for Reducing {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.set(false);
     }
@@ -1062,8 +1102,9 @@ impl FlightService for PushdownService {
             return FlightService::do_get(&self.sql(), request).await;
         }
         let caller = self.caller(&request).map_err(|e| self.fail("do_get", e))?;
+        let peer = request.remote_addr().map(|a| a.ip());
         match self
-            .contained(self.open_stream(request.into_inner(), &caller))
+            .contained(self.open_stream(request.into_inner(), &caller, peer))
             .await
         {
             Ok(stream) => Ok(Response::new(stream)),

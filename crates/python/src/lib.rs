@@ -64,7 +64,7 @@ impl PyLoader {
     #[new]
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
-        world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=4,
+        world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
         echo_max=4, report_every_s=1.0, placement="costed"
@@ -84,7 +84,7 @@ impl PyLoader {
         drop_last: bool,
         prefetch: usize,
         workers: usize,
-        concurrency: usize,
+        concurrency: Option<usize>,
         bandwidth_bytes_per_s: Option<f64>,
         compression: &str,
         stall_timeout_s: f64,
@@ -166,13 +166,15 @@ impl PyLoader {
             prefetch,
             workers,
             stream: StreamOptions {
-                concurrency: concurrency.max(1),
+                // Given: fixed; none: tuned from the default start.
+                concurrency: concurrency.map_or(StreamOptions::default().concurrency, |c| c.max(1)),
+                max_concurrency: concurrency.map_or(StreamOptions::default().max_concurrency, |c| c.max(1)),
                 stall_timeout,
                 max_retries,
                 ..StreamOptions::default()
             },
             compression,
-            link: Link::bandwidth(bandwidth_bytes_per_s.unwrap_or(1e9 / 8.0)),
+            link: bandwidth_bytes_per_s.map_or_else(Link::auto, Link::bandwidth),
             connect,
             echo,
             report_every,
@@ -234,6 +236,8 @@ impl PyLoader {
         d.set_item("wait_fraction", s.wait_fraction())?;
         d.set_item("distinct_rows", s.distinct_rows)?;
         d.set_item("echo", s.echo)?;
+        d.set_item("peak_streams", s.peak_streams)?;
+        d.set_item("bytes_received", s.bytes_received)?;
         Ok(d)
     }
 }

@@ -48,6 +48,12 @@ class Loader:
     undelivered row (up to ``max_retries`` consecutive failures), so faults never change the
     sequence of batches.
 
+    ``concurrency`` (shard streams in flight) left unset is tuned while the epoch runs: it
+    grows while the loader waits and each step raises the rate, within 1 GiB of read-ahead,
+    and never changes the batches. ``bandwidth_bytes_per_s`` left unset is found: servers on
+    this host are unlimited (uncompressed streams), others' streams are compressed by their
+    servers while the link holds them back.
+
     Secured servers: ``token`` is sent as ``authorization: Bearer <token>`` (servers started
     with ``--auth-tokens``); ``https://`` servers are checked against ``tls_ca`` (a PEM file;
     default: the system's roots), and ``tls_client_cert`` + ``tls_client_key`` (PEM files)
@@ -82,7 +88,7 @@ class Loader:
         drop_last: bool = False,
         prefetch: int = 4,
         workers: int = 2,
-        concurrency: int = 4,
+        concurrency: Optional[int] = None,
         bandwidth_bytes_per_s: Optional[float] = None,
         compression: str = "auto",
         stall_timeout_s: float = 30.0,
