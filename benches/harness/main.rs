@@ -171,7 +171,7 @@ pub struct Datasets {
     pub rows: Vec<(Kind, usize, u64)>,
 }
 
-fn datasets(options: &Options) -> Result<Datasets> {
+fn datasets(options: &Options, only: Option<Kind>) -> Result<Datasets> {
     let sizes: [(Kind, usize); 4] = if options.quick {
         [
             (Kind::Images, 2048),
@@ -190,6 +190,9 @@ fn datasets(options: &Options) -> Result<Datasets> {
     let root = options.data.join(if options.quick { "quick" } else { "full" });
     let mut rows = Vec::new();
     for (kind, n) in sizes {
+        if only.is_some_and(|k| k.name() != kind.name()) {
+            continue;
+        }
         let dir = root.join(kind.name());
         // The stamp holds the rows written (TPC-H's scale gives about the rows asked for); its
         // name carries the layout, so data written by an older `pushdown gen` is regenerated.
@@ -318,7 +321,8 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let data = datasets(&options)?;
+        // The feed suite reads images alone: the others are not generated for it.
+        let data = datasets(&options, (suite == "feed").then_some(Kind::Images))?;
         let command = format!(
             "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
             if options.quick { " --quick" } else { "" }

@@ -9,7 +9,7 @@ torch importable it runs ``torch.utils.data.DataLoader`` itself (tensors through
 memory); without, the same workers on ``multiprocessing`` queues.
 
 The consumer takes a batch, then "trains" for ``256 / demand`` seconds (``--demand`` samples/s;
-0: no step). Prints one JSON line: rows, seconds, seconds waited for batches, CPU seconds of
+0: no step). Prints one JSON line: rows, seconds, seconds waited for batches (and for the first one), CPU seconds of
 this process and its workers, and which loader ran.
 
     .venv/bin/python benches/python/bench_feed.py --data DIR/images --workers 4 --demand 2000
@@ -148,13 +148,15 @@ def main():
         except ImportError:
             kind = "mp"
     epochs = torch_epochs if kind == "torch" else mp_epochs
-    rows, waited = 0, 0.0
+    rows, waited, first_wait = 0, 0.0, None
     start = time.perf_counter()
     it = epochs(units, args.workers, args.epochs, args.seed)
     while True:
         asked = time.perf_counter()
         b = next(it, None)
         waited += time.perf_counter() - asked
+        if first_wait is None:
+            first_wait = waited
         if b is None:
             break
         n = len(b[1])
@@ -167,7 +169,15 @@ def main():
     cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
     loader = "torch.utils.data.DataLoader" if kind == "torch" else "multiprocessing workers"
     json.dump(
-        {"rows": rows, "elapsed": elapsed, "waited": waited, "cpu_s": cpu, "loader": loader, "workers": args.workers},
+        {
+            "rows": rows,
+            "elapsed": elapsed,
+            "waited": waited,
+            "first_wait": first_wait or 0.0,
+            "cpu_s": cpu,
+            "loader": loader,
+            "workers": args.workers,
+        },
         sys.stdout,
     )
     print()

@@ -22,7 +22,8 @@ use crate::{ClientError, Result};
 pub struct ShardPlacement {
     /// The share of shards the server reduces (the rest are the client's: a split). Shards
     /// are dealt out evenly by their position in the reader's sequence (epoch × endpoints +
-    /// endpoint): the same for a seed every run.
+    /// endpoint), and the client's go to the server after all while the consumer is not
+    /// waiting (see [`Completion::set_consumer_waiting`]).
     pub server_fraction: f64,
     /// Adapted at run time (`server_fraction` is then unused): each shard goes, when it is
     /// requested, to the end expected to finish it first at the rates both have delivered
@@ -68,6 +69,10 @@ pub struct Completion {
     cores: Arc<tokio::sync::Semaphore>,
     /// The adapted split, when [`ShardPlacement::adaptive`].
     control: std::sync::Mutex<Control>,
+    /// Whether the consumer has been waiting for batches lately (see
+    /// [`Completion::set_consumer_waiting`]): a static split's shards are the client's only
+    /// then. Until told otherwise, it is.
+    consumer_waiting: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Completion {
@@ -225,7 +230,18 @@ impl Completion {
             streams: AtomicU64::new(0),
             cores: Arc::new(tokio::sync::Semaphore::new(placement.cores.max(1))),
             control: Default::default(),
+            consumer_waiting: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    /// Tells the split whether the consumer has been waiting for batches lately. A static
+    /// split ([`ShardPlacement::server_fraction`] below 1) takes its shards onto this
+    /// client's cores to deliver more than the servers can; while the consumer does not wait
+    /// that buys nothing and costs the trainer's CPU, so its shards go to the servers until
+    /// the consumer waits again. Which end runs a shard's ops never changes its rows. The
+    /// [`crate::Loader`] tells the planner's split (not one its options force).
+    pub fn set_consumer_waiting(&self, waiting: bool) {
+        self.consumer_waiting.store(waiting, Ordering::Relaxed);
     }
 
     fn control(&self) -> std::sync::MutexGuard<'_, Control> {
@@ -268,7 +284,7 @@ impl Completion {
         });
         let clients = match &dealt {
             Some(d) => d.side == Side::Client,
-            None => self.placement.is_clients(position),
+            None => self.placement.is_clients(position) && self.consumer_waiting.load(Ordering::Relaxed),
         };
         let deferral = match (clients, self.placement.adaptive, room) {
             (true, ..) => Deferral::Always { from: 0 },
@@ -388,6 +404,30 @@ mod tests {
             (0..50).filter(|&p| ShardPlacement::SERVER.is_clients(p)).count(),
             0
         );
+    }
+
+    #[test]
+    fn a_split_runs_its_shards_here_only_while_the_consumer_waits() {
+        let completion = Arc::new(Completion::new(
+            ShardPlacement {
+                server_fraction: 0.5,
+                adaptive: false,
+                cores: 1,
+            },
+            vec![Call::new("hash_bucket", "k", vec![], "k")],
+            Arc::new(arrow::datatypes::Schema::empty()),
+            Arc::new(pushdown_ops::NoResources),
+        ));
+        let deferred = |completion: &Arc<Completion>| {
+            (0..20)
+                .filter(|&p| completion.deferral_for(p).deferral != Deferral::Never)
+                .count()
+        };
+        assert_eq!(deferred(&completion), 10, "waiting (the start): the split's half");
+        completion.set_consumer_waiting(false);
+        assert_eq!(deferred(&completion), 0, "not waiting: every shard on the server");
+        completion.set_consumer_waiting(true);
+        assert_eq!(deferred(&completion), 10, "waiting again: the split's half");
     }
 
     /// Two ends serving shards one at a time in the order dealt, `server` and `client` apart;

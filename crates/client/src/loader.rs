@@ -693,6 +693,9 @@ pub struct Loader {
     epoch_start: Option<(Instant, Duration)>,
     /// The share of the last whole epoch the consumer waited.
     last_wait: Option<f64>,
+    /// Since when, and the wait counted by then, the consumer's wait is being watched for the
+    /// split (see [`Completion::set_consumer_waiting`]).
+    appetite: Option<(Instant, Duration)>,
     /// Tells the loaders apart in the servers' scaling signal.
     client_id: u64,
     /// When the last report was sent, and the wait and rows counted by then.
@@ -702,6 +705,12 @@ pub struct Loader {
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
     streams: Arc<std::sync::Mutex<StreamTotals>>,
 }
+
+/// How long the consumer's wait is watched before the split is told whether it waits, and
+/// the share of that time above which it does: long enough to span a shuffle window's
+/// batches (waits come at window boundaries when the servers are the bottleneck).
+const APPETITE_WINDOW: Duration = Duration::from_secs(2);
+const APPETITE_WAIT: f64 = 0.02;
 
 /// A batch as the [`Loader`] hands it out.
 fn to_tensors(batch: RecordBatch, epoch: u64, index: u64) -> Result<TensorBatch> {
@@ -770,6 +779,7 @@ impl Loader {
             echo: shared_echo.factor(None),
             epoch_start: None,
             last_wait: None,
+            appetite: None,
             client_id: rand::random(),
             reported: None,
             ahead: None,
@@ -870,6 +880,32 @@ impl Loader {
         s.echo = self.echo;
         s.completed = self.prepared.completed();
         s
+    }
+
+    /// Every [`APPETITE_WINDOW`] from the first batch on, tells the planner's split whether
+    /// the consumer waited for more than [`APPETITE_WAIT`] of it: its shards are run here
+    /// only while the consumer waits (before the first batch it does).
+    /// A split the options force (benchmarks measuring each placement) is left as asked.
+    fn watch_appetite(&mut self) {
+        let shared = &self.prepared.shared;
+        let Some(completion) = shared
+            .completion
+            .as_ref()
+            .filter(|_| shared.options.push == Push::Costed)
+        else {
+            return;
+        };
+        let now = Instant::now();
+        let Some((since, waited)) = self.appetite else {
+            self.appetite = Some((now, self.stats.waited));
+            return;
+        };
+        let elapsed = now.duration_since(since);
+        if elapsed >= APPETITE_WINDOW {
+            let wait = (self.stats.waited - waited).as_secs_f64() / elapsed.as_secs_f64();
+            completion.set_consumer_waiting(wait > APPETITE_WAIT);
+            self.appetite = Some((now, self.stats.waited));
+        }
     }
 
     /// Every `report_every`, sends the servers the consumer's wait and rows since the last
@@ -1074,6 +1110,7 @@ impl Iterator for Loader {
                     self.batches += 1;
                     self.stats.batches += 1;
                     self.stats.rows += batch.rows as u64;
+                    self.watch_appetite();
                     self.maybe_report();
                     self.start_ahead();
                     return Some(Ok(batch));
@@ -1465,18 +1502,13 @@ async fn produce<T: Send + 'static>(
     let mut next_batch = first;
     let mut in_flight = futures::stream::FuturesOrdered::new();
     let workers = shared.options.workers.max(1);
+    // Rows read ahead of the batches being handed out: the window being emitted and the next
+    // one filling. Reading goes on while the consumer takes a window's batches, so the
+    // servers never wait for a window to drain (they did: the epoch alternated between
+    // filling a window, the consumer waiting, and emitting it, the servers idle).
+    let ahead = 2 * shared.window.max(shared.batch_size * workers);
     let mut done = false;
     loop {
-        if !done {
-            match stream.next().await {
-                Some(batch) => {
-                    let batch = batch?;
-                    pending_rows += batch.num_rows();
-                    pending.push_back(batch);
-                }
-                None => done = true,
-            }
-        }
         // Full windows (or the last one) are permuted and queued for batching.
         while pending_rows >= shared.window || (done && pending_rows > 0) {
             // Without a shuffle every row is a window of its own, in order: all the rows
@@ -1511,8 +1543,9 @@ async fn produce<T: Send + 'static>(
             shuffled_rows += order.len();
             shuffled.push_back(Window { parts, order });
         }
-        // Whole batches (or the last, partial one) go to the workers.
-        while next_batch < total_batches
+        // Whole batches (or the last, partial one) go to the workers, as many as they take.
+        while in_flight.len() < workers
+            && next_batch < total_batches
             && (shuffled_rows >= shared.batch_size || (done && shuffled_rows > 0))
         {
             let take = shuffled_rows.min(shared.batch_size);
@@ -1527,12 +1560,24 @@ async fn produce<T: Send + 'static>(
                 finish(worker_shared.steps.apply(rows, key)?, epoch, index)
             }));
             next_batch += 1;
-            while in_flight.len() >= workers {
-                send_next(&mut in_flight, &tx).await?;
-            }
         }
-        if done && (next_batch >= total_batches || shuffled_rows == 0) {
+        if done && in_flight.is_empty() && (next_batch >= total_batches || shuffled_rows == 0) {
             break;
+        }
+        // Hand out the oldest batch, or read on: whichever can go first.
+        let read = !done && pending_rows + shuffled_rows < ahead;
+        tokio::select! {
+            biased;
+            sent = send_next(&mut in_flight, &tx), if !in_flight.is_empty() => sent?,
+            batch = stream.next(), if read => match batch {
+                Some(batch) => {
+                    let batch = batch?;
+                    pending_rows += batch.num_rows();
+                    pending.push_back(batch);
+                }
+                None => done = true,
+            },
+            else => break,
         }
     }
     while !in_flight.is_empty() {
@@ -1624,12 +1669,15 @@ async fn send_next<T>(
     in_flight: &mut futures::stream::FuturesOrdered<tokio::task::JoinHandle<Result<T>>>,
     tx: &mpsc::Sender<Result<T>>,
 ) -> Result<()> {
+    // Room first, then the batch: dropped at any await (the producer reads on meanwhile),
+    // it loses nothing.
+    let Ok(room) = tx.reserve().await else {
+        // The consumer is gone (restored or dropped): stop quietly.
+        return Err(ClientError::Invalid("loader consumer gone".into()));
+    };
     if let Some(joined) = in_flight.next().await {
         let batch = joined.map_err(|e| ClientError::Invalid(format!("a loader worker failed: {e}")))??;
-        if tx.send(Ok(batch)).await.is_err() {
-            // The consumer is gone (restored or dropped): stop quietly.
-            return Err(ClientError::Invalid("loader consumer gone".into()));
-        }
+        room.send(Ok(batch));
     }
     Ok(())
 }

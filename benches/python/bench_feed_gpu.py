@@ -1,0 +1,202 @@
+"""`harness feed` with a real accelerator: ResNet-50 training steps on a GPU fed three ways.
+
+* ``synthetic``: batches already on the GPU (the ceiling: the GPU never waits);
+* ``pushdown``: ``pushdown.Loader`` with default options against a ``pushdown serve`` on
+  the same host (its cores given by the caller, e.g. pinned with taskset), the pipeline
+  ``decode_resize(image,128,128) → select [pixels,label] → random_flip → shuffle 4096 →
+  batch 256``;
+* ``dataloader``: ``torch.utils.data.DataLoader`` with ``--workers`` processes decoding with
+  PIL on the trainer's cores (``bench_feed.py``'s workers).
+
+Each step: uint8 NHWC → float, normalized, channels_last, bf16 autocast, SGD. Reports one
+JSON line per feed: images/s, the share of the run the trainer waited for data (1 − GPU busy,
+measured around a synchronized step), the trainer's CPU seconds per 1,000 images (this
+process and its children) and the server's (``--server-pid``).
+
+    python bench_feed_gpu.py --feed pushdown --server http://127.0.0.1:50051 --server-pid PID
+    python bench_feed_gpu.py --feed dataloader --data DIR/images --workers 8
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+B = 256
+
+
+def resnet50():
+    try:
+        import torchvision
+
+        return torchvision.models.resnet50(num_classes=1000)
+    except ImportError:
+        return _resnet50()
+
+
+def _resnet50():
+    """ResNet-50 (bottleneck blocks 3-4-6-3) in plain torch, for hosts without torchvision."""
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [], 64
+    for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000),
+    )
+
+
+def cpu_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu():
+    """This process, its children reaped, and its children alive (DataLoader workers)."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    me = os.getpid()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def pushdown_batches(server, epochs):
+    import pushdown
+
+    pipeline = {
+        "dataset": "images",
+        "steps": [
+            {"op": "map", "call": "decode_resize", "input": "image", "params": [128, 128], "output": "pixels"},
+            {"op": "select", "columns": ["pixels", "label"]},
+            {"op": "map", "call": "random_flip", "input": "pixels", "params": [0.5]},
+            {"op": "shuffle", "buffer": 4096},
+            {"op": "batch", "size": B},
+        ],
+    }
+    loader = pushdown.Loader(server, pipeline=pipeline, seed=1, epochs=epochs)
+    for b in loader:
+        yield torch.from_numpy(b["pixels"]), torch.from_numpy(b["label"].astype(np.int64))
+    pushdown_batches.stats = loader.stats
+
+
+def dataloader_batches(data, workers, epochs):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_feed
+
+    units = bench_feed.row_groups(data)
+    for pixels, labels in bench_feed.torch_epochs(units, workers, epochs, 1):
+        yield pixels, labels.long()
+
+
+def train(batches, model, opt, device, max_steps, warmup, server_pid):
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
+    loss_fn = torch.nn.CrossEntropyLoss()
+    images, waited, steps, start = 0, 0.0, 0, None
+    it = iter(batches)
+    while steps < max_steps + warmup:
+        asked = time.perf_counter()
+        b = next(it, None)
+        if b is None:
+            break
+        if steps == warmup:
+            start, images, waited = time.perf_counter(), 0, 0.0
+            cpu0 = own_cpu()
+            server0 = cpu_of(server_pid) if server_pid else None
+        elif steps > warmup:
+            waited += time.perf_counter() - asked
+        pixels, labels = b
+        x = pixels.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+        x = ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+        y = (labels % 1000).to(device, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        steps += 1
+        if steps > warmup:
+            images += len(labels)
+    elapsed = time.perf_counter() - start
+    server = cpu_of(server_pid) - server0 if server_pid else None
+    return images, elapsed, waited, own_cpu() - cpu0, server
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--feed", choices=["synthetic", "pushdown", "dataloader"], required=True)
+    ap.add_argument("--server")
+    ap.add_argument("--server-pid", type=int)
+    ap.add_argument("--data")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    model = resnet50().to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if args.feed == "synthetic":
+        x = torch.randint(0, 255, (B, 128, 128, 3), dtype=torch.uint8, device=device)
+        y = torch.randint(0, 1000, (B,), device=device)
+        batches = iter(lambda: (x, y), None)
+    elif args.feed == "pushdown":
+        batches = pushdown_batches(args.server, args.epochs)
+    else:
+        batches = dataloader_batches(args.data, args.workers, args.epochs)
+    images, elapsed, waited, cpu, server = train(
+        batches, model, opt, device, args.steps, args.warmup, args.server_pid
+    )
+    out = {
+        "feed": args.feed,
+        "workers": args.workers if args.feed == "dataloader" else None,
+        "images": images,
+        "images_per_s": images / elapsed,
+        "wait": waited / elapsed,
+        "trainer_cpu_s_per_1k": cpu / images * 1000,
+        "server_cpu_s_per_1k": server / images * 1000 if server is not None else None,
+        "gpu": torch.cuda.get_device_name(),
+    }
+    json.dump(out, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
