@@ -21,30 +21,32 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use futures::stream::{BoxStream, Stream, StreamExt, TryStreamExt};
+use pushdown_engine::{CacheUse, Grant, Node, ServerError};
 use pushdown_protocol::{Query, ScanRequest};
-use pushdown_server::{Server, ServerError};
 
 type Result<T, E = ServerError> = std::result::Result<T, E>;
 
 /// Record batches of a query, in order.
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
 
-/// Runs `request` on `server`'s engine in this process: its tickets in order (one per shard,
-/// or the whole query), each planned and executed as its `DoGet` would be. Returns the
-/// result schema and the batches.
-pub async fn execute(server: &Server, request: &ScanRequest) -> Result<(SchemaRef, BatchStream)> {
-    let planned = server.plan(request).await?;
-    let server = server.clone();
-    let batches = futures::stream::iter(planned.tickets())
-        .then(move |t| {
-            let server = server.clone();
-            async move {
-                let stream = server.run_ticket(&t).await?;
-                Ok::<_, ServerError>(stream.map_err(ServerError::from))
-            }
-        })
-        .try_flatten()
-        .boxed();
+/// Runs `request` on `node` in this process: its tickets in order (one per shard, or the
+/// whole query), each planned and executed as its `DoGet` would be. Returns the result
+/// schema and the batches.
+pub async fn execute(node: &Arc<Node>, request: &ScanRequest) -> Result<(SchemaRef, BatchStream)> {
+    let all = Arc::new(Grant::All);
+    let planned = node.plan(request, &all).await?;
+    let node = Arc::clone(node);
+    let batches =
+        futures::stream::iter(planned.tickets())
+            .then(move |t| {
+                let (node, all) = (Arc::clone(&node), Arc::clone(&all));
+                // Never the server's fragment cache: a trainer reading the files itself has none.
+                async move {
+                    Ok::<_, ServerError>(node.run_ticket(&t, &all, CacheUse::Bypass).await?.into_stream())
+                }
+            })
+            .try_flatten()
+            .boxed();
     Ok((planned.schema, batches))
 }
 
@@ -73,10 +75,10 @@ where
     };
     let table = StreamingTable::try_new(schema, vec![Arc::new(partition)])?;
     ctx.register_table(dataset, Arc::new(table))?;
-    for udf in pushdown_server::udfs(resources, pushdown_server::OpLimits::unlimited()) {
+    for udf in pushdown_engine::udfs(resources, pushdown_engine::OpLimits::unlimited()) {
         ctx.register_udf(udf);
     }
-    let df = pushdown_server::dataframe(&ctx, query).await?;
+    let df = pushdown_engine::dataframe(&ctx, query).await?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let stream = df.execute_stream().await?;
     Ok((schema, stream.map_err(ServerError::from).boxed()))

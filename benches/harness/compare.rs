@@ -231,7 +231,7 @@ async fn in_process(server: &Server, plan: &Plan) -> Result<Outcome> {
     let start = Instant::now();
     let read0 = server.metrics().store_bytes_read.get();
     let request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-    let (schema, batches) = pushdown_baselines::execute(server, &request).await?;
+    let (schema, batches) = pushdown_baselines::execute(server.node(), &request).await?;
     let (samples, waited) = drive(batches, plan, schema, Arc::new(pushdown_ops::NoResources)).await?;
     Ok(Outcome {
         samples,
@@ -951,7 +951,7 @@ pub(crate) async fn engine_scan(
     let mut best = 0.0f64;
     for _ in 0..reps.max(1) {
         let start = Instant::now();
-        let (_, mut batches) = pushdown_baselines::execute(&server, &request).await?;
+        let (_, mut batches) = pushdown_baselines::execute(server.node(), &request).await?;
         while let Some(b) = batches.next().await {
             b?;
         }

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pushdown_server::Prepared;
+use pushdown_engine::PreparedStatement as Prepared;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(prepared) = Prepared::decode(data) {

@@ -7,16 +7,15 @@ use std::sync::{Arc, LazyLock};
 use arrow::array::{Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use futures::StreamExt;
 use libfuzzer_sys::fuzz_target;
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use pushdown_protocol::{Query, ScanRequest};
-use pushdown_server::Server;
+use pushdown_engine::{CacheUse, Grant, Node};
 
 struct Harness {
     runtime: tokio::runtime::Runtime,
-    server: Server,
+    node: Arc<Node>,
 }
 
 static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
@@ -42,14 +41,14 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
     writer.write(&batch).expect("write");
     writer.close().expect("close");
     let store = Arc::new(InMemory::new());
-    let server = runtime.block_on(async {
+    let node = runtime.block_on(async {
         store
             .put(&"t/part-0.parquet".into(), PutPayload::from(bytes))
             .await
             .expect("put");
-        Server::builder(store as Arc<dyn ObjectStore>).open().await.expect("server")
+        Arc::new(Node::builder(store as Arc<dyn ObjectStore>).open().await.expect("node"))
     });
-    Harness { runtime, server }
+    Harness { runtime, node }
 });
 
 fuzz_target!(|data: &[u8]| {
@@ -57,9 +56,9 @@ fuzz_target!(|data: &[u8]| {
     let h = &*HARNESS;
     h.runtime.block_on(async {
         let request = ScanRequest::new(Query::Sql(text.to_owned()));
-        if let Ok(planned) = h.server.plan(&request).await {
+        if let Ok(planned) = h.node.plan(&request, &Grant::All).await {
             for ticket in planned.tickets() {
-                if let Ok(mut stream) = h.server.run_ticket(&ticket).await {
+                if let Ok(mut stream) = h.node.run_ticket(&ticket, &Arc::new(Grant::All), CacheUse::Bypass).await {
                     while let Some(item) = stream.next().await {
                         if item.is_err() {
                             break;

@@ -164,7 +164,7 @@ async fn in_process_and_full_row_baselines_equal_pushdown() {
         let pushed = rows(&fx.collect(&request).await.expect("pushdown").0);
         assert!(!pushed.is_empty());
 
-        let (_, batches) = pushdown_baselines::execute(&fx.server, &request)
+        let (_, batches) = pushdown_baselines::execute(fx.server.node(), &request)
             .await
             .expect("in-process");
         let in_process: Vec<_> = batches.try_collect().await.expect("in-process batches");

@@ -128,6 +128,60 @@ async fn a_ticket_resumes_from_an_offset() {
     assert_eq!(rows(&tail), rows(&full)[37..].to_vec());
 }
 
+/// `Server::run_ticket` is the `DoGet`'s own path, not a copy of it: the same rows past
+/// `skip_rows`, and the same ops left to the client, with the same schema saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_ticket_in_process_equals_the_doget_tail() {
+    use pushdown_protocol::{Deferral, Fragment, OpCall, Value};
+    let fx = Fixture::images(200).await;
+    let thumbs = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["id".into(), "label".into(), "thumb".into()],
+        predicate: Some("label % 3 <> 0".into()),
+        ops: vec![OpCall::new("thumbnail", "image", vec![Value::Int(8)], "thumb")],
+    }));
+    let mut deferred = thumbs.clone();
+    deferred.deferral = Deferral::Always { from: 0 };
+    for request in [
+        ScanRequest::new(Query::Sql("SELECT id, label FROM images".into())),
+        thumbs,
+        deferred,
+    ] {
+        let info = fx.client.plan(&request).await.expect("plan");
+        for endpoint in &info.endpoint {
+            let raw = endpoint.ticket.clone().expect("ticket").ticket;
+            let mut ticket = ShardTicket::decode(&raw).expect("ticket");
+            let whole = fetch_ticket(&fx, raw).await;
+            ticket.skip_rows = 37.min(num_rows(&whole) as u64);
+            let over_flight = fetch_ticket(&fx, ticket.encode()).await;
+            let in_process: Vec<_> = fx
+                .server
+                .run_ticket(&ticket)
+                .await
+                .expect("run_ticket")
+                .into_stream()
+                .try_collect()
+                .await
+                .expect("batches");
+            let skip = ticket.skip_rows as usize;
+            assert_eq!(rows(&over_flight), rows(&whole)[skip..].to_vec());
+            assert_eq!(rows(&in_process), rows(&over_flight), "{request:?}");
+            if let (Some(a), Some(b)) = (in_process.first(), over_flight.first()) {
+                assert_eq!(
+                    a.schema().metadata(),
+                    b.schema().metadata(),
+                    "the deferral, said alike"
+                );
+                let deferral_said = a
+                    .schema()
+                    .metadata()
+                    .contains_key(pushdown_protocol::DEFERRED_FROM_KEY);
+                assert_eq!(deferral_said, request.deferral != Deferral::Never);
+            }
+        }
+    }
+}
+
 async fn fetch_ticket(fx: &Fixture, ticket: bytes::Bytes) -> Vec<arrow::record_batch::RecordBatch> {
     fetch_from(fx.running.url(), ticket).await
 }

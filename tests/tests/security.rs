@@ -756,11 +756,13 @@ async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
         vec![std::sync::Arc::new(arrow::array::Int64Array::from(vec![7]))],
     )
     .expect("params");
-    let handle =
-        pushdown_server::Prepared::bind("SELECT id, label FROM images WHERE label < $1".into(), &params)
-            .expect("binds")
-            .encode()
-            .to_vec();
+    let handle = pushdown_server::PreparedStatement::bind(
+        "SELECT id, label FROM images WHERE label < $1".into(),
+        &params,
+    )
+    .expect("binds")
+    .encode()
+    .to_vec();
     if let Ok(dir) = std::env::var("PUSHDOWN_WRITE_FUZZ_SEEDS") {
         // The fuzz targets' binary seeds (scripts/fuzz.sh), from this live server.
         for (target, seed) in [
@@ -805,7 +807,7 @@ async fn arbitrary_tickets_commands_and_sql_never_take_the_server_down() {
         }
         // Flight SQL: a mutated prepared-statement handle, executed.
         let h = mutate(&mut rng, &handle);
-        if let Ok(p) = pushdown_server::Prepared::decode(&h) {
+        if let Ok(p) = pushdown_server::PreparedStatement::decode(&h) {
             let _ = p.bound_sql();
         }
         let command_sql = arrow_flight::sql::CommandPreparedStatementQuery {

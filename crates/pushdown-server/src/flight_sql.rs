@@ -2,7 +2,7 @@
 //! queries over datasets and views unmodified.
 //!
 //! Every Flight SQL message is a protobuf `Any` whose type names the Flight SQL protocol;
-//! [`PushdownService`] hands those (and only those) to this front end, everything else keeps
+//! [`PushdownService`](crate::PushdownService) hands those (and only those) to this front end, everything else keeps
 //! its own meaning. What this front end answers:
 //!
 //! * statement queries: planned exactly like a SQL command, so the answer has one endpoint
@@ -39,23 +39,20 @@ use arrow_flight::{
     Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
 };
 use bytes::Bytes;
-use datafusion::common::ScalarValue;
-use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, Value as SqlValue, visit_expressions_mut};
-use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::parser::Parser;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use pushdown_protocol::{Query, ScanRequest};
 use tonic::{Request, Response, Status};
 
-use crate::error::{Result, ServerError};
-use crate::query::{CATALOG, SCHEMA};
-use crate::service::PushdownService;
+use crate::context::Context;
+use pushdown_engine::allow::{CATALOG, SCHEMA};
+use pushdown_engine::error::{Result, ServerError};
+use pushdown_engine::prepared::{PreparedStatement, rewrite_placeholders};
 
-/// The Flight SQL front end of a [`PushdownService`].
+/// The Flight SQL front end of a [`PushdownService`](crate::PushdownService).
 #[derive(Debug, Clone)]
 pub struct FlightSql {
-    service: PushdownService,
+    ctx: Context,
 }
 
 /// The prefix of every Flight SQL message's type.
@@ -112,8 +109,8 @@ fn sql_info() -> Result<&'static SqlInfoData, Status> {
 }
 
 impl FlightSql {
-    pub(crate) fn new(service: PushdownService) -> Self {
-        Self { service }
+    pub(crate) fn new(ctx: Context) -> Self {
+        Self { ctx }
     }
 
     /// Runs a handler the way every method of the service runs: authenticated, with panics
@@ -122,17 +119,14 @@ impl FlightSql {
         &self,
         method: &'static str,
         request: &Request<R>,
-        work: impl FnOnce(Arc<crate::auth::Grant>) -> F,
+        work: impl FnOnce(Arc<pushdown_engine::auth::Grant>) -> F,
     ) -> Result<T, Status>
     where
         F: Future<Output = Result<T>>,
     {
-        let caller = self
-            .service
-            .caller(request)
-            .map_err(|e| self.service.fail(method, e))?;
-        let result = self.service.contained(work(caller.grant)).await;
-        self.service.finish(method, result)
+        let caller = self.ctx.caller(request).map_err(|e| self.ctx.fail(method, e))?;
+        let result = self.ctx.contained(work(caller.grant)).await;
+        self.ctx.finish(method, result)
     }
 
     /// A statement's answer: planned as a SQL command from a client that cannot choose a
@@ -146,7 +140,7 @@ impl FlightSql {
         let info = self
             .run("flight_sql_statement", &request, |grant| {
                 let descriptor = request.get_ref().clone();
-                self.service
+                self.ctx
                     .plan_info(ScanRequest::new(Query::Sql(sql)), true, descriptor, peer, grant)
             })
             .await?;
@@ -156,8 +150,8 @@ impl FlightSql {
     /// Authenticates a metadata command (catalogs, schemas, tables, SQL info); the answer is
     /// filtered by the caller's grant where it names tables.
     fn authenticated<R>(&self, request: &Request<R>) -> Result<(), Status> {
-        self.service
-            .finish("flight_sql_metadata", self.service.caller(request).map(|_| ()))
+        self.ctx
+            .finish("flight_sql_metadata", self.ctx.caller(request).map(|_| ()))
     }
 
     /// A metadata command's answer: its schema and one endpoint whose ticket is the command.
@@ -192,141 +186,25 @@ impl FlightSql {
     }
 
     /// The tables `grant` may read: datasets, then views, each with its schema.
-    async fn tables(&self, grant: Arc<crate::auth::Grant>) -> Result<Vec<(String, &'static str, SchemaRef)>> {
-        let datasets = self.service.engine().visible(&grant).await?;
+    async fn tables(
+        &self,
+        grant: Arc<pushdown_engine::auth::Grant>,
+    ) -> Result<Vec<(String, &'static str, SchemaRef)>> {
+        let datasets = self.ctx.engine().visible(&grant).await?;
         let mut tables: Vec<_> = datasets
             .values()
             .map(|d| (d.name.clone(), "TABLE", Arc::clone(&d.schema)))
             .collect();
-        for (view, schema) in self.service.view_schemas(grant).await? {
+        for (view, schema) in self.ctx.view_schemas(grant).await? {
             tables.push((view.name.clone(), "VIEW", schema));
         }
         Ok(tables)
     }
 
     fn read_only(what: &str) -> Status {
-        Status::from(ServerError::NotReadOnly(format!(
+        crate::status::status(ServerError::NotReadOnly(format!(
             "{what}: this server only answers queries"
         )))
-    }
-}
-
-/// A prepared statement as its handle carries it: the query (placeholders numbered `$1`…)
-/// and the values bound to them, if any, each as a SQL literal of its type.
-///
-/// A handle is the client's bytes, so its values are SQL text like any other the client
-/// could send: the bound statement is checked as a whole (read-only, grants, size, depth)
-/// when it is planned. Values are never Arrow IPC inside a handle: arrow-rs's IPC stream
-/// reader allocates whatever body length a message claims (a mutated handle asked for
-/// 7 EB and aborted the process, found by the mutation test in tests/tests/security.rs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Prepared {
-    pub sql: String,
-    pub params: Option<Vec<String>>,
-}
-
-/// The first bytes of every handle.
-const HANDLE_MAGIC: &[u8] = b"pushdown-prepared-2\0";
-
-/// The largest handle accepted (the query's own cap applies once it is bound).
-const MAX_HANDLE_BYTES: usize = 1 << 20;
-
-/// The most parameters a statement binds.
-const MAX_PARAMS: usize = 4096;
-
-impl Prepared {
-    /// Binds the one row of `params` (column `i` is `$i+1`) as typed literals.
-    pub fn bind(sql: String, params: &RecordBatch) -> Result<Self> {
-        if params.num_rows() != 1 {
-            return Err(ServerError::BadQuery(format!(
-                "a query binds one row of parameters, got {}; run it once per row",
-                params.num_rows()
-            )));
-        }
-        if params.num_columns() > MAX_PARAMS {
-            return Err(ServerError::BadQuery(format!(
-                "more than {MAX_PARAMS} parameters"
-            )));
-        }
-        let literals = params
-            .columns()
-            .iter()
-            .map(|column| literal(&ScalarValue::try_from_array(column, 0)?))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            sql,
-            params: Some(literals),
-        })
-    }
-
-    pub fn encode(&self) -> Bytes {
-        let mut out = HANDLE_MAGIC.to_vec();
-        let mut put = |text: &str| {
-            out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-            out.extend_from_slice(text.as_bytes());
-        };
-        put(&self.sql);
-        for p in self.params.iter().flatten() {
-            put(p);
-        }
-        out.into()
-    }
-
-    /// A handle from a client: any bytes at all, so every length is checked.
-    pub fn decode(handle: &[u8]) -> Result<Self> {
-        let bad = |why: &str| {
-            ServerError::BadRequest(format!("not a prepared statement handle of this server: {why}"))
-        };
-        if handle.len() > MAX_HANDLE_BYTES {
-            return Err(bad("too long"));
-        }
-        let mut rest = handle
-            .strip_prefix(HANDLE_MAGIC)
-            .ok_or_else(|| bad("unknown format"))?;
-        let mut texts = Vec::new();
-        while !rest.is_empty() {
-            if texts.len() > MAX_PARAMS {
-                return Err(bad("too many parameters"));
-            }
-            let (len, after) = rest.split_at_checked(8).ok_or_else(|| bad("truncated"))?;
-            let len = u64::from_le_bytes(len.try_into().map_err(|_| bad("truncated"))?);
-            let len = usize::try_from(len).map_err(|_| bad("bad length"))?;
-            let (text, after) = after.split_at_checked(len).ok_or_else(|| bad("truncated"))?;
-            texts.push(
-                std::str::from_utf8(text)
-                    .map_err(|_| bad("not UTF-8"))?
-                    .to_owned(),
-            );
-            rest = after;
-        }
-        let mut texts = texts.into_iter();
-        let sql = texts.next().ok_or_else(|| bad("no query"))?;
-        let params: Vec<String> = texts.collect();
-        Ok(Self {
-            sql,
-            params: (!params.is_empty()).then_some(params),
-        })
-    }
-
-    /// The query with its parameters substituted, ready to plan like any SQL text.
-    pub fn bound_sql(&self) -> Result<String> {
-        rewrite_placeholders(&self.sql, |n| {
-            let Some(params) = &self.params else {
-                return Err(ServerError::BadQuery(format!("parameter ${n} is not bound")));
-            };
-            let text = params.get(n - 1).ok_or_else(|| {
-                ServerError::BadQuery(format!(
-                    "parameter ${n} is not bound: {} parameters were given",
-                    params.len()
-                ))
-            })?;
-            Parser::new(&GenericDialect {})
-                .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
-                .try_with_sql(text)
-                .and_then(|mut p| p.parse_expr())
-                .map(Some)
-                .map_err(|e| ServerError::BadQuery(format!("parameter ${n}: {e}")))
-        })
     }
 }
 
@@ -424,107 +302,6 @@ fn check_param_message(data: &FlightData) -> std::result::Result<(), FlightError
     }
 }
 
-fn parser_error(e: impl std::fmt::Display) -> ServerError {
-    ServerError::BadQuery(e.to_string())
-}
-
-/// `sql` with its placeholders rewritten: `?` become `$1`, `$2`, … in order, and each `$n`
-/// is replaced by what `value(n)` gives (kept when it gives `None`). Works on the parsed
-/// statement, never on the text.
-fn rewrite_placeholders(
-    sql: &str,
-    mut value: impl FnMut(usize) -> Result<Option<SqlExpr>>,
-) -> Result<String> {
-    let mut statements = Parser::new(&GenericDialect {})
-        .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
-        .try_with_sql(sql)
-        .and_then(|mut p| p.parse_statements())
-        .map_err(parser_error)?;
-    let [statement] = statements.as_mut_slice() else {
-        return Err(ServerError::NotReadOnly(format!(
-            "a prepared statement is one query, got {} statements",
-            statements.len()
-        )));
-    };
-    let mut next = 0usize;
-    let mut failure = None;
-    let _ = visit_expressions_mut(statement, |expr| {
-        if let SqlExpr::Value(v) = expr
-            && let SqlValue::Placeholder(p) = &v.value
-        {
-            let n = if p == "?" {
-                next += 1;
-                Ok(next)
-            } else {
-                p.strip_prefix('$')
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| ServerError::BadQuery(format!("placeholder `{p}`: use $1, $2, … or ?")))
-            };
-            match n.and_then(|n| Ok((n, value(n)?))) {
-                Ok((_, Some(replacement))) => *expr = replacement,
-                Ok((n, None)) => v.value = SqlValue::Placeholder(format!("${n}")),
-                Err(e) => {
-                    failure = Some(e);
-                    return std::ops::ControlFlow::Break(());
-                }
-            }
-        }
-        std::ops::ControlFlow::Continue(())
-    });
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(statement.to_string()),
-    }
-}
-
-/// A parameter's value as a SQL literal of its type.
-fn literal(value: &ScalarValue) -> Result<String> {
-    use ScalarValue as S;
-    let quoted = |text: String| format!("'{}'", text.replace('\'', "''"));
-    let text = match value {
-        v if v.is_null() => "NULL".to_owned(),
-        S::Boolean(Some(b)) => b.to_string().to_ascii_uppercase(),
-        S::Int8(_)
-        | S::Int16(_)
-        | S::Int32(_)
-        | S::Int64(_)
-        | S::UInt8(_)
-        | S::UInt16(_)
-        | S::UInt32(_)
-        | S::UInt64(_) => value.to_string(),
-        S::Float32(Some(x)) => float(f64::from(*x), "REAL"),
-        S::Float64(Some(x)) => float(*x, "DOUBLE"),
-        S::Utf8(Some(s)) | S::LargeUtf8(Some(s)) | S::Utf8View(Some(s)) => quoted(s.clone()),
-        S::Date32(_) | S::Date64(_) => format!("CAST({} AS DATE)", quoted(value.to_string())),
-        S::TimestampSecond(_, None)
-        | S::TimestampMillisecond(_, None)
-        | S::TimestampMicrosecond(_, None)
-        | S::TimestampNanosecond(_, None) => format!("CAST({} AS TIMESTAMP)", quoted(value.to_string())),
-        S::Decimal128(_, p, s) => format!("CAST({} AS DECIMAL({p},{s}))", quoted(value.to_string())),
-        other => {
-            return Err(ServerError::BadQuery(format!(
-                "parameters of type {} are not supported; bind a string and CAST it",
-                other.data_type()
-            )));
-        }
-    };
-    Ok(text)
-}
-
-fn float(x: f64, ty: &str) -> String {
-    if x.is_finite() {
-        // `{:?}` keeps a decimal point or exponent, so the literal stays a float.
-        format!("CAST({x:?} AS {ty})")
-    } else if x.is_nan() {
-        format!("CAST('NaN' AS {ty})")
-    } else if x > 0.0 {
-        format!("CAST('inf' AS {ty})")
-    } else {
-        format!("CAST('-inf' AS {ty})")
-    }
-}
-
 /// The parameters of a prepared query, `$1`… in order, typed where the query implies a type.
 fn parameter_schema(types: &HashMap<String, Option<DataType>>) -> Schema {
     let mut params: Vec<(usize, DataType)> = types
@@ -569,9 +346,9 @@ impl FlightSqlService for FlightSql {
         query: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let sql = Prepared::decode(&query.prepared_statement_handle)
+        let sql = PreparedStatement::decode(&query.prepared_statement_handle)
             .and_then(|p| p.bound_sql())
-            .map_err(|e| self.service.fail("flight_sql_statement", e))?;
+            .map_err(|e| self.ctx.fail("flight_sql_statement", e))?;
         self.statement_info(sql, request).await
     }
 
@@ -633,7 +410,7 @@ impl FlightSqlService for FlightSql {
         _ticket: TicketStatementQuery,
         _request: Request<Ticket>,
     ) -> Result<DoGetResponse, Status> {
-        Err(Status::from(ServerError::BadRequest(
+        Err(crate::status::status(ServerError::BadRequest(
             "this server's statement tickets are the endpoints' own: read those".into(),
         )))
     }
@@ -743,11 +520,11 @@ impl FlightSqlService for FlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         // Authenticated here; the grant is checked when the bound statement is planned.
-        self.service
+        self.ctx
             .caller(&request)
-            .map_err(|e| self.service.fail("flight_sql_bind", e))?;
+            .map_err(|e| self.ctx.fail("flight_sql_bind", e))?;
         let work = async {
-            let prepared = Prepared::decode(&query.prepared_statement_handle)?;
+            let prepared = PreparedStatement::decode(&query.prepared_statement_handle)?;
             // At most a few messages (schema, one batch), then decoded one by one.
             let mut incoming = request.into_inner();
             let mut messages = Vec::new();
@@ -760,8 +537,8 @@ impl FlightSqlService for FlightSql {
             }
             let params = decode_params(&messages)?;
             let bound = match params {
-                Some(params) => Prepared::bind(prepared.sql, &params)?,
-                None => Prepared {
+                Some(params) => PreparedStatement::bind(prepared.sql, &params)?,
+                None => PreparedStatement {
                     sql: prepared.sql,
                     params: None,
                 },
@@ -772,8 +549,8 @@ impl FlightSqlService for FlightSql {
                 prepared_statement_handle: Some(bound.encode()),
             })
         };
-        let result = self.service.contained(work).await;
-        self.service.finish("flight_sql_bind", result)
+        let result = self.ctx.contained(work).await;
+        self.ctx.finish("flight_sql_bind", result)
     }
 
     async fn do_action_create_prepared_statement(
@@ -783,17 +560,17 @@ impl FlightSqlService for FlightSql {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.run("flight_sql_prepare", &request, |grant| async move {
             let sql = rewrite_placeholders(&query.query, |_| Ok(None))?;
-            let state = self.service.state();
+            let state = self.ctx.state();
             let statement = Query::Sql(sql.clone());
             let (schema, plan) = self
-                .service
+                .ctx
                 .on_cpu("preparing", async move {
-                    state.engine.describe(&statement, &grant).await
+                    state.node.engine.describe(&statement, &grant).await
                 })
                 .await?;
             let types = plan.get_parameter_types()?;
             Ok(ActionCreatePreparedStatementResult {
-                prepared_statement_handle: Prepared { sql, params: None }.encode(),
+                prepared_statement_handle: PreparedStatement { sql, params: None }.encode(),
                 dataset_schema: schema_bytes(&schema)?,
                 parameter_schema: schema_bytes(&parameter_schema(&types))?,
             })
@@ -811,68 +588,4 @@ impl FlightSqlService for FlightSql {
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::array::{Float64Array, Int64Array, StringArray};
-
-    fn one_row(columns: Vec<arrow::array::ArrayRef>) -> RecordBatch {
-        let fields: Vec<Field> = columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Field::new(format!("${}", i + 1), c.data_type().clone(), true))
-            .collect();
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
-    }
-
-    #[test]
-    fn question_marks_become_numbered_placeholders() {
-        let sql = rewrite_placeholders("SELECT a FROM t WHERE b < ? AND c = ?", |_| Ok(None)).unwrap();
-        assert_eq!(sql, "SELECT a FROM t WHERE b < $1 AND c = $2");
-    }
-
-    #[test]
-    fn parameters_are_substituted_as_typed_literals_not_text() {
-        let params = one_row(vec![
-            Arc::new(Int64Array::from(vec![-5])),
-            Arc::new(StringArray::from(vec!["it's'; DROP TABLE t; --"])),
-            Arc::new(Float64Array::from(vec![f64::NAN])),
-        ]);
-        let p = Prepared::bind(
-            "SELECT a FROM t WHERE b < $1 AND s = $2 AND x <> $3".into(),
-            &params,
-        )
-        .unwrap();
-        let round = Prepared::decode(&p.encode()).unwrap();
-        assert_eq!(round, p);
-        assert_eq!(
-            round.bound_sql().unwrap(),
-            "SELECT a FROM t WHERE b < -5 AND s = 'it''s''; DROP TABLE t; --' AND x <> CAST('NaN' AS DOUBLE)"
-        );
-    }
-
-    #[test]
-    fn missing_parameters_and_bad_handles_are_named() {
-        let unbound = Prepared::bind(
-            "SELECT $2".into(),
-            &one_row(vec![Arc::new(Int64Array::from(vec![1]))]),
-        )
-        .unwrap();
-        assert!(
-            unbound
-                .bound_sql()
-                .unwrap_err()
-                .to_string()
-                .contains("$2 is not bound")
-        );
-        for handle in [&b""[..], b"garbage", &HANDLE_MAGIC[..5]] {
-            let e = Prepared::decode(handle).unwrap_err().to_string();
-            assert!(e.contains("not a prepared statement handle"), "{e}");
-        }
-        let mut long = HANDLE_MAGIC.to_vec();
-        long.extend_from_slice(&u64::MAX.to_le_bytes());
-        assert!(Prepared::decode(&long).is_err());
-    }
 }

@@ -8,25 +8,26 @@ use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest,
+    HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
 use pushdown_protocol::{
-    ActionKind, ClientReport, Compression, CountReply, DEFERRED_FROM_KEY, Deferral, Fragment, Query,
-    ScanRequest, ShardTicket,
+    ActionKind, ClientReport, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket,
 };
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::State;
-use crate::auth::{Caller, Grant};
-use crate::catalog::panic_message;
 use crate::codec::{Encoder, Governor};
-use crate::error::{Result, ServerError, outcome};
-use crate::query::{Shape, scan_stats};
+use crate::context::Context;
+use crate::state::State;
+use pushdown_engine::auth::{Caller, Grant};
+use pushdown_engine::catalog::panic_message;
+use pushdown_engine::error::{Result, ServerError};
+use pushdown_engine::query::{Opened, Shape};
+use pushdown_engine::ticket::{CacheUse, Placement, TicketStream};
 
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 
@@ -34,46 +35,18 @@ type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 #[derive(Debug, Clone)]
 pub struct PushdownService {
     state: Arc<State>,
+    /// What every request handler shares with Flight SQL's.
+    ctx: Context,
 }
 
 impl PushdownService {
     pub(crate) fn new(state: Arc<State>) -> Self {
-        Self { state }
-    }
-
-    pub(crate) fn state(&self) -> Arc<State> {
-        Arc::clone(&self.state)
-    }
-
-    pub(crate) fn engine(&self) -> &crate::query::Engine {
-        &self.state.engine
+        let ctx = Context::new(Arc::clone(&state));
+        Self { state, ctx }
     }
 
     fn sql(&self) -> crate::flight_sql::FlightSql {
-        crate::flight_sql::FlightSql::new(self.clone())
-    }
-
-    pub(crate) fn finish<T>(&self, method: &'static str, result: Result<T>) -> Result<T, Status> {
-        self.state.metrics.record_request(method, outcome(&result));
-        result.map_err(Status::from)
-    }
-
-    pub(crate) fn fail(&self, method: &'static str, error: ServerError) -> Status {
-        let result: Result<()> = Err(error);
-        self.state.metrics.record_request(method, outcome(&result));
-        match result {
-            Err(e) => Status::from(e),
-            Ok(()) => Status::internal("unreachable"),
-        }
-    }
-
-    /// Who sent `request`: anyone on a server without tokens, else the holder of the bearer
-    /// token it carries (or `Unauthenticated`).
-    pub(crate) fn caller<T>(&self, request: &Request<T>) -> Result<Caller> {
-        match &self.state.tokens {
-            None => Ok(Caller::anonymous()),
-            Some(tokens) => tokens.authenticate(request.metadata()),
-        }
+        crate::flight_sql::FlightSql::new(self.ctx.clone())
     }
 
     /// A descriptor as a request: a command (ScanRequest or SQL) or a path `[dataset]`.
@@ -107,21 +80,6 @@ impl PushdownService {
         }
     }
 
-    /// Runs a request's handler with any panic in it (a decoder's, a kernel's) contained: the
-    /// request fails with `Internal`, the server goes on.
-    pub(crate) async fn contained<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
-        match std::panic::AssertUnwindSafe(work).catch_unwind().await {
-            Ok(result) => result,
-            Err(panic) => {
-                self.state.metrics.panics_contained.inc();
-                Err(ServerError::Internal(format!(
-                    "request panicked: {}",
-                    panic_message(panic.as_ref())
-                )))
-            }
-        }
-    }
-
     /// Plans a descriptor for the client at `peer`. A client that could not choose a codec
     /// gets uncompressed streams when it is on this host (loopback: compressing only costs
     /// both sides CPU), else adaptive ones: compressed while the network holds the stream
@@ -133,75 +91,7 @@ impl PushdownService {
         grant: Arc<Grant>,
     ) -> Result<FlightInfo> {
         let (request, plain) = Self::request_and_origin(&descriptor)?;
-        self.plan_info(request, plain, descriptor, peer, grant).await
-    }
-
-    /// Plans `request` into the `FlightInfo` that answers `descriptor`; `plain`: the client
-    /// could not choose the stream's codec.
-    pub(crate) async fn plan_info(
-        &self,
-        mut request: ScanRequest,
-        plain: bool,
-        descriptor: FlightDescriptor,
-        peer: Option<SocketAddr>,
-        grant: Arc<Grant>,
-    ) -> Result<FlightInfo> {
-        if plain {
-            request.compression = self
-                .state
-                .config
-                .plain_client_codec
-                .unwrap_or_else(|| codec_for_plain_client(peer));
-        }
-        let planned = self.plan_on_cpu(request, grant).await?;
-        self.state
-            .metrics
-            .row_groups_pruned_at_planning
-            .inc_by(planned.row_groups_pruned);
-        let tickets: Vec<bytes::Bytes> = planned.tickets().iter().map(|t| t.encode()).collect();
-        if self.state.config.read_ahead {
-            self.state.prefetch.remember(&tickets);
-        }
-        let endpoints: Vec<FlightEndpoint> = tickets.into_iter().map(|t| self.endpoint(t)).collect();
-        let total_records = match &planned.shape {
-            // Every row group ruled out (or an empty dataset): known to be empty.
-            Shape::RowWise { shards, .. } if shards.is_empty() => 0,
-            Shape::RowWise { .. } if !planned.has_filter => planned.rows_upper_bound as i64,
-            _ => -1,
-        };
-        tracing::debug!(
-            endpoints = endpoints.len(),
-            rows_upper_bound = planned.rows_upper_bound,
-            bytes_to_scan = planned.bytes_to_scan,
-            row_groups_pruned = planned.row_groups_pruned,
-            "planned"
-        );
-        let info = FlightInfo::new()
-            .try_with_schema(&planned.schema)
-            .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
-            .with_descriptor(descriptor)
-            .with_endpoints(endpoints)
-            .with_total_records(total_records)
-            .with_total_bytes(-1)
-            .with_ordered(true)
-            .with_app_metadata(
-                pushdown_protocol::PlanEstimate {
-                    rows_upper_bound: planned.rows_upper_bound,
-                    bytes_to_scan: planned.bytes_to_scan,
-                    row_wise: planned.is_row_wise(),
-                    row_groups_pruned: planned.row_groups_pruned,
-                }
-                .encode(),
-            );
-        Ok(info)
-    }
-
-    fn endpoint(&self, ticket: bytes::Bytes) -> FlightEndpoint {
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
-        match &self.state.config.advertise {
-            Some(url) => endpoint.with_location(url.clone()),
-            None => endpoint,
-        }
+        self.ctx.plan_info(request, plain, descriptor, peer, grant).await
     }
 
     async fn open_stream(
@@ -212,55 +102,21 @@ impl PushdownService {
     ) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
+        let node = &self.state.node;
         // A caller the ticket is not for is refused before it can drop a stream opened ahead
         // for someone else (opening checks the grant too; this only costs a second parse
         // while something is held).
-        if self.state.prefetch.holds() {
-            self.state.engine.authorize(&ticket, &caller.grant)?;
+        if node.prefetch.holds() {
+            node.engine.authorize(&ticket, &caller.grant)?;
         }
-        let shard = ticket.shard.clone();
         let permit = self.acquire_stream_slot().await?;
-        let (ticket, placement) = self.place(ticket);
-        // The CPU threads (and reads in flight, for a remote store) shared among the streams
-        // computing now: a lone reader (pyarrow taking endpoints one by one) decodes its shard
-        // on every core; many readers one core each. Streams their readers hold back (a
-        // loader prefetching shards it will read in order) leave their cores to this one:
-        // counting them starved the shard being read while the cores idled.
-        let running = self.state.config.max_concurrent_streams - self.state.streams.available_permits();
-        let computing = self.state.computing.load(std::sync::atomic::Ordering::Relaxed);
-        let config = &self.state.config;
-        let cores = config.cpu_threads.max(config.store_reads_in_flight);
-        let parallelism = (cores / (computing + 1).min(running.max(1))).max(1);
-        // Opened ahead for this caller and unchanged by placement: taken as it is.
-        let ahead = match self.state.prefetch.claim(&caller.principal, &raw) {
-            crate::prefetch::Claim::None => None,
-            crate::prefetch::Claim::Dropped => {
-                self.state.metrics.read_ahead("dropped");
-                None
-            }
-            crate::prefetch::Claim::Taken(opened) => {
-                // Unchanged by placement, and its file unchanged since it was opened.
-                let unchanged = *ticket.encode() == *raw
-                    && self.state.engine.still_current(&ticket).await.unwrap_or(false);
-                self.state
-                    .metrics
-                    .read_ahead(if unchanged { "taken" } else { "stale" });
-                unchanged.then_some(opened)
-            }
-        };
-        let opened = match ahead {
-            Some(opened) => opened,
-            None => {
-                let (state, ticket, grant) =
-                    (Arc::clone(&self.state), ticket.clone(), Arc::clone(&caller.grant));
-                self.on_cpu("opening a stream", async move {
-                    state.engine.open(&ticket, parallelism, &grant).await
-                })
-                .await?
-            }
-        };
-        if config.read_ahead && running <= 1 {
-            self.read_ahead(&raw, caller, cores);
+        let (ticket, placement) = node.place(ticket);
+        let running = node.config.max_concurrent_streams - self.state.streams.available_permits();
+        let opened = node
+            .open_ticket(&raw, &ticket, caller, node.stream_parallelism(running))
+            .await?;
+        if node.config.read_ahead && running <= 1 {
+            node.read_ahead(&raw, caller);
         }
         let span = tracing::info_span!(
             "stream",
@@ -269,22 +125,22 @@ impl PushdownService {
             file = ticket.shard.as_ref().map(|s| s.file.as_str()),
             row_groups = ?ticket.shard.as_ref().map(|s| s.row_groups.clone()),
         );
-        let (tx, rx) = mpsc::channel(2);
-        let state = Arc::clone(&self.state);
-        let producer = produce(
-            state,
-            ticket,
-            opened,
-            Arc::clone(&caller.grant),
-            (permit, placement, peer),
-            tx.clone(),
-        );
-        let metrics = Arc::clone(&self.state.metrics);
-        let shard_name = shard
+        let shard_name = ticket
+            .shard
             .as_ref()
             .map(|s| format!(" over `{}/{}`", s.dataset, s.file))
             .unwrap_or_default();
-        let guard = self.state.cpu.spawn(
+        let (tx, rx) = mpsc::channel(2);
+        let producer = produce(
+            Arc::clone(&self.state),
+            ticket,
+            (opened, placement),
+            Arc::clone(&caller.grant),
+            (permit, peer),
+            tx.clone(),
+        );
+        let metrics = Arc::clone(&node.metrics);
+        let guard = node.cpu.spawn(
             async move {
                 let mut outcome = StreamOutcome::start(Arc::clone(&metrics));
                 // A panic in a kernel or decoder must end this stream with an error, never
@@ -295,11 +151,11 @@ impl PushdownService {
                         outcome.outcome = if completed { "ok" } else { "cancelled" };
                         return;
                     }
-                    Ok(Err(status)) => status,
+                    Ok(Err(e)) => crate::status::status(e),
                     Err(panic) => {
                         metrics.panics_contained.inc();
                         let what = panic_message(panic.as_ref());
-                        Status::from(ServerError::Internal(format!(
+                        crate::status::status(ServerError::Internal(format!(
                             "stream{shard_name} panicked: {what}"
                         )))
                     }
@@ -321,111 +177,21 @@ impl PushdownService {
         Ok(stream.boxed())
     }
 
-    /// Opens the endpoint planned after `ticket` for `caller` and starts its partitions
-    /// decoding, to be taken by the caller's next `DoGet` (see `prefetch`). Failures are
-    /// the next `DoGet`'s to report: here they only mean nothing is held.
-    fn read_ahead(&self, ticket: &[u8], caller: &Caller, cores: usize) {
-        let Some(next) = self.state.prefetch.successor(ticket) else {
-            return;
-        };
-        let Ok(decoded) = ShardTicket::decode(&next) else {
-            return;
-        };
-        let generation = self.state.prefetch.begin();
-        let (state, grant, principal) = (
-            Arc::clone(&self.state),
-            Arc::clone(&caller.grant),
-            Arc::clone(&caller.principal),
-        );
-        let work = async move {
-            let mut opened = state.engine.open(&decoded, cores, &grant).await?;
-            // A shard the cache holds is served from it: nothing to read ahead.
-            if let Some(c) = &opened.cacheable
-                && c.mode != crate::CacheMode::Off
-                && state.cache.holds(c.key)
-            {
-                return Ok(());
-            }
-            let since = Instant::now();
-            let stream =
-                crate::query::ordered_stream(Arc::clone(&opened.plan), opened.ctx.task_ctx(), cores)?;
-            opened.started = Some(crate::query::Started { stream, since });
-            if state.prefetch.hold(generation, principal, next, opened) {
-                // Waiting must not keep a stopped server alive.
-                let weak = Arc::downgrade(&state);
-                drop(state);
-                tokio::time::sleep(crate::prefetch::HELD_FOR).await;
-                if let Some(state) = weak.upgrade()
-                    && state.prefetch.expire(generation)
-                {
-                    state.metrics.read_ahead("expired");
-                }
-            }
-            Ok::<_, ServerError>(())
-        };
-        // It ends by itself: stale, taken, or expired.
-        self.state.cpu.spawn_detached(async move {
-            if let Err(e) = work.await {
-                tracing::debug!(error = %e, "reading ahead");
-            }
-        });
-    }
-
-    /// Where this stream's fragment ops run. A ticket that lets the server leave ops `from..`
-    /// to the client gets them left when it says `Always` (a split placement), or `IfBusy`
-    /// and as many streams as CPU threads run ops here now; the ticket's fragment is then
-    /// [`Fragment::deferred`]. A stream that runs ops here counts as reducing while it
-    /// computes: one waiting for its client leaves the cores to others.
-    fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
-        use std::sync::atomic::Ordering;
-        let Query::Fragment(fragment) = &ticket.request.query else {
-            return (ticket, Placement::default());
-        };
-        let ops: Vec<String> = fragment.ops.iter().map(|c| c.op.clone()).collect();
-        let reducing = &self.state.reducing;
-        let from = match ticket.request.deferral {
-            Deferral::Never => None,
-            Deferral::Always { from } => Some(from as usize),
-            Deferral::IfBusy { from } => {
-                let config = &self.state.config;
-                let room = config.reducing_streams.unwrap_or(config.cpu_threads.max(1));
-                (reducing.load(Ordering::Relaxed) >= room).then_some(from as usize)
-            }
-        }
-        .filter(|&from| from < ops.len());
-        let on_server = from.unwrap_or(ops.len());
-        if let Some(from) = from {
-            let deferred = fragment.deferred(from);
-            ticket.request.query = Query::Fragment(deferred);
-            self.state.metrics.deferred_streams.inc();
-        }
-        let guard = (on_server > 0).then(|| Counted::new(Arc::clone(reducing)));
-        (
-            ticket,
-            Placement {
-                ops,
-                on_server,
-                deferred_from: from,
-                reducing: guard,
-            },
-        )
-    }
-
     async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
-        let wait = self.state.config.queue_timeout;
+        let wait = self.state.node.config.queue_timeout;
         match tokio::time::timeout(wait, Arc::clone(&self.state.streams).acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) => Err(ServerError::Internal("stream limiter closed".into())),
             Err(_) => Err(ServerError::Overloaded(format!(
                 "all {} stream slots busy for {wait:?}; retry later",
-                self.state.config.max_concurrent_streams
+                self.state.node.config.max_concurrent_streams
             ))),
         }
     }
 
     async fn schema(&self, descriptor: FlightDescriptor, grant: Arc<Grant>) -> Result<SchemaResult> {
         let request = Self::request_of(&descriptor)?;
-        let planned = self.plan_on_cpu(request, grant).await?;
+        let planned = self.ctx.plan_on_cpu(request, grant).await?;
         SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
@@ -433,7 +199,7 @@ impl PushdownService {
 
     /// The datasets and views `grant` may read; no other is even named.
     async fn list(&self, grant: Arc<Grant>) -> Result<Vec<FlightInfo>> {
-        let datasets = self.state.engine.visible(&grant).await?;
+        let datasets = self.state.node.engine.visible(&grant).await?;
         let mut infos: Vec<FlightInfo> = datasets
             .values()
             .map(|d| {
@@ -447,8 +213,8 @@ impl PushdownService {
                 Ok(info)
             })
             .collect::<Result<_>>()?;
-        let all = self.state.engine.catalog().snapshot();
-        for (view, schema) in self.view_schemas(grant).await? {
+        let all = self.state.node.engine.catalog().snapshot();
+        for (view, schema) in self.ctx.view_schemas(grant).await? {
             let bases: Vec<_> = view.bases.iter().filter_map(|b| all.get(b)).collect();
             let version = pushdown_protocol::DatasetVersion {
                 dataset: view.name.clone(),
@@ -473,58 +239,6 @@ impl PushdownService {
         Ok(infos)
     }
 
-    /// The views `grant` may read, each with its result schema. A view that cannot be
-    /// planned now (a dataset beneath it is missing or broken) is left out, with a warning.
-    pub(crate) async fn view_schemas(
-        &self,
-        grant: Arc<Grant>,
-    ) -> Result<Vec<(Arc<crate::views::View>, arrow::datatypes::SchemaRef)>> {
-        let mut out = Vec::new();
-        for view in self.state.engine.visible_views(&grant) {
-            let query = Query::Fragment(Fragment {
-                dataset: view.name.clone(),
-                ..Fragment::default()
-            });
-            let state = Arc::clone(&self.state);
-            let grant = Arc::clone(&grant);
-            let schema = self
-                .on_cpu("planning a view", async move {
-                    Ok(state.engine.describe(&query, &grant).await?.0)
-                })
-                .await;
-            match schema {
-                Ok(schema) => out.push((view, schema)),
-                Err(e) => tracing::warn!(view = %view.name, error = %e, "view cannot be planned; not listed"),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Plans on the CPU runtime: its threads' deep stacks hold DataFusion's recursion over
-    /// large query trees, and a slow plan never holds up the I/O threads.
-    async fn plan_on_cpu(&self, request: ScanRequest, grant: Arc<Grant>) -> Result<crate::query::Planned> {
-        let state = Arc::clone(&self.state);
-        self.on_cpu(
-            "planning",
-            async move { state.engine.plan(&request, &grant).await },
-        )
-        .await
-    }
-
-    /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
-    pub(crate) async fn on_cpu<T: Send + 'static>(
-        &self,
-        what: &str,
-        work: impl Future<Output = Result<T>> + Send + 'static,
-    ) -> Result<T> {
-        self.state
-            .cpu
-            .spawn(work)
-            .join()
-            .await
-            .map_err(|e| ServerError::Internal(format!("{what} task: {e}")))?
-    }
-
     async fn action(&self, action: Action, grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let Some(kind) = ActionKind::parse(&action.r#type) else {
             return Err(ServerError::BadRequest(format!(
@@ -544,7 +258,7 @@ impl PushdownService {
         // Every other action plans or reads: it takes a stream slot and runs under the
         // request deadline, like a stream (a `profile` or `count` scans data).
         let _slot = self.acquire_stream_slot().await?;
-        let deadline = self.state.config.request_timeout;
+        let deadline = self.state.node.config.request_timeout;
         match tokio::time::timeout(deadline, self.run_action(kind, action, grant)).await {
             Ok(result) => result,
             Err(_) => Err(ServerError::Deadline(deadline)),
@@ -561,15 +275,15 @@ impl PushdownService {
             ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
             ActionKind::Report => {
                 let report = ClientReport::from_bytes(&action.body).map_err(ServerError::BadCommand)?;
-                self.state.scaling.record(report);
+                self.state.node.scaling.record(report);
                 Ok(vec![])
             }
             ActionKind::Scaling => Ok(vec![arrow_flight::Result::new(
-                self.state.scaling.signal().to_bytes(),
+                self.state.node.scaling.signal().to_bytes(),
             )]),
             ActionKind::Explain => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
-                let planned = self.plan_on_cpu(request, Arc::clone(&grant)).await?;
+                let planned = self.ctx.plan_on_cpu(request, Arc::clone(&grant)).await?;
                 let shape = match &planned.shape {
                     Shape::RowWise { dataset, shards } => {
                         format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
@@ -580,8 +294,8 @@ impl PushdownService {
                     [] => "not cached (not row-wise, or not deterministic)".to_string(),
                     keys => format!(
                         "mode {}; {}",
-                        self.state.engine.cache_mode(&planned.names),
-                        self.state.cache.describe(keys)
+                        self.state.node.engine.cache_mode(&planned.names),
+                        self.state.node.cache.describe(keys)
                     ),
                 };
                 let text = format!(
@@ -597,10 +311,18 @@ impl PushdownService {
             ActionKind::Profile => {
                 let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
                 let state = Arc::clone(&self.state);
-                let cores = self.state.config.cpu_threads as u32;
+                let cores = self.state.node.config.cpu_threads as u32;
                 let profile = self
+                    .ctx
                     .on_cpu("profile", async move {
-                        crate::profile::profile(&state.engine, &request, PROFILE_ROWS, cores, &grant).await
+                        pushdown_engine::profile::profile(
+                            &state.node.engine,
+                            &request,
+                            PROFILE_ROWS,
+                            cores,
+                            &grant,
+                        )
+                        .await
                     })
                     .await?;
                 Ok(vec![arrow_flight::Result::new(profile.encode())])
@@ -609,13 +331,17 @@ impl PushdownService {
                 let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
                 let state = Arc::clone(&self.state);
                 let n = self
-                    .on_cpu("count", async move { state.engine.count(&ticket, &grant).await })
+                    .ctx
+                    .on_cpu(
+                        "count",
+                        async move { state.node.engine.count(&ticket, &grant).await },
+                    )
                     .await?;
                 Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
             }
             ActionKind::Refresh => {
-                self.state.engine.catalog().refresh().await?;
-                let datasets = grant.visible(&self.state.engine.catalog().snapshot());
+                self.state.node.engine.catalog().refresh().await?;
+                let datasets = grant.visible(&self.state.node.engine.catalog().snapshot());
                 Ok(datasets
                     .values()
                     .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
@@ -628,9 +354,9 @@ impl PushdownService {
                 let name = name.trim();
                 grant.check(name)?;
                 // A view's tokenizer is its dataset's.
-                let bases = self.state.engine.views().bases_of(name);
+                let bases = self.state.node.engine.views().bases_of(name);
                 let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
-                    [only] => self.state.engine.catalog().dataset(only).await?,
+                    [only] => self.state.node.engine.catalog().dataset(only).await?,
                     _ => {
                         return Err(ServerError::BadRequest(format!(
                             "`{name}` reads several datasets: name one for its tokenizer"
@@ -662,7 +388,6 @@ impl PushdownService {
     }
 }
 
-/// Whether a descriptor carries a Flight SQL command.
 fn is_flight_sql_descriptor(descriptor: &FlightDescriptor) -> bool {
     descriptor.r#type == DescriptorType::Cmd as i32 && crate::flight_sql::is_flight_sql(&descriptor.cmd)
 }
@@ -673,190 +398,53 @@ const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
 
-/// Runs an opened query on the CPU runtime and sends its encoded batches to `tx`. A
-/// cacheable shard is served from the fragment cache when stored there (after waiting for a
-/// stream computing it now), else computed and offered to the cache once whole.
+/// Streams an opened ticket's batches (the node's [`TicketStream`]) to `tx` as Flight data,
+/// each encoded with the codec its governor chooses; the statistics trailer last, when the
+/// ticket asks for it. Returns whether the client took the whole stream.
 async fn produce(
     state: Arc<State>,
     ticket: ShardTicket,
-    mut opened: crate::query::Opened,
+    (opened, placement): (Opened, Placement),
     grant: Arc<Grant>,
-    (_permit, mut placement, peer): (OwnedSemaphorePermit, Placement, Option<std::net::IpAddr>),
+    (_permit, peer): (OwnedSemaphorePermit, Option<std::net::IpAddr>),
     tx: mpsc::Sender<Result<FlightData, Status>>,
-) -> Result<bool, Status> {
-    use crate::cache::Lookup;
-    let start = Instant::now();
-    let deadline = state.config.request_timeout;
-    let plan = Arc::clone(&opened.plan);
-    let schema = plan.schema();
-    // A stream whose ops were left to the client says so in its schema.
-    let sent_schema = match placement.deferred_from {
-        Some(from) => {
-            let mut metadata = schema.metadata().clone();
-            metadata.insert(DEFERRED_FROM_KEY.to_owned(), from.to_string());
-            Arc::new(schema.as_ref().clone().with_metadata(metadata))
-        }
-        None => Arc::clone(&schema),
-    };
-
-    let shard = ticket.shard.clone();
-    let mut skip = ticket.skip_rows;
-    // Rows sent, and output rows of the query so far (skipped ones included): where a failing
-    // value is, and the shard's whole output once the stream ends.
-    let mut rows_sent = 0u64;
-    let mut output = 0u64;
-    let mut bytes_sent = 0u64;
-    // Time spent producing batches (scan, ops, codec), not waiting for the client: what the
-    // cache weighs a computed shard by, and a hit's read cost.
-    let mut producing_total = std::time::Duration::ZERO;
-    let mut copying_total = std::time::Duration::ZERO;
-    let mut claim = None;
-    let mut hit_bytes = None;
+) -> Result<bool> {
+    let node = &state.node;
+    let deadline = node.config.request_timeout;
     // An adaptive stream starts from what the last one to this peer learnt of the link.
-    let learnt = peer.and_then(|p| crate::catalog::lock(&state.links).get(&p).copied());
+    let learnt = peer.and_then(|p| pushdown_engine::catalog::lock(&state.links).get(&p).copied());
     let mut governor = Governor::resume(ticket.request.compression, learnt);
-    // Counted as computing but while it waits for its client.
-    let mut computing = Counted::new(Arc::clone(&state.computing));
-    let mut encoder = Encoder::new(state.config.max_flight_data_bytes)
+    let mut encoder = Encoder::new(node.config.max_flight_data_bytes)
         .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
+    let mut bytes_sent = 0u64;
     let stream_all = async {
-        let lookup = match &opened.cacheable {
-            Some(cacheable) => state.cache.lookup(cacheable, &schema, &grant).await?,
-            None => Lookup::Bypass,
-        };
-        let started = opened.started.take();
-        let computed = |started: Option<crate::query::Started>| match started {
-            Some(started) => Ok(started.stream),
-            None => {
-                crate::query::ordered_stream(Arc::clone(&plan), opened.ctx.task_ctx(), opened.parallelism)
-                    .map_err(ServerError::from)
-            }
-        };
-        // A stream decoded ahead had its head start to compute in: counted as producing (an
-        // upper bound: it may have waited for its budget), so the cache weighs it fully.
-        let head_start = started.as_ref().map(|s| s.since.elapsed());
-        let batches = match lookup {
-            Lookup::Hit(hit) => {
-                // What was decoded ahead is not needed: dropping it stops its partitions.
-                drop(started);
-                hit_bytes = Some(hit.bytes());
-                futures::stream::iter(hit.batches().into_iter().map(Ok)).boxed()
-            }
-            Lookup::Compute(c, tee) => {
-                claim = Some((c, tee));
-                producing_total += head_start.unwrap_or_default();
-                computed(started)?
-            }
-            Lookup::Bypass => computed(started)?,
-        };
-        let mut batches = std::pin::pin!(batches);
-        let schema_message = encoder.schema(&sent_schema);
-        bytes_sent += schema_message.data_header.len() as u64;
-        if tx.send(Ok(schema_message)).await.is_err() {
-            return Ok(false);
-        }
-        let mut ready_since = Instant::now();
-        while let Some(item) = batches.next().await {
-            let batch =
-                item.map_err(|e| Status::from(ServerError::from_scan(e, shard.as_ref()).after_rows(output)))?;
-            if let Some((_, tee)) = &mut claim {
-                // Copying into the cache is not computing: its time is left out of `compute`.
-                let copying = Instant::now();
-                tee.push(
-                    &batch,
-                    (producing_total + ready_since.elapsed()).saturating_sub(copying_total),
-                );
-                copying_total += copying.elapsed();
-            }
-            let n = batch.num_rows() as u64;
-            output += n;
-            let batch = if skip >= n {
-                skip -= n;
-                continue;
-            } else if skip > 0 {
-                let rest = batch.slice(skip as usize, (n - skip) as usize);
-                skip = 0;
-                rest
-            } else {
-                batch
-            };
-            rows_sent += batch.num_rows() as u64;
-            let codec = governor.codec();
-            let messages = encoder
-                .batch(&batch, codec)
-                .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
-            let producing = ready_since.elapsed();
-            producing_total += producing;
-            let wire: u64 = messages
-                .iter()
-                .map(|m| (m.data_header.len() + m.data_body.len()) as u64)
-                .sum();
-            // What the batch would have been uncompressed (its buffers: what IPC copies).
-            let raw = if codec == Compression::None {
-                wire
-            } else {
-                batch
-                    .columns()
-                    .iter()
-                    .map(|c| c.get_buffer_memory_size() as u64)
-                    .sum()
-            };
-            let sending_since = Instant::now();
-            // Waiting for the client is not computing: a stream held back by its reader does
-            // not count against the streams its server reduces at once.
-            placement.waiting(true);
-            computing.set(false);
-            for data in messages {
-                bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
-                if tx.send(Ok(data)).await.is_err() {
-                    tracing::debug!("client went away; stopping the stream");
-                    return Ok(false);
-                }
-            }
-            placement.waiting(false);
-            computing.set(true);
-            state.metrics.record_batch(codec);
-            ready_since = Instant::now();
-            governor.observe(producing, ready_since - sending_since, raw, wire);
-        }
-        producing_total += ready_since.elapsed();
-        Ok::<bool, Status>(true)
+        let mut batches = node
+            .batches(&ticket, opened, placement, &grant, CacheUse::Read)
+            .await?;
+        let completed = send_all(
+            &mut batches,
+            &mut encoder,
+            &mut governor,
+            &tx,
+            (&node.metrics, &mut bytes_sent),
+        )
+        .await?;
+        Ok::<_, ServerError>((completed, batches))
     };
     let ended = tokio::time::timeout(deadline, stream_all).await;
     if let (Some(peer), Some(memory)) = (peer, governor.memory()) {
-        let mut links = crate::catalog::lock(&state.links);
+        let mut links = pushdown_engine::catalog::lock(&state.links);
         // Bounded: a server with this many peers forgets them all and learns again.
         if links.len() >= MAX_PEERS_REMEMBERED && !links.contains_key(&peer) {
             links.clear();
         }
         links.insert(peer, memory);
     }
-    let completed = match ended {
+    let (completed, batches) = match ended {
         Ok(result) => result?,
-        Err(_) => return Err(ServerError::Deadline(deadline).into()),
+        Err(_) => return Err(ServerError::Deadline(deadline)),
     };
-    if completed {
-        // Only a whole output is offered to the cache; a claim dropped unfinished lets the
-        // next request compute it.
-        if let Some((claim, tee)) = claim.take() {
-            let decision = claim.finish(*tee, producing_total.saturating_sub(copying_total));
-            tracing::debug!(%decision, "fragment cache");
-        }
-        if let Some(bytes) = hit_bytes {
-            state.cache.observe_read(bytes, producing_total);
-        }
-    }
-
-    let mut stats = scan_stats(&plan);
-    stats.rows_sent = rows_sent;
-    stats.rows_output = output;
-    stats.bytes_sent = bytes_sent;
-    stats.row_groups = opened.row_groups;
-    stats.elapsed_ns = start.elapsed().as_nanos() as u64;
-    state.metrics.record_stream(&stats);
-    state
-        .metrics
-        .record_op_rows(&placement.ops, placement.on_server, output);
+    let stats = batches.finish(completed, bytes_sent);
     tracing::debug!(?stats, link_bytes_per_s = ?governor.link(), "stream finished");
     if completed && ticket.request.stats {
         let _ = tx
@@ -866,76 +454,61 @@ async fn produce(
     Ok(completed)
 }
 
+/// Sends the schema and every batch of `batches`, encoded, counting the bytes put on the
+/// wire. `false`: the client went away.
+async fn send_all(
+    batches: &mut TicketStream,
+    encoder: &mut Encoder,
+    governor: &mut Governor,
+    tx: &mpsc::Sender<Result<FlightData, Status>>,
+    (metrics, bytes_sent): (&pushdown_engine::Metrics, &mut u64),
+) -> Result<bool> {
+    let schema_message = encoder.schema(batches.schema());
+    *bytes_sent += schema_message.data_header.len() as u64;
+    if tx.send(Ok(schema_message)).await.is_err() {
+        return Ok(false);
+    }
+    while let Some(batch) = batches.next().await {
+        let batch = batch?;
+        let codec = governor.codec();
+        let messages = encoder
+            .batch(&batch, codec)
+            .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
+        let producing = batches.wait_for_client();
+        let wire: u64 = messages
+            .iter()
+            .map(|m| (m.data_header.len() + m.data_body.len()) as u64)
+            .sum();
+        // What the batch would have been uncompressed (its buffers: what IPC copies).
+        let raw = if codec == Compression::None {
+            wire
+        } else {
+            batch
+                .columns()
+                .iter()
+                .map(|c| c.get_buffer_memory_size() as u64)
+                .sum()
+        };
+        let sending_since = Instant::now();
+        for data in messages {
+            *bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
+            if tx.send(Ok(data)).await.is_err() {
+                tracing::debug!("client went away; stopping the stream");
+                return Ok(false);
+            }
+        }
+        batches.resume();
+        governor.observe(producing, sending_since.elapsed(), raw, wire);
+        metrics.record_batch(codec);
+    }
+    Ok(true)
+}
+
 /// Peers whose links adaptive streams remember (see [`crate::codec::LinkMemory`]).
 const MAX_PEERS_REMEMBERED: usize = 4096;
 
-/// Where a stream's fragment ops run: the first `on_server` here, the rest (from
-/// `deferred_from`) on the client.
-#[derive(Debug, Default)]
-struct Placement {
-    ops: Vec<String>,
-    on_server: usize,
-    deferred_from: Option<usize>,
-    reducing: Option<Counted>,
-}
-
-impl Placement {
-    /// The stream waits for its client (`true`) or computes again.
-    fn waiting(&mut self, waiting: bool) {
-        if let Some(r) = &mut self.reducing {
-            r.set(!waiting);
-        }
-    }
-}
-
-/// One stream in a count of streams (those computing, those running fragment ops here):
-/// counted while it computes (not while its client holds it back), until it ends.
-#[derive(Debug)]
-struct Counted {
-    count: Arc<std::sync::atomic::AtomicUsize>,
-    counted: bool,
-}
-
-impl Counted {
-    fn new(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        let mut r = Self {
-            count,
-            counted: false,
-        };
-        r.set(true);
-        r
-    }
-
-    fn set(&mut self, counted: bool) {
-        use std::sync::atomic::Ordering;
-        if counted != self.counted {
-            if counted {
-                self.count.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.count.fetch_sub(1, Ordering::Relaxed);
-            }
-            self.counted = counted;
-        }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.set(false);
-    }
-}
-
-/// The codec for a client that could not choose one, at `peer`: none on this host (on
-/// loopback compressing only costs both sides CPU), else adaptive.
-fn codec_for_plain_client(peer: Option<SocketAddr>) -> Compression {
-    match peer {
-        Some(p) if p.ip().is_loopback() => Compression::None,
-        _ => Compression::Adaptive,
-    }
-}
-
 /// A dataset's version as `ListFlights` and the `refresh` action report it.
-fn dataset_version(d: &crate::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
+fn dataset_version(d: &pushdown_engine::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
     pushdown_protocol::DatasetVersion {
         dataset: d.name.clone(),
         version: d.version(),
@@ -947,12 +520,12 @@ fn dataset_version(d: &crate::catalog::Dataset) -> pushdown_protocol::DatasetVer
 /// Accounts for one DoGet stream however it ends: finished, failed, or dropped mid-way
 /// (a client that went away aborts the producer, so only a drop guard sees that).
 struct StreamOutcome {
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<pushdown_engine::metrics::Metrics>,
     outcome: &'static str,
 }
 
 impl StreamOutcome {
-    fn start(metrics: Arc<crate::metrics::Metrics>) -> Self {
+    fn start(metrics: Arc<pushdown_engine::metrics::Metrics>) -> Self {
         metrics.active_streams.inc();
         Self {
             metrics,
@@ -983,7 +556,7 @@ impl FlightService for PushdownService {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        let Some(tokens) = self.state.tokens.clone() else {
+        let Some(tokens) = self.state.node.tokens.clone() else {
             // No authentication: an empty handshake succeeds, as for an open server.
             return Ok(Response::new(futures::stream::empty().boxed()));
         };
@@ -998,19 +571,21 @@ impl FlightService for PushdownService {
                 Ok(Ok(None)) => Vec::new(),
                 Ok(Err(status)) => return Err(status),
                 Err(_) => {
-                    return Err(self.fail(
+                    return Err(self.ctx.fail(
                         "handshake",
                         ServerError::Unauthenticated("no credentials arrived in time".into()),
                     ));
                 }
             }
         };
-        let (caller, token) = match tokens.handshake(&metadata, &payload) {
+        let found =
+            crate::context::authorization(&metadata).and_then(|header| tokens.handshake(header, &payload));
+        let (caller, token) = match found {
             Ok(found) => found,
-            Err(e) => return Err(self.fail("handshake", e)),
+            Err(e) => return Err(self.ctx.fail("handshake", e)),
         };
         tracing::debug!(caller = &*caller.principal, "handshake");
-        self.state.metrics.record_request("handshake", "ok");
+        self.state.node.metrics.record_request("handshake", "ok");
         let reply = HandshakeResponse {
             protocol_version: 0,
             payload: token.clone().into(),
@@ -1028,8 +603,13 @@ impl FlightService for PushdownService {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let caller = self.caller(&request).map_err(|e| self.fail("list_flights", e))?;
-        let infos = self.finish("list_flights", self.contained(self.list(caller.grant)).await)?;
+        let caller = self
+            .ctx
+            .caller(&request)
+            .map_err(|e| self.ctx.fail("list_flights", e))?;
+        let infos = self
+            .ctx
+            .finish("list_flights", self.ctx.contained(self.list(caller.grant)).await)?;
         Ok(Response::new(
             futures::stream::iter(infos.into_iter().map(Ok)).boxed(),
         ))
@@ -1044,13 +624,15 @@ impl FlightService for PushdownService {
             return FlightService::get_flight_info(&self.sql(), request).await;
         }
         let caller = self
+            .ctx
             .caller(&request)
-            .map_err(|e| self.fail("get_flight_info", e))?;
+            .map_err(|e| self.ctx.fail("get_flight_info", e))?;
         let peer = request.remote_addr();
         let result = self
+            .ctx
             .contained(self.flight_info(request.into_inner(), peer, caller.grant))
             .await;
-        Ok(Response::new(self.finish("get_flight_info", result)?))
+        Ok(Response::new(self.ctx.finish("get_flight_info", result)?))
     }
 
     async fn poll_flight_info(
@@ -1068,14 +650,16 @@ impl FlightService for PushdownService {
             ));
         }
         let caller = self
+            .ctx
             .caller(&request)
-            .map_err(|e| self.fail("poll_flight_info", e))?;
+            .map_err(|e| self.ctx.fail("poll_flight_info", e))?;
         let peer = request.remote_addr();
         let descriptor = request.into_inner();
         let result = self
+            .ctx
             .contained(self.flight_info(descriptor.clone(), peer, caller.grant))
             .await;
-        let info = self.finish("poll_flight_info", result)?;
+        let info = self.ctx.finish("poll_flight_info", result)?;
         Ok(Response::new(
             PollInfo::new().with_info(info).with_descriptor(descriptor),
         ))
@@ -1089,11 +673,15 @@ impl FlightService for PushdownService {
                 .into_inner();
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
-        let caller = self.caller(&request).map_err(|e| self.fail("get_schema", e))?;
+        let caller = self
+            .ctx
+            .caller(&request)
+            .map_err(|e| self.ctx.fail("get_schema", e))?;
         let result = self
+            .ctx
             .contained(self.schema(request.into_inner(), caller.grant))
             .await;
-        Ok(Response::new(self.finish("get_schema", result)?))
+        Ok(Response::new(self.ctx.finish("get_schema", result)?))
     }
 
     #[tracing::instrument(skip_all)]
@@ -1101,15 +689,19 @@ impl FlightService for PushdownService {
         if crate::flight_sql::is_flight_sql(&request.get_ref().ticket) {
             return FlightService::do_get(&self.sql(), request).await;
         }
-        let caller = self.caller(&request).map_err(|e| self.fail("do_get", e))?;
+        let caller = self
+            .ctx
+            .caller(&request)
+            .map_err(|e| self.ctx.fail("do_get", e))?;
         let peer = request.remote_addr().map(|a| a.ip());
         match self
+            .ctx
             .contained(self.open_stream(request.into_inner(), &caller, peer))
             .await
         {
             Ok(stream) => Ok(Response::new(stream)),
             // Streams that open record their outcome when they end.
-            Err(e) => Err(self.fail("do_get", e)),
+            Err(e) => Err(self.ctx.fail("do_get", e)),
         }
     }
 
@@ -1125,7 +717,9 @@ impl FlightService for PushdownService {
         &self,
         _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(self.fail("do_exchange", ServerError::Unsupported("DoExchange")))
+        Err(self
+            .ctx
+            .fail("do_exchange", ServerError::Unsupported("DoExchange")))
     }
 
     #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
@@ -1133,10 +727,14 @@ impl FlightService for PushdownService {
         if crate::flight_sql::is_flight_sql_action(&request.get_ref().r#type) {
             return FlightService::do_action(&self.sql(), request).await;
         }
-        let caller = self.caller(&request).map_err(|e| self.fail("do_action", e))?;
-        let results = self.finish(
+        let caller = self
+            .ctx
+            .caller(&request)
+            .map_err(|e| self.ctx.fail("do_action", e))?;
+        let results = self.ctx.finish(
             "do_action",
-            self.contained(self.action(request.into_inner(), caller.grant))
+            self.ctx
+                .contained(self.action(request.into_inner(), caller.grant))
                 .await,
         )?;
         Ok(Response::new(
@@ -1148,7 +746,9 @@ impl FlightService for PushdownService {
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        self.caller(&request).map_err(|e| self.fail("list_actions", e))?;
+        self.ctx
+            .caller(&request)
+            .map_err(|e| self.ctx.fail("list_actions", e))?;
         let ours = ActionKind::ALL.map(|a| {
             Ok(ActionType {
                 r#type: a.name().into(),

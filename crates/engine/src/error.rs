@@ -1,14 +1,8 @@
-//! The server's one error type and its exhaustive mapping to gRPC statuses.
-//!
-//! User errors (bad SQL, unknown datasets, garbage tickets) become `InvalidArgument` /
-//! `NotFound` with a message that helps the caller and are logged at `debug`; internal
-//! failures are logged once at `error` with context, and the caller gets a safe message.
-//! The mapping is a `match` with no catch-all arm: a new variant does not compile until
-//! someone decides its status code and log level.
+//! The server's one error type. Its exhaustive mapping to gRPC statuses is the front end's
+//! (`pushdown-server`'s `status` module).
 
 use datafusion::error::DataFusionError;
 use pushdown_protocol::ProtocolError;
-use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -249,58 +243,11 @@ fn decoding_failure(e: &DataFusionError) -> Option<String> {
     }
 }
 
-impl From<ServerError> for Status {
-    fn from(e: ServerError) -> Self {
-        // Both the code and whether the server logs it as its own failure.
-        let (code, internal) = match &e {
-            ServerError::UnknownDataset { .. } => (Code::NotFound, false),
-            ServerError::UnknownShard { .. } => (Code::NotFound, false),
-            ServerError::FileChanged { .. } => (Code::FailedPrecondition, false),
-            ServerError::BadValue { .. } => (Code::InvalidArgument, false),
-            ServerError::NoResource(_) => (Code::NotFound, false),
-            ServerError::BadTicket(_) => (Code::InvalidArgument, false),
-            ServerError::BadCommand(_) => (Code::InvalidArgument, false),
-            ServerError::BadRequest(_) => (Code::InvalidArgument, false),
-            ServerError::BadQuery(_) => (Code::InvalidArgument, false),
-            ServerError::NotReadOnly(_) => (Code::InvalidArgument, false),
-            ServerError::Unsupported(_) => (Code::Unimplemented, false),
-            ServerError::Overloaded(_) => (Code::ResourceExhausted, false),
-            ServerError::Deadline(_) => (Code::DeadlineExceeded, false),
-            ServerError::CorruptFile { .. } => (Code::DataLoss, true),
-            ServerError::CorruptData(_) => (Code::DataLoss, true),
-            ServerError::Query(_) => (Code::Internal, true),
-            ServerError::Storage(_) => (Code::Unavailable, true),
-            ServerError::StorageDenied(_) => (Code::FailedPrecondition, true),
-            ServerError::Internal(_) => (Code::Internal, true),
-            ServerError::Unauthenticated(_) => (Code::Unauthenticated, false),
-            ServerError::PermissionDenied(_) => (Code::PermissionDenied, false),
-        };
-        if internal {
-            tracing::error!(error = %e, "request failed");
-        } else {
-            tracing::debug!(error = %e, "request rejected");
-        }
-        let message = match &e {
-            // Internal details stay in the server log; the caller gets what it can act on.
-            ServerError::Internal(_) => "internal error (see server log)".to_string(),
-            // The store's own words may carry its layout or credentials' ids: the operator
-            // reads them in the log, the caller gets what to do.
-            ServerError::StorageDenied(_) => {
-                "the server cannot read its storage (its credentials were refused; the operator \
-                 sees why in the server log)"
-                    .to_string()
-            }
-            _ => redact_paths(&e.to_string()),
-        };
-        Status::new(code, message)
-    }
-}
-
 /// `message` with every absolute filesystem path cut to its last two components (the
 /// dataset folder and the file, which the caller knows): where the server keeps its data is
 /// not the caller's business. Paths the stores report (`Object at location /srv/data/…`) and
 /// I/O errors' are the ones this catches.
-pub(crate) fn redact_paths(message: &str) -> String {
+pub fn redact_paths(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(i) = rest.find('/') {
@@ -329,7 +276,7 @@ pub(crate) fn redact_paths(message: &str) -> String {
 }
 
 /// The outcome label of the requests-by-outcome metric.
-pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
+pub fn outcome(result: &Result<impl Sized>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(
@@ -359,34 +306,5 @@ pub(crate) fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::StorageDenied(_)
             | ServerError::Internal(_),
         ) => "error",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn client_messages_never_carry_absolute_paths() {
-        let e = ServerError::storage(object_store::Error::NotFound {
-            path: "/srv/pushdown/data/images/part-00001.parquet".into(),
-            source: "No such file or directory".into(),
-        });
-        let status = Status::from(e);
-        assert!(!status.message().contains("/srv"), "{}", status.message());
-        assert!(
-            status.message().contains("images/part-00001.parquet"),
-            "{}",
-            status.message()
-        );
-        assert_eq!(
-            redact_paths("reading `/a/b/c/d.parquet` (at /x/y/z): 1/2 of a/b/c failed"),
-            "reading `…/c/d.parquet` (at …/y/z): 1/2 of a/b/c failed"
-        );
-        let denied = Status::from(ServerError::StorageDenied(
-            "the object store refused … AWSAccessKeyId AKIAEXAMPLE".into(),
-        ));
-        assert!(!denied.message().contains("AKIA"), "{}", denied.message());
-        assert_eq!(denied.code(), Code::FailedPrecondition);
     }
 }

@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use subtle::ConstantTimeEq;
-use tonic::metadata::MetadataMap;
 
 use crate::catalog::Dataset;
 use crate::error::{Result, ServerError};
@@ -199,9 +198,10 @@ impl Tokens {
         found
     }
 
-    /// The caller a request's `authorization` header names: `Bearer <token>`.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller> {
-        let token = bearer(metadata)?.ok_or_else(|| {
+    /// The caller a request's `authorization` header (its value, if it has one) names:
+    /// `Bearer <token>`.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller> {
+        let token = bearer(authorization)?.ok_or_else(|| {
             ServerError::Unauthenticated(
                 "this server needs a token: send `authorization: Bearer <token>`".into(),
             )
@@ -213,10 +213,10 @@ impl Tokens {
     /// Flight's `Handshake`: the caller of a `Basic` header (the password is the token;
     /// pyarrow's `authenticate_basic_token`), a `Bearer` header, or the request's payload.
     /// Returns the caller and its token, which the reply hands back for later calls.
-    pub fn handshake(&self, metadata: &MetadataMap, payload: &[u8]) -> Result<(Caller, String)> {
-        let token = match basic_password(metadata)? {
+    pub fn handshake(&self, authorization: Option<&str>, payload: &[u8]) -> Result<(Caller, String)> {
+        let token = match basic_password(authorization)? {
             Some(password) => password,
-            None => match bearer(metadata)? {
+            None => match bearer(authorization)? {
                 Some(token) => token,
                 None => String::from_utf8(payload.to_vec()).map_err(|_| {
                     ServerError::Unauthenticated("the handshake payload is not a token".into())
@@ -230,20 +230,9 @@ impl Tokens {
     }
 }
 
-/// The `authorization` header's value, if present and text.
-fn authorization(metadata: &MetadataMap) -> Result<Option<&str>> {
-    match metadata.get("authorization") {
-        None => Ok(None),
-        Some(value) => value
-            .to_str()
-            .map(Some)
-            .map_err(|_| ServerError::Unauthenticated("the authorization header is not text".into())),
-    }
-}
-
 /// The token of an `authorization: Bearer <token>` header.
-fn bearer(metadata: &MetadataMap) -> Result<Option<String>> {
-    let Some(value) = authorization(metadata)? else {
+fn bearer(authorization: Option<&str>) -> Result<Option<String>> {
+    let Some(value) = authorization else {
         return Ok(None);
     };
     match split_scheme(value, "bearer") {
@@ -255,8 +244,8 @@ fn bearer(metadata: &MetadataMap) -> Result<Option<String>> {
 }
 
 /// The password of an `authorization: Basic base64(user:password)` header.
-fn basic_password(metadata: &MetadataMap) -> Result<Option<String>> {
-    let Some(value) = authorization(metadata)? else {
+fn basic_password(authorization: Option<&str>) -> Result<Option<String>> {
+    let Some(value) = authorization else {
         return Ok(None);
     };
     let Some(encoded) = split_scheme(value, "basic") else {
@@ -291,17 +280,11 @@ mod tests {
         .expect("parse")
     }
 
-    fn with_header(value: &str) -> MetadataMap {
-        let mut m = MetadataMap::new();
-        m.insert("authorization", value.parse().expect("header"));
-        m
-    }
-
     #[test]
     fn tokens_grant_their_datasets() {
         let t = tokens();
         assert_eq!(t.len(), 2);
-        let a = t.authenticate(&with_header(&format!("Bearer {A}"))).expect("a");
+        let a = t.authenticate(Some(&format!("Bearer {A}"))).expect("a");
         assert_eq!(&*a.principal, "token@2");
         assert!(a.grant.allows("images") && a.grant.allows("clicks"));
         assert!(!a.grant.allows("text"));
@@ -309,22 +292,21 @@ mod tests {
             a.grant.check("text"),
             Err(ServerError::PermissionDenied(_))
         ));
-        let all = t
-            .authenticate(&with_header(&format!("bearer   {ALL}")))
-            .expect("all");
+        let all = t.authenticate(Some(&format!("bearer   {ALL}"))).expect("all");
         assert_eq!(*all.grant, Grant::All);
     }
 
     #[test]
     fn missing_wrong_and_malformed_credentials_are_unauthenticated() {
         let t = tokens();
-        for metadata in [
-            MetadataMap::new(),
-            with_header("Bearer aaaaaaaaaaaaaaaa-team-b"),
-            with_header(&format!("Token {A}")),
-            with_header("Bearer"),
+        let token_a = format!("Token {A}");
+        for header in [
+            None,
+            Some("Bearer aaaaaaaaaaaaaaaa-team-b"),
+            Some(token_a.as_str()),
+            Some("Bearer"),
         ] {
-            let err = t.authenticate(&metadata).expect_err("refused");
+            let err = t.authenticate(header).expect_err("refused");
             assert!(matches!(err, ServerError::Unauthenticated(_)), "{err}");
             assert!(!err.to_string().contains(A), "never echoes a token: {err}");
         }
@@ -334,14 +316,12 @@ mod tests {
     fn handshake_takes_basic_bearer_or_payload() {
         let t = tokens();
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("anyone:{A}"));
-        let (c, token) = t
-            .handshake(&with_header(&format!("Basic {basic}")), b"")
-            .expect("basic");
+        let (c, token) = t.handshake(Some(&format!("Basic {basic}")), b"").expect("basic");
         assert_eq!((&*c.principal, token.as_str()), ("token@2", A));
-        let (c, _) = t.handshake(&MetadataMap::new(), ALL.as_bytes()).expect("payload");
+        let (c, _) = t.handshake(None, ALL.as_bytes()).expect("payload");
         assert_eq!(&*c.principal, "token@4");
-        assert!(t.handshake(&with_header("Basic !!!"), b"").is_err());
-        assert!(t.handshake(&MetadataMap::new(), b"nope").is_err());
+        assert!(t.handshake(Some("Basic !!!"), b"").is_err());
+        assert!(t.handshake(None, b"nope").is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Prometheus metrics of a server, exposed as text at `/metrics`.
+//! Prometheus metrics of a server; the front end exposes them as text at `/metrics`.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -308,22 +308,22 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    pub(crate) fn record_request(&self, method: &'static str, outcome: &'static str) {
+    pub fn record_request(&self, method: &'static str, outcome: &'static str) {
         self.requests
             .get_or_create(&RequestLabels { method, outcome })
             .inc();
     }
 
-    pub(crate) fn read_ahead(&self, outcome: &'static str) {
+    pub fn read_ahead(&self, outcome: &'static str) {
         self.read_ahead.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
-    pub(crate) fn cache_lookups(&self, outcome: &'static str) {
+    pub fn cache_lookups(&self, outcome: &'static str) {
         self.cache_lookups.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     /// `rows` of a stream through `ops`, the first `on_server` of them run here.
-    pub(crate) fn record_op_rows(&self, ops: &[String], on_server: usize, rows: u64) {
+    pub fn record_op_rows(&self, ops: &[String], on_server: usize, rows: u64) {
         for (i, op) in ops.iter().enumerate() {
             let side = if i < on_server { "server" } else { "client" };
             self.op_rows
@@ -332,7 +332,7 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn record_batch(&self, codec: pushdown_protocol::Compression) {
+    pub fn record_batch(&self, codec: pushdown_protocol::Compression) {
         let codec = match codec {
             pushdown_protocol::Compression::None => "none",
             pushdown_protocol::Compression::Lz4 => "lz4",
@@ -342,7 +342,7 @@ impl Metrics {
         self.batches_sent.get_or_create(&CodecLabels { codec }).inc();
     }
 
-    pub(crate) fn record_stream(&self, stats: &StreamStats) {
+    pub fn record_stream(&self, stats: &StreamStats) {
         self.bytes_scanned.inc_by(stats.bytes_scanned);
         self.bytes_sent.inc_by(stats.bytes_sent);
         self.rows_scanned.inc_by(stats.rows_scanned);
@@ -352,7 +352,7 @@ impl Metrics {
         self.stream_seconds.observe(stats.elapsed_ns as f64 / 1e9);
     }
 
-    pub(crate) fn watch_scaling(&self, scaling: Arc<crate::scaling::Scaling>) {
+    pub fn watch_scaling(&self, scaling: Arc<crate::scaling::Scaling>) {
         let _ = self.scaling.set(scaling);
     }
 
@@ -377,44 +377,4 @@ impl Metrics {
         }
         out
     }
-}
-
-/// Serves `GET /metrics` (Prometheus text) and `GET /scaling` (the scaling signal as JSON,
-/// for KEDA's metrics-api scaler or curl) until `shutdown` completes.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::routing::get;
-    let scaling = Arc::clone(&metrics);
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/scaling",
-            get(move || {
-                let metrics = Arc::clone(&scaling);
-                async move {
-                    let body = metrics
-                        .scaling_signal()
-                        .map_or_else(|| "{}".to_owned(), |s| crate::scaling::to_json(&s));
-                    ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
-                }
-            }),
-        );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

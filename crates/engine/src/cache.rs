@@ -331,6 +331,7 @@ impl Inner {
 }
 
 /// A served entry: its decoded batches, reordered to the stream's schema.
+#[derive(Debug)]
 pub struct Hit {
     bytes: u64,
     batches: Vec<RecordBatch>,
@@ -366,7 +367,16 @@ impl Drop for Claim {
     }
 }
 
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("key", &self.cacheable.key)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the cache says to a stream about to run.
+#[derive(Debug)]
 pub enum Lookup {
     /// Stored: send these batches.
     Hit(Hit),
@@ -391,6 +401,15 @@ pub struct Tee {
     declined: Option<String>,
     /// Arrow bytes of the batches written so far.
     raw: u64,
+}
+
+impl std::fmt::Debug for Tee {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tee")
+            .field("raw", &self.raw)
+            .field("over", &self.over)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tee {
@@ -1081,7 +1100,7 @@ mod tests {
             .await
             .expect("computed");
         let others = Grant::Datasets(BTreeSet::from(["clicks".to_owned()]));
-        let refused = cache.lookup(&c, &schema(), &others).await.err().expect("refused");
+        let refused = cache.lookup(&c, &schema(), &others).await.expect_err("refused");
         assert!(matches!(refused, ServerError::PermissionDenied(_)), "{refused:?}");
         let images = Grant::Datasets(BTreeSet::from(["images".to_owned()]));
         assert!(matches!(

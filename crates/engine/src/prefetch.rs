@@ -26,10 +26,10 @@ use crate::query::Opened;
 const SUCCESSOR_BYTES: usize = 16 << 20;
 
 /// How long a stream opened ahead waits for its reader.
-pub(crate) const HELD_FOR: Duration = Duration::from_secs(30);
+pub const HELD_FOR: Duration = Duration::from_secs(30);
 
 /// What is held is an opened stream; the tests hold stand-ins.
-pub(crate) struct Prefetch<T = Opened> {
+pub struct Prefetch<T = Opened> {
     successors: Mutex<Successors>,
     held: Mutex<Option<Held<T>>>,
     /// Bumped by every stream that opens: a read-ahead started before it is stale.
@@ -71,8 +71,9 @@ struct Held<T> {
 }
 
 /// What [`Prefetch::claim`] found.
-#[cfg_attr(test, derive(Debug, PartialEq))]
-pub(crate) enum Claim<T> {
+#[cfg_attr(test, derive(PartialEq))]
+#[derive(Debug)]
+pub enum Claim<T> {
     /// Nothing was held.
     None,
     /// The stream held for this caller's ticket.
@@ -83,7 +84,7 @@ pub(crate) enum Claim<T> {
 
 impl<T> Prefetch<T> {
     /// Remembers the tickets of one plan, in endpoint order: each one's successor.
-    pub(crate) fn remember(&self, tickets: &[Bytes]) {
+    pub fn remember(&self, tickets: &[Bytes]) {
         let mut s = lock(&self.successors);
         for pair in tickets.windows(2) {
             let (ticket, next) = (&pair[0], &pair[1]);
@@ -107,13 +108,13 @@ impl<T> Prefetch<T> {
     }
 
     /// The ticket planned after `ticket`, if one was.
-    pub(crate) fn successor(&self, ticket: &[u8]) -> Option<Bytes> {
+    pub fn successor(&self, ticket: &[u8]) -> Option<Bytes> {
         lock(&self.successors).map.get(ticket).cloned()
     }
 
     /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
     /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
-    pub(crate) fn claim(&self, principal: &str, ticket: &[u8]) -> Claim<T> {
+    pub fn claim(&self, principal: &str, ticket: &[u8]) -> Claim<T> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         match lock(&self.held).take() {
             None => Claim::None,
@@ -123,13 +124,13 @@ impl<T> Prefetch<T> {
     }
 
     /// Starts a read-ahead: its generation, which [`Prefetch::hold`] checks.
-    pub(crate) fn begin(&self) -> u64 {
+    pub fn begin(&self) -> u64 {
         self.generation.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Holds `opened` for `principal`'s `ticket`, unless a stream opened since the read-ahead
     /// began. Returns whether it is held.
-    pub(crate) fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: T) -> bool {
+    pub fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: T) -> bool {
         let mut held = lock(&self.held);
         if self.generation.load(Ordering::SeqCst) != generation {
             return false;
@@ -144,12 +145,12 @@ impl<T> Prefetch<T> {
     }
 
     /// Whether a stream is held now.
-    pub(crate) fn holds(&self) -> bool {
+    pub fn holds(&self) -> bool {
         lock(&self.held).is_some()
     }
 
     /// Drops the read-ahead of `generation` if it is still held: its reader never came.
-    pub(crate) fn expire(&self, generation: u64) -> bool {
+    pub fn expire(&self, generation: u64) -> bool {
         let mut held = lock(&self.held);
         if held.as_ref().is_some_and(|h| h.generation == generation) {
             *held = None;

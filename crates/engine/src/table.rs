@@ -183,7 +183,7 @@ impl TableProvider for ShardTable {
 /// `Binary` columns that neither the filter nor the scan's pushed filters read are scanned as
 /// views and cast back to their types above the filter (see the module docs). Everything
 /// above sees the same columns, names and types.
-pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::error::Result<LogicalPlan> {
+pub fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::error::Result<LogicalPlan> {
     plan.transform_up(|node| {
         let LogicalPlan::Filter(filter) = &node else {
             return Ok(Transformed::no(node));
@@ -249,7 +249,7 @@ pub(crate) fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::e
 
 /// Whether any of `columns` is floating-point (or holds floats, in a list or struct): its
 /// statistics cannot rule NaN rows out (see the module docs).
-pub(crate) fn reads_floats<'a>(schema: &Schema, columns: impl IntoIterator<Item = &'a str>) -> bool {
+pub fn reads_floats<'a>(schema: &Schema, columns: impl IntoIterator<Item = &'a str>) -> bool {
     fn floats(t: &arrow::datatypes::DataType) -> bool {
         use arrow::datatypes::DataType;
         match t {

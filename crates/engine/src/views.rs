@@ -114,7 +114,7 @@ impl Views {
                 return Err(bad(&decl.name, "declared twice".into()));
             }
             let references =
-                crate::query::referenced_names(&decl.sql).map_err(|e| bad(&decl.name, e.to_string()))?;
+                crate::allow::referenced_names(&decl.sql).map_err(|e| bad(&decl.name, e.to_string()))?;
             let mut bases = BTreeSet::new();
             for r in &references {
                 match views.get(r) {

@@ -39,24 +39,18 @@ use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicate
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricValue};
 use datafusion::prelude::DataFrame;
-use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use pushdown_protocol::{
     FilterPushdown, Fragment, OpCall, Query, ScanRequest, Shard, ShardTicket, StreamStats, Value,
 };
 
 use crate::ServerConfig;
+use crate::allow::{CATALOG, SCHEMA, referenced_datasets};
 use crate::auth::Grant;
 use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
 use crate::udf::OpLimits;
 use crate::views::Views;
-
-/// The catalog and schema every dataset and view is a table of, as SQL clients see them
-/// (`pushdown.public.images` is `images`).
-pub const CATALOG: &str = "pushdown";
-pub const SCHEMA: &str = "public";
 
 /// How a query is answered.
 #[derive(Debug, Clone)]
@@ -147,6 +141,14 @@ pub struct Started {
     pub since: std::time::Instant,
 }
 
+impl std::fmt::Debug for Started {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Started")
+            .field("since", &self.since)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Opened {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Opened")
@@ -215,7 +217,7 @@ impl Engine {
         options
     }
 
-    pub(crate) fn session(&self, partitions: usize) -> SessionContext {
+    pub fn session(&self, partitions: usize) -> SessionContext {
         let mut config = SessionConfig::new()
             .with_target_partitions(partitions.max(1))
             .with_batch_size(self.config.batch_size)
@@ -269,7 +271,7 @@ impl Engine {
     }
 
     /// The caps of op calls in a query of `ctx`: the server's, accounted in `ctx`'s pool.
-    pub(crate) fn op_limits(&self, ctx: &SessionContext) -> OpLimits {
+    pub fn op_limits(&self, ctx: &SessionContext) -> OpLimits {
         OpLimits {
             max_row_bytes: self.config.max_op_row_bytes,
             max_batch_bytes: self.config.max_op_batch_bytes,
@@ -278,7 +280,7 @@ impl Engine {
         }
     }
 
-    pub(crate) fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
+    pub fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
         Arc::new(ShardTable::new(
             Arc::clone(&dataset.schema),
             self.store_url.clone(),
@@ -289,12 +291,12 @@ impl Engine {
 
     /// The datasets `grant` may read, as the catalog lists them now: all a query over its
     /// caller's grant can see (an unknown-dataset error lists only these).
-    pub(crate) async fn visible(&self, grant: &Grant) -> Result<BTreeMap<String, Arc<Dataset>>> {
+    pub async fn visible(&self, grant: &Grant) -> Result<BTreeMap<String, Arc<Dataset>>> {
         Ok(grant.visible(&*self.catalog.datasets().await?))
     }
 
     /// The views `grant` may read.
-    pub(crate) fn visible_views(&self, grant: &Grant) -> Vec<Arc<crate::views::View>> {
+    pub fn visible_views(&self, grant: &Grant) -> Vec<Arc<crate::views::View>> {
         self.views
             .iter()
             .filter(|v| grant.allows(&v.name))
@@ -317,7 +319,7 @@ impl Engine {
     /// datasets. Only these are tables of the query: it cannot read anything else. A view
     /// is planned here, over the tables of this query, so what is asked of it reaches the
     /// scans beneath.
-    pub(crate) async fn register_referenced(
+    pub async fn register_referenced(
         &self,
         ctx: &SessionContext,
         datasets: &BTreeMap<String, Arc<Dataset>>,
@@ -384,7 +386,7 @@ impl Engine {
 
     /// A query's result schema and logical plan (its parameters unbound), planned without
     /// shards or estimates: what listings and prepared statements need.
-    pub(crate) async fn describe(&self, query: &Query, grant: &Grant) -> Result<(SchemaRef, LogicalPlan)> {
+    pub async fn describe(&self, query: &Query, grant: &Grant) -> Result<(SchemaRef, LogicalPlan)> {
         self.check_size(query)?;
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(1);
@@ -772,7 +774,7 @@ struct ShardSource {
 }
 
 /// Parser nesting depth (DataFusion's default, set deliberately).
-pub(crate) const SQL_RECURSION_LIMIT: usize = 50;
+pub const SQL_RECURSION_LIMIT: usize = 50;
 
 /// Deepest expression tree accepted. The parser builds a flat chain (`a OR b OR …`, `1+1+…`)
 /// without recursion, but DataFusion's planning recurses on it (a 2,000-term chain
@@ -979,50 +981,9 @@ struct Ahead {
     task: crate::runtime::TaskGuard<()>,
 }
 
-/// The names a view's SQL reads, or why it is not one read-only query.
-pub(crate) fn referenced_names(sql: &str) -> Result<Vec<String>> {
-    referenced_datasets(&SessionContext::new().state(), &Query::Sql(sql.to_owned()))
-}
-
-/// Refuses anything but one read-only query; returns the datasets (and views) it names.
-fn referenced_datasets(state: &datafusion::execution::SessionState, query: &Query) -> Result<Vec<String>> {
-    match query {
-        Query::Fragment(f) => Ok(vec![f.dataset.clone()]),
-        Query::Sql(sql) => {
-            let dialect = state.config().options().sql_parser.dialect;
-            let statement = state.sql_to_statement(sql, &dialect).map_err(|e| match e {
-                e @ datafusion::error::DataFusionError::SQL(..) => {
-                    ServerError::BadQuery(e.find_root().message().into_owned())
-                }
-                other => ServerError::from(other),
-            })?;
-            let is_query =
-                matches!(&statement, DfStatement::Statement(s) if matches!(**s, SqlStatement::Query(_)));
-            if !is_query {
-                let kind = statement.to_string();
-                let kind: String = kind.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-                return Err(ServerError::NotReadOnly(format!(
-                    "`{kind} …` is not a SELECT query"
-                )));
-            }
-            let refs = state.resolve_table_references(&statement)?;
-            Ok(refs
-                .into_iter()
-                .map(|r| match (r.catalog(), r.schema()) {
-                    (None, None) | (None, Some(SCHEMA)) | (Some(CATALOG), Some(SCHEMA)) => {
-                        r.table().to_owned()
-                    }
-                    // Other qualified names never name a dataset: report them whole.
-                    _ => r.to_string(),
-                })
-                .collect())
-        }
-    }
-}
-
 /// Registers every deterministic op as a UDF whose resources (tokenizers) come from the
 /// datasets, `default` being the one a call that names none uses.
-pub(crate) fn register_ops(
+pub fn register_ops(
     ctx: &SessionContext,
     datasets: &BTreeMap<String, Arc<Dataset>>,
     default: Option<String>,

@@ -1,0 +1,65 @@
+//! The pushdown engine: everything a server does below the wire, with no gRPC in it.
+//!
+//! ```text
+//!  --data DIR | s3://…        ┌──────────────────────── Node ─────────────────────────┐
+//!  ┌──────────────┐  list,   │ Catalog: dataset → files → row groups (footers cached) │
+//!  │ images/*.pq  │◀─footers─┤ Engine:  DataFusion; ShardTable per ticket             │
+//!  │ clicks/*.pq  │◀─ranges──┤   (projection, statistics/page/bloom pruning, filters) │
+//!  └──────────────┘          │ FragmentCache: reduced shards kept for the next epoch  │
+//!   InstrumentedStore        │ CpuRuntime: decode + ops off the async threads         │
+//!   (bytes, requests)        │ Metrics: counters a front end exposes                  │
+//!                            └────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! The layers, each importing only those below it:
+//!
+//! | layer | modules |
+//! |---|---|
+//! | a node: what requests share; the one ticket → batches path | [`node`], [`ticket`] |
+//! | planning and opening queries, profiles | [`query`], [`profile`], [`views`], [`udf`], [`table`], [`conjunction`] |
+//! | the SQL allow-list | [`allow`] |
+//! | storage, catalog, cache, read-ahead | [`store`], [`catalog`], [`cache`], [`prefetch`] |
+//! | access, limits, accounting, scheduling | [`auth`], [`config`], [`metrics`], [`scaling`], [`runtime`], [`pool`], [`error`] |
+//!
+//! The crate depends on neither `tonic` nor `arrow-flight` (`scripts/test.sh` checks it):
+//! the Flight front end (`pushdown-server`) turns requests into calls on a [`Node`] and its
+//! batches into Flight data; the baselines and the fuzz targets run the same node in-process.
+
+pub mod allow;
+pub mod auth;
+pub mod cache;
+pub mod catalog;
+pub mod config;
+pub mod conjunction;
+pub mod error;
+pub mod metrics;
+pub mod node;
+pub mod pool;
+pub mod prefetch;
+pub mod prepared;
+pub mod profile;
+pub mod query;
+pub mod runtime;
+pub mod scaling;
+pub mod store;
+pub mod table;
+pub mod ticket;
+pub mod udf;
+pub mod views;
+
+pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
+pub use cache::{CacheConfig, CacheMode};
+pub use catalog::{Catalog, DataFile, Dataset};
+pub use config::ServerConfig;
+pub use error::ServerError;
+pub use metrics::Metrics;
+pub use node::{Node, NodeBuilder};
+pub use prepared::PreparedStatement;
+/// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
+pub use pushdown_protocol::Compression;
+pub use query::{MAX_EXPR_DEPTH, Planned, Shape, dataframe};
+pub use scaling::to_json as scaling_json;
+pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
+pub use ticket::{CacheUse, TicketStream};
+pub use udf::{DatasetResources, OpLimits, udfs};
+pub use views::{View, ViewDecl, Views};

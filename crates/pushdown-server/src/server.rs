@@ -1,0 +1,281 @@
+//! A server: a [`Node`] behind the Flight service, on a socket, with TLS when asked.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use object_store::ObjectStore;
+use pushdown_engine::error::Result;
+use pushdown_engine::{
+    CacheUse, Catalog, Grant, InstrumentedStore, Metrics, Node, NodeBuilder, Planned, ServerConfig,
+    ServerError, TicketStream, Tokens, Views,
+};
+use tokio::net::TcpListener;
+
+use crate::service::PushdownService;
+use crate::state::State;
+
+/// TLS for the Flight port (rustls): the server's certificate chain and private key, PEM,
+/// and optionally the CA whose client certificates every connection must present (mutual
+/// TLS). Its `Debug` never shows the key.
+#[derive(Clone)]
+pub struct ServerTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("mutual", &self.client_ca.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// From PEM text: the certificate chain and its private key.
+    pub fn new(cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            cert: cert_pem.into(),
+            key: key_pem.into(),
+            client_ca: None,
+        }
+    }
+
+    /// From PEM files (`--tls-cert`, `--tls-key`).
+    pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+        Ok(Self::new(read_pem(cert)?, read_pem(key)?))
+    }
+
+    /// Requires every client to present a certificate signed by `ca_pem` (mutual TLS).
+    pub fn require_client_certs(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
+        self.client_ca = Some(ca_pem.into());
+        self
+    }
+
+    fn config(&self) -> tonic::transport::ServerTlsConfig {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let config = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));
+        match &self.client_ca {
+            Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+            None => config,
+        }
+    }
+}
+
+/// A PEM file's bytes, or an error that names the file.
+pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| ServerError::BadRequest(format!("reading {}: {e}", path.display())))
+}
+
+/// Builds a [`Server`] over a store rooted at the data root: a [`NodeBuilder`] and TLS.
+#[derive(Debug)]
+pub struct ServerBuilder {
+    node: NodeBuilder,
+    tls: Option<ServerTls>,
+}
+
+impl ServerBuilder {
+    /// Serves `views` (a `--catalog` file) as datasets beside the storage root's.
+    pub fn views(mut self, views: Views) -> Self {
+        self.node = self.node.views(views);
+        self
+    }
+
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.node = self.node.config(config);
+        self
+    }
+
+    /// Requests must carry one of `tokens` and read only what it grants.
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.node = self.node.tokens(tokens);
+        self
+    }
+
+    /// Serves Flight over TLS only.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Keep every read request made to the store (see [`Server::store`]); for tests and
+    /// I/O accounting.
+    pub fn record_reads(mut self) -> Self {
+        self.node = self.node.record_reads();
+        self
+    }
+
+    /// Lists the catalog and prepares the query engine.
+    pub async fn open(self) -> Result<Server> {
+        if let Some(tls) = &self.tls {
+            // A certificate or key that does not parse fails here, before anything listens.
+            tonic::transport::Server::builder()
+                .tls_config(tls.config())
+                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+        }
+        let node = Arc::new(self.node.open().await?);
+        Ok(Server {
+            state: Arc::new(State::new(node)),
+            tls: self.tls,
+        })
+    }
+}
+
+/// A pushdown server, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Server {
+    state: Arc<State>,
+    tls: Option<ServerTls>,
+}
+
+impl Server {
+    pub fn builder(store: Arc<dyn ObjectStore>) -> ServerBuilder {
+        ServerBuilder {
+            node: Node::builder(store),
+            tls: None,
+        }
+    }
+
+    /// What this server's requests share below the wire: plan and run tickets on it
+    /// in-process (the baselines, the tests) exactly as its Flight requests do.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.state.node
+    }
+
+    /// Plans `request` as `GetFlightInfo` does: result schema, shape, estimates, tickets.
+    pub async fn plan(&self, request: &pushdown_protocol::ScanRequest) -> Result<Planned> {
+        self.state.node.plan(request, &Grant::All).await
+    }
+
+    /// Runs `ticket` in this process as its `DoGet` does, fragment cache included: see
+    /// [`Node::run_ticket`].
+    pub async fn run_ticket(&self, ticket: &pushdown_protocol::ShardTicket) -> Result<TicketStream> {
+        let all = Arc::new(Grant::All);
+        self.state.node.run_ticket(ticket, &all, CacheUse::Read).await
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.node.metrics
+    }
+
+    /// Whether an endpoint is opened ahead now, waiting for its reader (see
+    /// `ServerConfig::read_ahead`).
+    pub fn holds_read_ahead(&self) -> bool {
+        self.state.node.prefetch.holds()
+    }
+
+    /// The decorated store every read goes through.
+    pub fn store(&self) -> &Arc<InstrumentedStore> {
+        self.state.node.store()
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        self.state.node.catalog()
+    }
+
+    /// The tonic service, with message limits and compression set.
+    pub fn service(&self) -> FlightServiceServer<PushdownService> {
+        let config = &self.state.node.config;
+        FlightServiceServer::new(PushdownService::new(Arc::clone(&self.state)))
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes)
+    }
+
+    /// Serves Flight on `listener` until `shutdown` completes, then lets streams finish.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<()> {
+        // No Nagle: a stream's last frames and trailers (and every small response) would wait
+        // for the peer's delayed ACK, ~40 ms per request. The builder's `tcp_nodelay` covers
+        // only listeners tonic binds itself, so it is set on the accepted sockets here.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // grpc.health.v1 for probes and load balancers: SERVING for the whole server ("") and
+        // for Flight once the catalog is open (it is, by the time a Server exists).
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<FlightServiceServer<PushdownService>>().await;
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder
+                .tls_config(tls.config())
+                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+        }
+        builder
+            // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(health_service)
+            .add_service(self.service())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .map_err(|e| ServerError::Internal(format!("transport: {e}")))
+    }
+
+    /// Binds `addr` and serves in the background (tests, the demo).
+    pub async fn spawn(self, addr: SocketAddr) -> Result<RunningServer> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServerError::BadRequest(format!("binding {addr}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Internal(format!("local address: {e}")))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let task = tokio::spawn(self.serve(listener, async {
+            let _ = rx.await;
+        }));
+        Ok(RunningServer {
+            addr,
+            scheme,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+}
+
+/// A server serving in the background; stops when shut down or dropped.
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    /// `https` when serving TLS.
+    scheme: &'static str,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr` (`https://` with TLS), for clients.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// Stops accepting, waits for the server to wind down.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.task.take() {
+            Some(task) => task
+                .await
+                .map_err(|e| ServerError::Internal(format!("server task: {e}")))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
