@@ -622,7 +622,7 @@ pub async fn rss_under_streams(data: &Datasets, streams: usize) -> Result<(u64, 
     let mut tasks = Vec::new();
     for _ in 0..streams {
         let (client, info) = (client.clone(), info.clone());
-        tasks.push(tokio::spawn(async move {
+        tasks.push(pushdown_task::Task::spawn(async move {
             let options = StreamOptions {
                 concurrency: 1,
                 ..StreamOptions::default()

@@ -279,7 +279,7 @@ impl Bucket {
 struct Proxy {
     addr: SocketAddr,
     bytes: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
+    task: pushdown_task::Task<()>,
 }
 
 impl Proxy {
@@ -290,10 +290,10 @@ impl Proxy {
         let up = Arc::new(Bucket::new(rate_bits as f64 / 8.0));
         let down = Arc::new(Bucket::new(rate_bits as f64 / 8.0));
         let counter = Arc::clone(&bytes);
-        let task = tokio::spawn(async move {
+        let task = pushdown_task::Task::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (up, down, counter) = (Arc::clone(&up), Arc::clone(&down), Arc::clone(&counter));
-                tokio::spawn(async move {
+                pushdown_task::detach(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };

@@ -238,7 +238,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let start = Instant::now();
     let until = start + Duration::from_secs(secs);
     let tasks: Vec<_> = (0..CLIENTS)
-        .map(|i| tokio::spawn(client_loop(i, url.clone(), until)))
+        .map(|i| pushdown_task::Task::spawn(client_loop(i, url.clone(), until)))
         .collect();
     let mut totals = vec![Tally::default(); KINDS];
     for task in tasks {

@@ -256,9 +256,10 @@ async fn catalog_schema_explain_and_metrics() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let metrics = tokio::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
-        let _ = stopped.await;
-    }));
+    let metrics =
+        pushdown_task::Task::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
+            let _ = stopped.await;
+        }));
     let body = http_get(addr, "/metrics").await;
     for name in [
         "pushdown_bytes_scanned_total",
@@ -700,9 +701,10 @@ async fn loaders_report_their_wait_and_servers_answer_how_many_servers_remove_it
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let metrics = tokio::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
-        let _ = stopped.await;
-    }));
+    let metrics =
+        pushdown_task::Task::spawn(serve_metrics(listener, Arc::clone(fx.server.metrics()), async {
+            let _ = stopped.await;
+        }));
     let json = http_get(addr, "/scaling").await;
     assert!(json.contains("application/json"), "{json}");
     assert!(json.contains("\"servers\":3,\"servers_wanted\":"), "{json}");
@@ -861,4 +863,74 @@ async fn tuned_streams_in_flight_never_change_the_sequence() {
     assert_eq!(fixed.len(), 1200);
     assert_eq!(tuned, fixed, "the same samples in the same order");
     assert!(stats.peak_streams >= 1, "{stats:?}");
+}
+
+/// A server that cannot start says which setting to fix, with its cause kept as the error's
+/// source: a missing data root, an unreadable or invalid catalog file, a cache directory that
+/// is a file, a certificate that is not one, a port already taken.
+#[tokio::test]
+async fn startup_errors_name_the_setting_and_keep_their_cause() {
+    use std::error::Error as _;
+
+    use pushdown_server::{CacheConfig, Server, ServerConfig, ServerTls, StartupError, Views, open_store};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-root");
+    let err = open_store(&missing.to_string_lossy()).map(|_| ()).unwrap_err();
+    assert!(matches!(err, StartupError::DataRoot { .. }), "{err:?}");
+    assert!(err.to_string().contains("no-such-root"), "{err}");
+    assert!(err.source().is_some(), "the io error is kept");
+
+    let err = Views::load(&dir.path().join("views.toml"))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, StartupError::Read { .. }), "{err:?}");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[view]]\nname = \"Bad Name\"\nsql = \"SELECT 1\"\n").expect("write");
+    let err = Views::load(&bad).map(|_| ()).unwrap_err();
+    assert!(matches!(err, StartupError::Views { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("bad.toml") && err.to_string().contains("Bad Name"),
+        "{err}"
+    );
+
+    let fx = Fixture::images(8).await;
+    let root = fx.root.path().to_string_lossy().into_owned();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let config = ServerConfig {
+        cache: CacheConfig {
+            disk: Some(file.join("cache")),
+            ..CacheConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let err = Server::builder(open_store(&root).expect("store"))
+        .config(config)
+        .open()
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, StartupError::CacheDir { .. }), "{err:?}");
+
+    let err = Server::builder(open_store(&root).expect("store"))
+        .tls(ServerTls::new("not a certificate", "not a key"))
+        .open()
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, StartupError::Tls(_)), "{err:?}");
+
+    let server = Server::builder(open_store(&root).expect("store"))
+        .open()
+        .await
+        .expect("open");
+    let running = server
+        .clone()
+        .spawn("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("spawn");
+    let err = server.spawn(running.addr()).await.map(|_| ()).unwrap_err();
+    assert!(matches!(err, StartupError::Bind { .. }), "{err:?}");
+    assert!(err.to_string().contains(&running.addr().to_string()), "{err}");
 }

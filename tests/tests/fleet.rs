@@ -23,6 +23,7 @@ use pushdown_client::{
 };
 use pushdown_protocol::{Query, ScanRequest, ShardTicket};
 use pushdown_server::{RunningServer, Server, ServerConfig, open_store};
+use pushdown_task::Task;
 use pushdown_tests::write_images;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
@@ -136,15 +137,14 @@ struct LinkState {
     stall_at: AtomicU64,
     down: AtomicBool,
     stalled: AtomicBool,
-    pumps: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    pumps: std::sync::Mutex<Vec<Task<()>>>,
 }
 
 impl LinkState {
     fn go_down(&self) {
         self.down.store(true, Ordering::SeqCst);
-        for p in self.pumps.lock().unwrap().drain(..) {
-            p.abort();
-        }
+        // Dropping a pump's task aborts it: the connection goes with it.
+        self.pumps.lock().unwrap().clear();
     }
 }
 
@@ -162,7 +162,7 @@ impl Link {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let st = Arc::clone(&state);
-        rt.spawn(async move {
+        pushdown_task::detach_on(rt.handle(), async move {
             while let Ok((client, _)) = listener.accept().await {
                 if st.down.load(Ordering::SeqCst) {
                     continue; // dropped: the client sees its connection closed
@@ -174,11 +174,11 @@ impl Link {
                 let _ = server.set_nodelay(true);
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                let up = tokio::spawn(pump(cr, sw, Arc::clone(&st), false));
-                let down = tokio::spawn(pump(sr, cw, Arc::clone(&st), true));
+                let up = Task::spawn(pump(cr, sw, Arc::clone(&st), false));
+                let down = Task::spawn(pump(sr, cw, Arc::clone(&st), true));
                 let mut h = st.pumps.lock().unwrap();
-                h.push(up.abort_handle());
-                h.push(down.abort_handle());
+                h.push(up);
+                h.push(down);
             }
         });
         Self {

@@ -10,6 +10,7 @@ pub mod demo;
 // Dependencies of the `pushdown` binary alone.
 use clap as _;
 use mimalloc as _;
+use pushdown_task as _;
 use tokio as _;
 use tracing as _;
 use tracing_subscriber as _;

@@ -14,7 +14,8 @@ use pushdown_client::run::{RunOptions, bytes, run};
 use pushdown_client::{ConnectOptions, Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
 use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
 use pushdown_planner::Pipeline;
-use pushdown_server::{Server, ServerConfig, ServerTls, Tokens, open_store, serve_metrics};
+use pushdown_server::{Server, ServerBuilder, ServerConfig, ServerTls, Tokens, open_store, serve_metrics};
+use pushdown_task::Task;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc keeps freed pages for the next batch; glibc's allocator unmaps large buffers
@@ -397,60 +398,10 @@ fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let defaults = ServerConfig::default();
-    let config = ServerConfig {
-        max_concurrent_streams: args.limits.max_streams,
-        memory_limit: args.limits.memory_mib << 20,
-        max_query_memory: args.limits.max_query_memory_mib << 20,
-        request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
-        cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
-        reducing_streams: args.limits.reducing_streams,
-        store_reads_in_flight: args
-            .limits
-            .store_reads_in_flight
-            .unwrap_or_else(|| pushdown_server::reads_in_flight_for(&args.storage.data)),
-        shard_target_bytes: args.limits.shard_mib << 20,
-        max_op_row_bytes: args.limits.max_op_row_mib << 20,
-        max_op_batch_bytes: args.limits.max_op_batch_mib << 20,
-        max_sql_bytes: args.limits.max_sql_kib << 10,
-        scaling_window: Duration::from_secs(args.limits.scaling_window_secs.max(1)),
-        catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
-        advertise: args.listen.advertise,
-        plain_client_codec: args.listen.plain_client_codec,
-        read_ahead: args.listen.read_ahead,
-        cache: pushdown_server::CacheConfig {
-            memory_bytes: args.cache.cache_memory_mib << 20,
-            disk: args.cache.cache_dir.clone(),
-            disk_bytes: args.cache.cache_disk_mib << 20,
-            default_mode: args.cache.cache,
-            modes: args.cache.cache_datasets.iter().cloned().collect(),
-        },
-        ..defaults
-    };
+    let config = server_config(&args);
     let store = open_store(&args.storage.data)?;
-    let mut builder = Server::builder(store).config(config);
-    if let Some(path) = &args.catalog {
-        let views = pushdown_server::Views::load(path).map_err(anyhow::Error::msg)?;
-        tracing::info!(views = views.iter().count(), "views from {}", path.display());
-        builder = builder.views(views);
-    }
-    let security = &args.security;
-    if let Some(path) = &security.auth_tokens {
-        let tokens = Tokens::load(path).map_err(anyhow::Error::msg)?;
-        tracing::info!(tokens = tokens.len(), "requests need a bearer token");
-        builder = builder.tokens(tokens);
-    }
-    let tls = match (&security.tls_cert, &security.tls_key) {
-        (Some(cert), Some(key)) => {
-            let mut tls = ServerTls::from_files(cert, key)?;
-            if let Some(ca) = &security.tls_client_ca {
-                tls = tls.require_client_certs(pushdown_server::read_pem(ca)?);
-            }
-            builder = builder.tls(tls);
-            true
-        }
-        _ => false,
-    };
+    let builder = Server::builder(store).config(config);
+    let (builder, tls) = with_catalog_and_security(builder, &args)?;
     let server = builder.open().await?;
     for (name, dataset) in server.catalog().snapshot().iter() {
         tracing::info!(
@@ -473,7 +424,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 .with_context(|| format!("binding {metrics_addr}"))?;
             println!("metrics on http://{}/metrics", listener.local_addr()?);
             let mut rx = stop_rx.clone();
-            Some(tokio::spawn(serve_metrics(
+            Some(Task::spawn(serve_metrics(
                 listener,
                 std::sync::Arc::clone(server.metrics()),
                 async move {
@@ -487,7 +438,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         tracing::info!("Flight over TLS only");
     }
     println!("listening on {addr}");
-    tokio::spawn(async move {
+    let _signal = Task::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new requests; streams in flight finish");
         let _ = stop_tx.send(true);
@@ -502,6 +453,68 @@ async fn serve(args: ServeArgs) -> Result<()> {
         task.await??;
     }
     Ok(())
+}
+
+/// The server's configuration from `pushdown serve`'s flags.
+fn server_config(args: &ServeArgs) -> ServerConfig {
+    let defaults = ServerConfig::default();
+    ServerConfig {
+        max_concurrent_streams: args.limits.max_streams,
+        memory_limit: args.limits.memory_mib << 20,
+        max_query_memory: args.limits.max_query_memory_mib << 20,
+        request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
+        cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
+        reducing_streams: args.limits.reducing_streams,
+        store_reads_in_flight: args
+            .limits
+            .store_reads_in_flight
+            .unwrap_or_else(|| pushdown_server::reads_in_flight_for(&args.storage.data)),
+        shard_target_bytes: args.limits.shard_mib << 20,
+        max_op_row_bytes: args.limits.max_op_row_mib << 20,
+        max_op_batch_bytes: args.limits.max_op_batch_mib << 20,
+        max_sql_bytes: args.limits.max_sql_kib << 10,
+        scaling_window: Duration::from_secs(args.limits.scaling_window_secs.max(1)),
+        catalog_refresh: Duration::from_secs(args.storage.catalog_refresh_secs),
+        advertise: args.listen.advertise.clone(),
+        plain_client_codec: args.listen.plain_client_codec,
+        read_ahead: args.listen.read_ahead,
+        cache: pushdown_server::CacheConfig {
+            memory_bytes: args.cache.cache_memory_mib << 20,
+            disk: args.cache.cache_dir.clone(),
+            disk_bytes: args.cache.cache_disk_mib << 20,
+            default_mode: args.cache.cache,
+            modes: args.cache.cache_datasets.iter().cloned().collect(),
+        },
+        ..defaults
+    }
+}
+
+/// `builder` with --catalog's views, --auth-tokens and TLS; and whether Flight is served
+/// over TLS.
+fn with_catalog_and_security(mut builder: ServerBuilder, args: &ServeArgs) -> Result<(ServerBuilder, bool)> {
+    if let Some(path) = &args.catalog {
+        let views = pushdown_server::Views::load(path).map_err(anyhow::Error::msg)?;
+        tracing::info!(views = views.iter().count(), "views from {}", path.display());
+        builder = builder.views(views);
+    }
+    let security = &args.security;
+    if let Some(path) = &security.auth_tokens {
+        let tokens = Tokens::load(path).map_err(anyhow::Error::msg)?;
+        tracing::info!(tokens = tokens.len(), "requests need a bearer token");
+        builder = builder.tokens(tokens);
+    }
+    let tls = match (&security.tls_cert, &security.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut tls = ServerTls::from_files(cert, key)?;
+            if let Some(ca) = &security.tls_client_ca {
+                tls = tls.require_client_certs(pushdown_server::read_pem(ca)?);
+            }
+            builder = builder.tls(tls);
+            true
+        }
+        _ => false,
+    };
+    Ok((builder, tls))
 }
 
 /// Ctrl-C or SIGTERM.

@@ -15,7 +15,7 @@ use arrow::record_batch::RecordBatch;
 use pushdown_ops::{Call, Calls, Context, Resources};
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral};
 
-use crate::{ClientError, Result};
+use crate::error::{ClientError, Result};
 
 /// Where each shard's fragment ops run.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -28,7 +28,8 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::{ClientError, ConnectOptions, MAX_MESSAGE_BYTES, Result};
+use crate::connect::{ConnectOptions, MAX_MESSAGE_BYTES, plan_estimate};
+use crate::error::{ClientError, Result};
 
 /// A Flight client that sends the caller's credentials with every request.
 pub(crate) type Flight = FlightServiceClient<InterceptedService<Channel, Credentials>>;
@@ -420,35 +421,12 @@ async fn resolve(url: &str, name: &str) -> Result<Vec<String>> {
 /// The plans of every server, made one: the shards any server offered, each once, in
 /// (dataset, file, row group) order, located on every server that offered it.
 pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo> {
-    let located = |node: &Node, endpoint: &FlightEndpoint| -> Vec<Location> {
-        if endpoint.location.is_empty() {
-            vec![Location {
-                uri: node.url.clone(),
-            }]
-        } else {
-            endpoint.location.clone()
-        }
-    };
     let Some((first_node, first)) = answers.first() else {
         return Err(ClientError::Invalid("no server answered".into()));
     };
     let schema = first.clone().try_decode_schema()?;
-    let row_wise = |info: &FlightInfo| crate::plan_estimate(info).is_some_and(|e| e.row_wise);
     if answers.len() > 1 && !row_wise(first) {
-        // A query that is not row-wise runs whole on one server, over that server's files:
-        // only right when every server holds the same files of what it reads.
-        let scans =
-            |info: &FlightInfo| crate::plan_estimate(info).map(|e| (e.rows_upper_bound, e.bytes_to_scan));
-        if let Some((node, _)) = answers.iter().find(|(_, info)| scans(info) != scans(first)) {
-            return Err(ClientError::ServersDisagree {
-                file: "the datasets the query reads".into(),
-                detail: format!(
-                    "{} and {} hold different files of them, and a query that is not row-wise \
-                     (an aggregate, join, sort, limit or volatile function) runs whole on one server",
-                    first_node.url, node.url
-                ),
-            });
-        }
+        same_scans(&answers, first_node, first)?;
     }
     if answers.len() == 1 || !row_wise(first) {
         // One server, or a query that is not row-wise: it runs whole on the first server.
@@ -458,14 +436,78 @@ pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo>
         }
         return Ok(info);
     }
-    // (dataset, file) → (version, row-group ranges → (endpoint, holders)).
-    type Cuts = BTreeMap<(u32, u32), (FlightEndpoint, Vec<Location>, u64, u64)>;
-    let mut files: BTreeMap<(String, String), (pushdown_protocol::FileVersion, String, Cuts)> =
-        BTreeMap::new();
-    let mut pruned = 0;
-    let mut all_totals_known = true;
+    let mut shards = Shards::new();
     for (node, info) in &answers {
-        if info.clone().try_decode_schema()? != schema {
+        shards.add_answer(first_node, &schema, node, info)?;
+    }
+    shards.into_info(first)
+}
+
+/// Where `node`'s `endpoint` is redeemed: its locations, or `node` when it names none.
+fn located(node: &Node, endpoint: &FlightEndpoint) -> Vec<Location> {
+    if endpoint.location.is_empty() {
+        vec![Location {
+            uri: node.url.clone(),
+        }]
+    } else {
+        endpoint.location.clone()
+    }
+}
+
+/// Whether `info` is a row-wise plan (one endpoint per shard).
+fn row_wise(info: &FlightInfo) -> bool {
+    plan_estimate(info).is_some_and(|e| e.row_wise)
+}
+
+/// Checks that every server would scan what the first one does.
+fn same_scans(answers: &[(Arc<Node>, FlightInfo)], first_node: &Node, first: &FlightInfo) -> Result<()> {
+    // A query that is not row-wise runs whole on one server, over that server's files:
+    // only right when every server holds the same files of what it reads.
+    let scans = |info: &FlightInfo| plan_estimate(info).map(|e| (e.rows_upper_bound, e.bytes_to_scan));
+    if let Some((node, _)) = answers.iter().find(|(_, info)| scans(info) != scans(first)) {
+        return Err(ClientError::ServersDisagree {
+            file: "the datasets the query reads".into(),
+            detail: format!(
+                "{} and {} hold different files of them, and a query that is not row-wise \
+                 (an aggregate, join, sort, limit or volatile function) runs whole on one server",
+                first_node.url, node.url
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Row-group ranges → (endpoint, holders, rows, bytes).
+type Cuts = BTreeMap<(u32, u32), (FlightEndpoint, Vec<Location>, u64, u64)>;
+
+/// The shards of the servers' row-wise plans, gathered answer by answer.
+struct Shards {
+    /// (dataset, file) → (version, the server that offered it first, its cuts).
+    files: BTreeMap<(String, String), (pushdown_protocol::FileVersion, String, Cuts)>,
+    /// The most row groups any server pruned.
+    pruned: u64,
+    /// Every server knew its plan's total records.
+    all_totals_known: bool,
+}
+
+impl Shards {
+    fn new() -> Self {
+        Self {
+            files: BTreeMap::new(),
+            pruned: 0,
+            all_totals_known: true,
+        }
+    }
+
+    /// Adds `node`'s plan, which must have the first server's schema and be row-wise too.
+    fn add_answer(
+        &mut self,
+        first_node: &Node,
+        schema: &arrow::datatypes::Schema,
+        node: &Node,
+        info: &FlightInfo,
+    ) -> Result<()> {
+        if info.clone().try_decode_schema()? != *schema {
             return Err(ClientError::Invalid(format!(
                 "servers {} and {} answer the query with different schemas",
                 first_node.url, node.url
@@ -477,82 +519,108 @@ pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo>
                 node.url, first_node.url
             )));
         }
-        pruned = pruned.max(crate::plan_estimate(info).map_or(0, |e| e.row_groups_pruned));
-        all_totals_known &= info.total_records >= 0;
+        let pruned = plan_estimate(info).map_or(0, |e| e.row_groups_pruned);
+        self.pruned = self.pruned.max(pruned);
+        self.all_totals_known &= info.total_records >= 0;
         for endpoint in &info.endpoint {
-            let ticket = endpoint
-                .ticket
-                .as_ref()
-                .and_then(|t| ShardTicket::decode(&t.ticket).ok())
-                .and_then(|t| t.shard)
-                .ok_or_else(|| {
-                    ClientError::Invalid(format!(
-                        "server {} sent an endpoint that is not a shard",
-                        node.url
-                    ))
-                })?;
-            let key = (ticket.dataset.clone(), ticket.file.clone());
-            let (version, owner, cuts) = files
-                .entry(key)
-                .or_insert_with(|| (ticket.version.clone(), node.url.clone(), Cuts::new()));
-            if *version != ticket.version {
-                return Err(ClientError::ServersDisagree {
-                    file: format!("{}/{}", ticket.dataset, ticket.file),
-                    detail: format!("{owner} has {version}, {} has {}", node.url, ticket.version),
-                });
-            }
-            let range = (ticket.row_groups.start, ticket.row_groups.end);
-            let (_, holders, ..) = cuts
-                .entry(range)
-                .or_insert_with(|| (endpoint.clone(), Vec::new(), ticket.rows, ticket.bytes));
-            for l in located(node, endpoint) {
-                if !holders.contains(&l) {
-                    holders.push(l);
-                }
-            }
+            self.add_endpoint(node, endpoint)?;
         }
+        Ok(())
     }
-    let mut endpoints = Vec::new();
-    let (mut rows, mut bytes) = (0u64, 0u64);
-    for ((dataset, file), (_, _, cuts)) in files {
-        // Row-group ranges of one file must not overlap: servers that cut a file differently
-        // (other shard sizes) would deliver its rows twice.
-        let mut end = 0;
-        for (start, stop) in cuts.keys() {
-            if *start < end {
-                return Err(ClientError::ServersDisagree {
-                    file: format!("{dataset}/{file}"),
-                    detail: "servers cut it into different shards (give them the same shard settings)".into(),
-                });
+
+    /// Adds one shard `node` offered: a new one, or another holder of one already known (of
+    /// the same file version).
+    fn add_endpoint(&mut self, node: &Node, endpoint: &FlightEndpoint) -> Result<()> {
+        let ticket = endpoint
+            .ticket
+            .as_ref()
+            .and_then(|t| ShardTicket::decode(&t.ticket).ok())
+            .and_then(|t| t.shard)
+            .ok_or_else(|| {
+                ClientError::Invalid(format!(
+                    "server {} sent an endpoint that is not a shard",
+                    node.url
+                ))
+            })?;
+        let key = (ticket.dataset.clone(), ticket.file.clone());
+        let (version, owner, cuts) = self
+            .files
+            .entry(key)
+            .or_insert_with(|| (ticket.version.clone(), node.url.clone(), Cuts::new()));
+        if *version != ticket.version {
+            return Err(ClientError::ServersDisagree {
+                file: format!("{}/{}", ticket.dataset, ticket.file),
+                detail: format!("{owner} has {version}, {} has {}", node.url, ticket.version),
+            });
+        }
+        let range = (ticket.row_groups.start, ticket.row_groups.end);
+        let (_, holders, ..) = cuts
+            .entry(range)
+            .or_insert_with(|| (endpoint.clone(), Vec::new(), ticket.rows, ticket.bytes));
+        for l in located(node, endpoint) {
+            if !holders.contains(&l) {
+                holders.push(l);
             }
-            end = *stop;
         }
-        for (_, (mut endpoint, holders, r, b)) in cuts {
-            endpoint.location = holders;
-            rows += r;
-            bytes += b;
-            endpoints.push(endpoint);
-        }
+        Ok(())
     }
-    let estimate = PlanEstimate {
-        rows_upper_bound: rows,
-        bytes_to_scan: bytes,
-        row_wise: true,
-        row_groups_pruned: pruned,
-    };
-    let total_records = if endpoints.is_empty() {
-        0
-    } else if all_totals_known {
-        rows as i64
-    } else {
-        -1
-    };
-    let mut info = first
-        .clone()
-        .with_total_records(total_records)
-        .with_app_metadata(estimate.encode());
-    info.endpoint = endpoints;
-    Ok(info)
+
+    /// The merged plan: `first`'s, with every shard once, in (dataset, file, row group)
+    /// order, and the estimate of them all.
+    fn into_info(self, first: &FlightInfo) -> Result<FlightInfo> {
+        let Shards {
+            files,
+            pruned,
+            all_totals_known,
+        } = self;
+        let mut endpoints = Vec::new();
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        for ((dataset, file), (_, _, cuts)) in files {
+            // Row-group ranges of one file must not overlap: servers that cut a file differently
+            // (other shard sizes) would deliver its rows twice.
+            disjoint(&dataset, &file, &cuts)?;
+            for (_, (mut endpoint, holders, r, b)) in cuts {
+                endpoint.location = holders;
+                rows += r;
+                bytes += b;
+                endpoints.push(endpoint);
+            }
+        }
+        let estimate = PlanEstimate {
+            rows_upper_bound: rows,
+            bytes_to_scan: bytes,
+            row_wise: true,
+            row_groups_pruned: pruned,
+        };
+        let total_records = if endpoints.is_empty() {
+            0
+        } else if all_totals_known {
+            rows as i64
+        } else {
+            -1
+        };
+        let mut info = first
+            .clone()
+            .with_total_records(total_records)
+            .with_app_metadata(estimate.encode());
+        info.endpoint = endpoints;
+        Ok(info)
+    }
+}
+
+/// Checks that the row-group ranges of `dataset/file` do not overlap.
+fn disjoint(dataset: &str, file: &str, cuts: &Cuts) -> Result<()> {
+    let mut end = 0;
+    for (start, stop) in cuts.keys() {
+        if *start < end {
+            return Err(ClientError::ServersDisagree {
+                file: format!("{dataset}/{file}"),
+                detail: "servers cut it into different shards (give them the same shard settings)".into(),
+            });
+        }
+        end = *stop;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

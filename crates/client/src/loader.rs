@@ -43,22 +43,24 @@ use arrow_flight::FlightInfo;
 use futures::{StreamExt, TryStreamExt};
 use pushdown_planner::{Pipeline, Step};
 use pushdown_protocol::{Compression, Query, ScanRequest, ShardTicket};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc;
 
+use crate::client::PushdownClient;
 use crate::completion::{Completion, CompletionTotals, ShardPlacement};
+use crate::connect::{ConnectOptions, plan_estimate};
+use crate::error::{ClientError, Result};
+use crate::order::{
+    Echo, Fnv, LoaderState, Sequence, batch_key, batches_in, echoed_order, fingerprint, rank_range, segments,
+    shard_order, window_rng,
+};
+use crate::plan::{Link, LinkSource, costed_plan_for_ranks};
 use crate::steps::RowSteps;
+use crate::stream::StreamOptions;
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
-use crate::{
-    ClientError, ConnectOptions, Link, LinkSource, PushdownClient, Result, StreamOptions,
-    costed_plan_for_ranks, plan_estimate,
-};
-use pushdown_ops::mix;
 use pushdown_planner::Plan;
 use pushdown_protocol::PlanEstimate;
+use pushdown_task::Task;
 
 /// What the loader reads.
 #[derive(Debug, Clone)]
@@ -110,50 +112,6 @@ pub struct LoaderOptions {
     /// How often the loader tells its servers how long its consumer waits (the `report`
     /// action, for their scaling signal); `None` never.
     pub report_every: Option<Duration>,
-}
-
-/// Data echoing (Choi et al., "Faster Neural Network Training with Data Echoing"): each
-/// reduced sample is repeated before the client's random ops, so every repeat is augmented
-/// anew, and the repeats are spread through the shuffle window, never adjacent. An epoch of
-/// a loader echoing `k` times delivers `k` × its rows; the sequence is a function of the
-/// seed, epoch, rank and `k`, and `k` is part of the state a loader resumes from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Echo {
-    /// Every sample once.
-    #[default]
-    Off,
-    /// Every sample `k` times per epoch.
-    Fixed(u32),
-    /// `k` chosen when each epoch starts, from the share of the previous epoch the consumer
-    /// spent waiting: `⌈1 / (1 − wait)⌉` repeats cover the stall, at most `max`. The first
-    /// epoch is not echoed.
-    Auto { max: u32 },
-}
-
-impl Echo {
-    /// Repeats in an epoch that follows one whose consumer waited `wait` of its time (none
-    /// measured yet: `None`).
-    pub fn factor(self, wait: Option<f64>) -> u64 {
-        match self {
-            Self::Off => 1,
-            Self::Fixed(k) => u64::from(k.max(1)),
-            Self::Auto { max } => match wait {
-                Some(w) if w.is_finite() => {
-                    let k = (1.0 / (1.0 - w.clamp(0.0, 0.99))).ceil() as u64;
-                    k.clamp(1, u64::from(max.max(1)))
-                }
-                _ => 1,
-            },
-        }
-    }
-
-    fn code(self) -> u64 {
-        match self {
-            Self::Off => 1,
-            Self::Fixed(k) => u64::from(k.max(1)),
-            Self::Auto { max } => (1 << 32) | u64::from(max),
-        }
-    }
 }
 
 /// Which of a pipeline's ops run on the servers. Placement never changes the samples: a
@@ -220,6 +178,19 @@ impl std::str::FromStr for Push {
                      the servers' share of the shards), adaptive"
                 ))),
             },
+        }
+    }
+}
+
+impl LoaderOptions {
+    /// What the sample sequence takes from these options.
+    pub(crate) fn sequence(&self) -> Sequence {
+        Sequence {
+            seed: self.seed,
+            rank: self.rank as u64,
+            world_size: self.world_size as u64,
+            drop_last: self.drop_last,
+            echo: self.echo,
         }
     }
 }
@@ -337,72 +308,6 @@ fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> 
             shape: vec![rows],
             values: Arc::clone(array),
         },
-    }
-}
-
-/// Where a loader is: the next batch is batch `batches` of epoch `epoch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoaderState {
-    /// Identifies the query, seed, rank, world size and batching the state belongs to.
-    pub fingerprint: u64,
-    pub epoch: u64,
-    pub batches: u64,
-    /// The shards `epoch` was planned on (files, versions, row groups), when `batches > 0`:
-    /// resuming mid-epoch needs that same dataset version. 0 at an epoch boundary.
-    pub version: u64,
-    /// Times `epoch` repeats each sample (data echoing; 1: not echoed).
-    pub echo: u64,
-}
-
-const STATE_MAGIC: &[u8; 4] = b"PDL3";
-const STATE_LEN: usize = 4 + 5 * 8;
-/// States saved before data echoing: no echo word.
-const STATE_MAGIC_V2: &[u8; 4] = b"PDL2";
-
-impl LoaderState {
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = STATE_MAGIC.to_vec();
-        for v in [
-            self.fingerprint,
-            self.epoch,
-            self.batches,
-            self.version,
-            self.echo,
-        ] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        if bytes.starts_with(b"PDL1") {
-            return Err(ClientError::Invalid(
-                "a loader state saved by an older pushdown (PDL1, without the dataset version): \
-                 restart the epoch it was saved in"
-                    .into(),
-            ));
-        }
-        let bad = || {
-            ClientError::Invalid(format!(
-                "not a pushdown loader state (expected {STATE_LEN} bytes starting PDL3)"
-            ))
-        };
-        let v2 = bytes.len() == STATE_LEN - 8 && bytes.starts_with(STATE_MAGIC_V2);
-        if !v2 && (bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC) {
-            return Err(bad());
-        }
-        let word = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[4 + 8 * i..12 + 8 * i]);
-            u64::from_le_bytes(b)
-        };
-        Ok(Self {
-            fingerprint: word(0),
-            epoch: word(1),
-            batches: word(2),
-            version: word(3),
-            echo: if v2 { 1 } else { word(4).max(1) },
-        })
     }
 }
 
@@ -623,17 +528,18 @@ impl Prepared {
             all_started: Arc::default(),
         };
         let all_started = Arc::clone(&watch.all_started);
-        let producer = tokio::spawn(async move {
+        let producer = Task::spawn(async move {
             let finish = |batch, _, _| Ok(batch);
             // `run` has no consumer to measure: an automatic echo is not applied.
             let echo = shared.options.echo.factor(None);
-            if let Err(e) = produce(shared, shards, epoch, echo, first, tx.clone(), finish, watch).await {
+            let producer = Producer::new(shared, shards, epoch, echo, first);
+            if let Err(e) = producer.run(tx.clone(), finish, watch).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
         EpochBatches {
             rx,
-            producer,
+            _producer: producer,
             all_started,
         }
     }
@@ -643,7 +549,8 @@ impl Prepared {
 #[derive(Debug)]
 pub struct EpochBatches {
     rx: mpsc::Receiver<Result<RecordBatch>>,
-    producer: tokio::task::JoinHandle<()>,
+    /// Held for its drop: the producer is aborted when the batches are dropped.
+    _producer: Task<()>,
     all_started: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -666,12 +573,6 @@ impl futures::Stream for EpochBatches {
     }
 }
 
-impl Drop for EpochBatches {
-    fn drop(&mut self) {
-        self.producer.abort();
-    }
-}
-
 /// Batches for one rank, epoch after epoch. Iterating blocks the calling thread only while
 /// no prepared batch is ready; the network and client ops run on the loader's own threads.
 pub struct Loader {
@@ -682,7 +583,7 @@ pub struct Loader {
     epoch: u64,
     batches: u64,
     rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
-    producer: Option<tokio::task::JoinHandle<()>>,
+    producer: Option<Task<()>>,
     stats: LoaderStats,
     started: Option<Instant>,
     failed: bool,
@@ -726,7 +627,7 @@ struct Ahead {
     epoch: u64,
     echo: u64,
     rx: mpsc::Receiver<Result<TensorBatch>>,
-    producer: tokio::task::JoinHandle<()>,
+    producer: Task<()>,
     prepared: tokio::sync::oneshot::Receiver<Prepared>,
 }
 
@@ -796,7 +697,7 @@ impl Loader {
     /// (or last) epoch was planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
         let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
-        let (rows, _) = rank_range(n, &self.prepared.shared.options);
+        let (rows, _) = rank_range(n, &self.prepared.shared.options.sequence());
         let rows = rows * self.echo;
         (
             rows,
@@ -933,7 +834,8 @@ impl Loader {
             rows: self.stats.rows - rows,
         };
         self.reported = Some((now, self.stats.waited, self.stats.rows));
-        runtime.spawn(async move { client.report(&report).await });
+        // Best effort, and short: it must not stop with the loader's epoch.
+        pushdown_task::detach_on(runtime.handle(), async move { client.report(&report).await });
     }
 
     fn stop_producer(&mut self) {
@@ -973,7 +875,7 @@ impl Loader {
         let base = self.prepared.clone();
         let echo = options.echo.factor(None);
         let streams = Arc::clone(&self.streams);
-        let producer = runtime.spawn(async move {
+        let producer = Task::spawn_on(runtime.handle(), async move {
             let next = match base.replan().await {
                 Ok(next) => next,
                 Err(e) => {
@@ -983,21 +885,12 @@ impl Loader {
             };
             let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
             let _ = planned.send(next);
-            if let Err(e) = produce(
-                shared,
-                shards,
-                epoch,
-                echo,
-                0,
-                tx.clone(),
-                to_tensors,
-                EpochWatch {
-                    totals: Arc::clone(&streams),
-                    ..EpochWatch::default()
-                },
-            )
-            .await
-            {
+            let producer = Producer::new(shared, shards, epoch, echo, 0);
+            let watch = EpochWatch {
+                totals: Arc::clone(&streams),
+                ..EpochWatch::default()
+            };
+            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -1055,22 +948,13 @@ impl Loader {
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Invalid("the loader is shut down".into()));
         };
-        let handle = runtime.spawn(async move {
-            if let Err(e) = produce(
-                shared,
-                shards,
-                epoch,
-                echo,
-                first,
-                tx.clone(),
-                to_tensors,
-                EpochWatch {
-                    totals: Arc::clone(&streams),
-                    ..EpochWatch::default()
-                },
-            )
-            .await
-            {
+        let handle = Task::spawn_on(runtime.handle(), async move {
+            let producer = Producer::new(shared, shards, epoch, echo, first);
+            let watch = EpochWatch {
+                totals: Arc::clone(&streams),
+                ..EpochWatch::default()
+            };
+            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -1164,129 +1048,35 @@ async fn prepare(
             options.rank, options.world_size
         )));
     }
-    let (mut request, steps, dataset, batch_step, shuffle_step, plan) = match &source {
-        LoaderSource::Sql(sql) => {
-            let mut request = ScanRequest::new(Query::Sql(sql.clone()));
-            request.compression = options.link.codec();
-            (request, Vec::new(), None, None, None, None)
-        }
-        LoaderSource::Pipeline(pipeline) => {
-            let schema = client.dataset_schema(&pipeline.dataset).await?;
-            let cores = options.link.trainer_cores().ceil() as usize;
-            let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
-                Ok((
-                    pushdown_planner::plan_limited(pipeline, &schema, first)?,
-                    options.link.codec(),
-                    ShardPlacement {
-                        server_fraction,
-                        adaptive,
-                        cores,
-                    },
-                ))
-            };
-            let (plan, compression, placement) = match options.push {
-                Push::Costed => {
-                    let costed =
-                        costed_plan_for_ranks(&client, pipeline, &schema, options.link, options.world_size)
-                            .await?;
-                    let placement = ShardPlacement {
-                        server_fraction: costed.chosen.server_fraction,
-                        adaptive: false,
-                        cores,
-                    };
-                    // A given bandwidth is planned for, codec included; a found one is
-                    // unlimited (none) or measured by the servers as they send.
-                    let compression = match options.link.source {
-                        LinkSource::Given => costed.chosen.compression,
-                        _ => options.link.codec(),
-                    };
-                    (costed.plan, compression, placement)
-                }
-                Push::First(k) => forced(k, 1.0, false)?,
-                Push::Split {
-                    first,
-                    server_fraction,
-                } => forced(first, server_fraction, false)?,
-                Push::Adaptive(k) => forced(k, 1.0, true)?,
-            };
-            let (mut batch, mut shuffle) = (None, None);
-            let mut row_steps = Vec::new();
-            for step in &plan.client_steps {
-                match step {
-                    Step::Batch { size, .. } => batch = Some(*size),
-                    Step::Shuffle { buffer } => shuffle = Some(*buffer),
-                    other => row_steps.push(other.clone()),
-                }
-            }
-            let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-            request.compression = compression;
-            (
-                request,
-                row_steps,
-                Some(pipeline.dataset.clone()),
-                batch,
-                shuffle,
-                Some((plan, placement)),
-            )
-        }
-    };
+    let SourceQuery {
+        mut request,
+        steps,
+        dataset,
+        batch_step,
+        shuffle_step,
+        plan,
+    } = SourceQuery::new(&client, &source, &options).await?;
     if let Some(forced) = options.compression {
         request.compression = forced;
     }
     // Each stream ends with the server's accounting of it (one small message).
     request.stats = true;
-    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
-    let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
-    if options.echo != Echo::Off && window < 2 {
-        return Err(ClientError::Invalid(
-            "data echoing spreads each sample's repeats through the shuffle window: set a \
-             shuffle buffer of 2 rows or more"
-                .into(),
-        ));
-    }
-    // No endpoints is an answer: the server's statistics ruled every row group out, or the
-    // dataset is empty. Epochs are then empty.
-    let info = client.plan(&request).await?;
-    let row_wise = plan_estimate(&info).is_some_and(|e| e.row_wise);
-    if !row_wise && (options.world_size > 1 || window > 1 || options.drop_last) {
-        return Err(ClientError::Invalid(
-            "ranks, shuffling and drop_last need a row-wise query (projection and filter over one \
-             dataset): this one is streamed whole"
-                .into(),
-        ));
-    }
-    let counted = row_wise && (count || options.world_size > 1 || options.drop_last);
-    let counts = if counted {
-        Some(count_rows(&client, &info, &Default::default()).await?)
-    } else {
-        None
-    };
+    let (batch_size, window) = batch_and_window(&options, batch_step, shuffle_step)?;
+    let (info, counts) = plan_shards(&client, &request, &options, window, count).await?;
     let resources: Arc<dyn pushdown_ops::Resources> = match &dataset {
         Some(d) => Arc::new(client.resources_for(&steps, d).await?),
         None => Arc::new(pushdown_ops::NoResources),
     };
     let schema = Arc::new(info.clone().try_decode_schema()?);
-    let completion = match (&plan, &dataset) {
-        (Some((plan, placement)), Some(d)) if !plan.fragment.ops.is_empty() => {
-            let ops = plan.fragment.ops.clone();
-            let resources = Arc::new(client.resources_for_calls(&ops, d).await?);
-            Some(Arc::new(Completion::new(
-                *placement,
-                ops,
-                Arc::clone(&schema),
-                resources,
-            )))
-        }
-        _ => None,
-    };
+    let completion = completion_for(&client, plan.as_ref(), dataset.as_deref(), &schema).await?;
     let plan = plan.map(|(plan, _)| plan);
     let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
-    let fingerprint = fingerprint(&request, &options, batch_size, window);
+    let fingerprint = fingerprint(&request, &options.sequence(), batch_size, window);
     let compression = request.compression;
     let shared = Shared {
         client,
         request,
-        counted,
+        counted: counts.is_some(),
         steps,
         batch_size,
         window,
@@ -1298,6 +1088,188 @@ async fn prepare(
         distinct: Default::default(),
     };
     Ok((shared, Shards::new(info, counts)))
+}
+
+/// What a source asks of the servers, and what it leaves to this client.
+struct SourceQuery {
+    request: ScanRequest,
+    /// The client's row-wise steps (a pipeline's, less its batch and shuffle steps).
+    steps: Vec<Step>,
+    /// The dataset a pipeline reads (where its ops' resources come from).
+    dataset: Option<String>,
+    /// The batch size and shuffle window a pipeline's steps ask for.
+    batch_step: Option<usize>,
+    shuffle_step: Option<usize>,
+    /// A pipeline's plan, and where each shard's fragment ops run.
+    plan: Option<(Plan, ShardPlacement)>,
+}
+
+impl SourceQuery {
+    /// SQL as it is; a pipeline with its ops placed (`place_pipeline`) and its fragment the query.
+    async fn new(client: &PushdownClient, source: &LoaderSource, options: &LoaderOptions) -> Result<Self> {
+        match source {
+            LoaderSource::Sql(sql) => {
+                let mut request = ScanRequest::new(Query::Sql(sql.clone()));
+                request.compression = options.link.codec();
+                Ok(Self {
+                    request,
+                    steps: Vec::new(),
+                    dataset: None,
+                    batch_step: None,
+                    shuffle_step: None,
+                    plan: None,
+                })
+            }
+            LoaderSource::Pipeline(pipeline) => {
+                let schema = client.dataset_schema(&pipeline.dataset).await?;
+                let (plan, compression, placement) =
+                    place_pipeline(client, pipeline, &schema, options).await?;
+                let (batch_step, shuffle_step, steps) = client_steps(&plan);
+                let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
+                request.compression = compression;
+                Ok(Self {
+                    request,
+                    steps,
+                    dataset: Some(pipeline.dataset.clone()),
+                    batch_step,
+                    shuffle_step,
+                    plan: Some((plan, placement)),
+                })
+            }
+        }
+    }
+}
+
+/// Places `pipeline`'s ops as `options.push` asks: the plan, the codec of its streams, and
+/// where each shard's fragment ops run.
+async fn place_pipeline(
+    client: &PushdownClient,
+    pipeline: &Pipeline,
+    schema: &arrow::datatypes::Schema,
+    options: &LoaderOptions,
+) -> Result<(Plan, Compression, ShardPlacement)> {
+    let cores = options.link.trainer_cores().ceil() as usize;
+    let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
+        Ok((
+            pushdown_planner::plan_limited(pipeline, schema, first)?,
+            options.link.codec(),
+            ShardPlacement {
+                server_fraction,
+                adaptive,
+                cores,
+            },
+        ))
+    };
+    Ok(match options.push {
+        Push::Costed => {
+            let costed =
+                costed_plan_for_ranks(client, pipeline, schema, options.link, options.world_size).await?;
+            let placement = ShardPlacement {
+                server_fraction: costed.chosen.server_fraction,
+                adaptive: false,
+                cores,
+            };
+            // A given bandwidth is planned for, codec included; a found one is
+            // unlimited (none) or measured by the servers as they send.
+            let compression = match options.link.source {
+                LinkSource::Given => costed.chosen.compression,
+                _ => options.link.codec(),
+            };
+            (costed.plan, compression, placement)
+        }
+        Push::First(k) => forced(k, 1.0, false)?,
+        Push::Split {
+            first,
+            server_fraction,
+        } => forced(first, server_fraction, false)?,
+        Push::Adaptive(k) => forced(k, 1.0, true)?,
+    })
+}
+
+/// A plan's client steps: the batch size and shuffle window they ask for, and the row-wise
+/// rest, in order.
+fn client_steps(plan: &Plan) -> (Option<usize>, Option<usize>, Vec<Step>) {
+    let (mut batch, mut shuffle) = (None, None);
+    let mut row_steps = Vec::new();
+    for step in &plan.client_steps {
+        match step {
+            Step::Batch { size, .. } => batch = Some(*size),
+            Step::Shuffle { buffer } => shuffle = Some(*buffer),
+            other => row_steps.push(other.clone()),
+        }
+    }
+    (batch, shuffle, row_steps)
+}
+
+/// Rows per batch and per shuffle window: the options', else the pipeline's steps', else
+/// 256 and 1 (no shuffle).
+fn batch_and_window(
+    options: &LoaderOptions,
+    batch_step: Option<usize>,
+    shuffle_step: Option<usize>,
+) -> Result<(usize, usize)> {
+    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
+    let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
+    if options.echo != Echo::Off && window < 2 {
+        return Err(ClientError::Invalid(
+            "data echoing spreads each sample's repeats through the shuffle window: set a \
+             shuffle buffer of 2 rows or more"
+                .into(),
+        ));
+    }
+    Ok((batch_size, window))
+}
+
+/// Opens the query: the servers' plan of its shards (a query that is not row-wise refused
+/// where ranks, a shuffle window or `drop_last` need one), and each shard's rows where those
+/// or `count` need them (`None`: not counted).
+async fn plan_shards(
+    client: &PushdownClient,
+    request: &ScanRequest,
+    options: &LoaderOptions,
+    window: usize,
+    count: bool,
+) -> Result<(FlightInfo, Option<Vec<u64>>)> {
+    // No endpoints is an answer: the server's statistics ruled every row group out, or the
+    // dataset is empty. Epochs are then empty.
+    let info = client.plan(request).await?;
+    let row_wise = plan_estimate(&info).is_some_and(|e| e.row_wise);
+    if !row_wise && (options.world_size > 1 || window > 1 || options.drop_last) {
+        return Err(ClientError::Invalid(
+            "ranks, shuffling and drop_last need a row-wise query (projection and filter over one \
+             dataset): this one is streamed whole"
+                .into(),
+        ));
+    }
+    let counted = row_wise && (count || options.world_size > 1 || options.drop_last);
+    let counts = if counted {
+        Some(count_rows(client, &info, &Default::default()).await?)
+    } else {
+        None
+    };
+    Ok((info, counts))
+}
+
+/// What finishes the shards the servers leave un-reduced, for a pipeline with fragment ops.
+async fn completion_for(
+    client: &PushdownClient,
+    plan: Option<&(Plan, ShardPlacement)>,
+    dataset: Option<&str>,
+    schema: &SchemaRef,
+) -> Result<Option<Arc<Completion>>> {
+    match (plan, dataset) {
+        (Some((plan, placement)), Some(d)) if !plan.fragment.ops.is_empty() => {
+            let ops = plan.fragment.ops.clone();
+            let resources = Arc::new(client.resources_for_calls(&ops, d).await?);
+            Ok(Some(Arc::new(Completion::new(
+                *placement,
+                ops,
+                Arc::clone(schema),
+                resources,
+            ))))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The rows each endpoint of `info` streams, counted by the servers (the `count` action),
@@ -1322,205 +1294,220 @@ async fn count_rows(
     futures::stream::iter(counts).buffered(16).try_collect().await
 }
 
-/// FNV-1a: stable across processes and versions (unlike `std`'s hasher).
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn eat(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// What the sample sequence depends on, but the dataset's version (that is [`Shards`]'s).
-fn fingerprint(request: &ScanRequest, o: &LoaderOptions, batch: usize, window: usize) -> u64 {
-    let mut h = Fnv::new();
-    // The codec does not change the samples, and the planner's choice of it depends on
-    // timings: a state must restore whatever codec the restoring process picks.
-    let mut request = request.clone();
-    request.compression = Compression::default();
-    h.eat(&request.encode());
-    for v in [
-        o.seed,
-        o.rank as u64,
-        o.world_size as u64,
-        batch as u64,
-        window as u64,
-        u64::from(o.drop_last),
-        o.echo.code(),
-    ] {
-        h.eat(&v.to_le_bytes());
-    }
-    h.finish()
-}
-
-/// Rows per rank and the first of rank `r`'s rows in the (wrapping) epoch sequence.
-fn rank_range(n: u64, o: &LoaderOptions) -> (u64, u64) {
-    let w = o.world_size as u64;
-    let per_rank = if o.drop_last { n / w } else { n.div_ceil(w) };
-    (per_rank, o.rank as u64 * per_rank)
-}
-
-fn batches_in(rows: u64, batch: u64, drop_last: bool) -> u64 {
-    if drop_last {
-        rows / batch
-    } else {
-        rows.div_ceil(batch)
-    }
-}
-
-/// Epoch `epoch`'s shard order.
-fn shard_order(seed: u64, epoch: u64, shards: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shards).collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(mix(seed, epoch)));
-    order
-}
-
-/// The parts of shards holding positions `[start, end)` of the epoch sequence (wrapping).
-fn segments(counts: &[u64], order: &[usize], start: u64, end: u64) -> Vec<(usize, u64, u64)> {
-    let n: u64 = counts.iter().sum();
-    let mut out = Vec::new();
-    if n == 0 {
-        return out;
-    }
-    let mut pos = start;
-    while pos < end {
-        let mut g = pos % n;
-        for &shard in order {
-            let c = counts[shard];
-            if g < c {
-                let take = (c - g).min(end - pos);
-                out.push((shard, g, take));
-                pos += take;
-                break;
-            }
-            g -= c;
-        }
-    }
-    out
-}
-
-fn window_rng(shared: &Shared, epoch: u64, window: u64) -> ChaCha8Rng {
-    let o = &shared.options;
-    ChaCha8Rng::seed_from_u64(mix(mix(mix(o.seed, epoch), o.rank as u64 + 1), window))
-}
-
-fn batch_key(shared: &Shared, epoch: u64, batch: u64) -> u64 {
-    let o = &shared.options;
-    mix(mix(mix(o.seed ^ 0x5EED, epoch), o.rank as u64), batch)
-}
-
-/// Produces batches `first..` of `epoch` into `tx`, each finished by `finish(batch, epoch,
-/// index)` on a worker thread; adds what the streams cost to `totals` at the end.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the epoch, its echo and where to start are what make a producer"
-)]
-async fn produce<T: Send + 'static>(
+/// One epoch of a prepared query from batch `first` on: its shards' rows read in the epoch's
+/// order, permuted by window, batched, and each batch finished on a worker thread.
+struct Producer {
     shared: Arc<Shared>,
     shards: Arc<Shards>,
     epoch: u64,
+    /// Times each sample repeats (at least 1).
     echo: u64,
     first: u64,
-    tx: mpsc::Sender<Result<T>>,
-    finish: fn(RecordBatch, u64, u64) -> Result<T>,
-    watch: EpochWatch,
-) -> Result<()> {
-    let (b, s) = (shared.batch_size as u64, shared.window as u64);
-    let echo = echo.max(1);
-    let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
-    let endpoints = shards.info.endpoint.len() as u64;
-    // Positions are in the echoed sequence: a window of `s` rows read gives `s × echo`.
-    let skip = first * b;
-    let mut window = skip / (s * echo);
-    let mut drop_rows = (skip - window * s * echo) as usize;
-    let (segments, total_batches): (Vec<Segment>, u64) = match &shards.counts {
-        Some(counts) => {
-            let n: u64 = counts.iter().sum();
-            let (per_rank, rank_start) = rank_range(n, &shared.options);
-            let total_batches = batches_in(per_rank * echo, b, shared.options.drop_last);
-            if first >= total_batches {
-                return Ok(());
-            }
-            // Seek: to the window holding the first row of batch `first`.
-            let parts = segments(counts, &order, rank_start + window * s, rank_start + per_rank);
-            let segments = parts
-                .into_iter()
-                .map(|(shard, skip, take)| Segment {
-                    endpoint: shards.info.endpoint[shard].clone(),
-                    index: shard,
-                    skip,
-                    take: Some(take),
-                    position: epoch * endpoints + shard as u64,
-                })
-                .collect();
-            (segments, total_batches)
-        }
-        // Not counted: rank 0 of 1 reads every endpoint whole, in the epoch's shard order
-        // (the same rows, in the same order, as the counted segments), to the end.
-        None => {
-            if first > 0 {
-                return Err(ClientError::Invalid(
-                    "resuming mid-epoch needs each shard's rows counted".into(),
-                ));
-            }
-            let segments = order
-                .iter()
-                .map(|&shard| Segment {
-                    endpoint: shards.info.endpoint[shard].clone(),
-                    index: shard,
-                    skip: 0,
-                    take: None,
-                    position: epoch * endpoints + shard as u64,
-                })
-                .collect();
-            (segments, u64::MAX)
-        }
-    };
-    let mut options = shared.options.stream.clone();
-    options.order = Order::Sequential;
-    let mut stream = ShardStream::segments(shared.client.clone(), &shards.info, segments, options)?
-        .with_completion(shared.completion.clone())
-        .signal_all_started(Arc::clone(&watch.all_started));
-    let schema = stream.schema();
+}
 
-    let mut pending: VecDeque<RecordBatch> = VecDeque::new(); // rows of the current window
-    let mut pending_rows = 0usize;
-    // Permuted windows, not yet batched. Rows are never copied before their batch is
-    // gathered, once, on a worker thread.
-    let mut shuffled: VecDeque<Window> = VecDeque::new();
-    let mut shuffled_rows = 0usize;
-    let mut next_batch = first;
-    let mut in_flight = futures::stream::FuturesOrdered::new();
-    let workers = shared.options.workers.max(1);
-    // Rows read ahead of the batches being handed out: the window being emitted and the next
-    // one filling. Reading goes on while the consumer takes a window's batches, so the
-    // servers never wait for a window to drain (they did: the epoch alternated between
-    // filling a window, the consumer waiting, and emitting it, the servers idle).
-    let ahead = 2 * shared.window.max(shared.batch_size * workers);
-    let mut done = false;
-    loop {
-        // Full windows (or the last one) are permuted and queued for batching.
-        while pending_rows >= shared.window || (done && pending_rows > 0) {
+/// A producer's rows on their way from its stream to its workers, and where it is in the
+/// epoch.
+struct Batching<T> {
+    /// Rows of the current window.
+    pending: VecDeque<RecordBatch>,
+    pending_rows: usize,
+    /// Permuted windows, not yet batched. Rows are never copied before their batch is
+    /// gathered, once, on a worker thread.
+    shuffled: VecDeque<Window>,
+    shuffled_rows: usize,
+    /// The next window to permute (without a shuffle, the next row).
+    window: u64,
+    /// Rows of the first window permuted that come before batch `first`, not delivered.
+    drop_rows: usize,
+    next_batch: u64,
+    total_batches: u64,
+    in_flight: futures::stream::FuturesOrdered<tokio::task::JoinHandle<Result<T>>>,
+    workers: usize,
+    /// Rows read ahead of the batches being handed out: the window being emitted and the next
+    /// one filling. Reading goes on while the consumer takes a window's batches, so the
+    /// servers never wait for a window to drain (they did: the epoch alternated between
+    /// filling a window, the consumer waiting, and emitting it, the servers idle).
+    ahead: usize,
+    schema: SchemaRef,
+    finish: fn(RecordBatch, u64, u64) -> Result<T>,
+    /// The stream has ended.
+    done: bool,
+}
+
+impl<T> Batching<T> {
+    /// Whether every batch there is has been handed out.
+    fn finished(&self) -> bool {
+        self.done
+            && self.in_flight.is_empty()
+            && (self.next_batch >= self.total_batches || self.shuffled_rows == 0)
+    }
+
+    /// Whether to read on: the stream has more, and fewer rows than `ahead` are held.
+    fn reads(&self) -> bool {
+        !self.done && self.pending_rows + self.shuffled_rows < self.ahead
+    }
+}
+
+impl Producer {
+    fn new(shared: Arc<Shared>, shards: Arc<Shards>, epoch: u64, echo: u64, first: u64) -> Self {
+        Self {
+            shared,
+            shards,
+            epoch,
+            echo: echo.max(1),
+            first,
+        }
+    }
+
+    /// Produces batches `first..` of `epoch` into `tx`, each finished by `finish(batch, epoch,
+    /// index)` on a worker thread; adds what the streams cost to `watch.totals` at the end.
+    async fn run<T: Send + 'static>(
+        self,
+        tx: mpsc::Sender<Result<T>>,
+        finish: fn(RecordBatch, u64, u64) -> Result<T>,
+        watch: EpochWatch,
+    ) -> Result<()> {
+        let (b, s) = (self.shared.batch_size as u64, self.shared.window as u64);
+        let echo = self.echo;
+        // Positions are in the echoed sequence: a window of `s` rows read gives `s × echo`.
+        let skip = self.first * b;
+        let window = skip / (s * echo);
+        let drop_rows = (skip - window * s * echo) as usize;
+        let Some((segments, total_batches)) = self.seek(window)? else {
+            return Ok(());
+        };
+        let mut stream = self.open_stream(segments, &watch)?;
+        let mut at = self.batching(window, drop_rows, total_batches, stream.schema(), finish);
+        loop {
+            self.permute_windows(&mut at);
+            self.dispatch(&mut at);
+            if at.finished() {
+                break;
+            }
+            // Hand out the oldest batch, or read on: whichever can go first.
+            let read = at.reads();
+            tokio::select! {
+                biased;
+                sent = send_next(&mut at.in_flight, &tx), if !at.in_flight.is_empty() => sent?,
+                batch = stream.next(), if read => match batch {
+                    Some(batch) => {
+                        let batch = batch?;
+                        at.pending_rows += batch.num_rows();
+                        at.pending.push_back(batch);
+                    }
+                    None => at.done = true,
+                },
+                else => break,
+            }
+        }
+        while !at.in_flight.is_empty() {
+            send_next(&mut at.in_flight, &tx).await?;
+        }
+        *watch.totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
+        Ok(())
+    }
+
+    /// The parts of the shards this rank reads from window `window` on, in the epoch's shard
+    /// order, and the epoch's batches; `None` when it has no batch `first`.
+    fn seek(&self, window: u64) -> Result<Option<(Vec<Segment>, u64)>> {
+        let (shared, shards, epoch) = (&self.shared, &self.shards, self.epoch);
+        let (b, s) = (shared.batch_size as u64, shared.window as u64);
+        let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
+        let endpoints = shards.info.endpoint.len() as u64;
+        let segment = |shard: usize, skip: u64, take: Option<u64>| Segment {
+            endpoint: shards.info.endpoint[shard].clone(),
+            index: shard,
+            skip,
+            take,
+            position: epoch * endpoints + shard as u64,
+        };
+        match &shards.counts {
+            Some(counts) => {
+                let n: u64 = counts.iter().sum();
+                let (per_rank, rank_start) = rank_range(n, &shared.options.sequence());
+                let total_batches = batches_in(per_rank * self.echo, b, shared.options.drop_last);
+                if self.first >= total_batches {
+                    return Ok(None);
+                }
+                // Seek: to the window holding the first row of batch `first`.
+                let parts = segments(counts, &order, rank_start + window * s, rank_start + per_rank);
+                let segments: Vec<Segment> = parts
+                    .into_iter()
+                    .map(|(shard, skip, take)| segment(shard, skip, Some(take)))
+                    .collect();
+                Ok(Some((segments, total_batches)))
+            }
+            // Not counted: rank 0 of 1 reads every endpoint whole, in the epoch's shard order
+            // (the same rows, in the same order, as the counted segments), to the end.
+            None => {
+                if self.first > 0 {
+                    return Err(ClientError::Invalid(
+                        "resuming mid-epoch needs each shard's rows counted".into(),
+                    ));
+                }
+                let segments: Vec<Segment> = order.iter().map(|&shard| segment(shard, 0, None)).collect();
+                Ok(Some((segments, u64::MAX)))
+            }
+        }
+    }
+
+    /// Streams `segments` in order (the streams in flight only prefetch), finishing shards the
+    /// servers leave un-reduced, and telling `watch` once every one is in flight.
+    fn open_stream(&self, segments: Vec<Segment>, watch: &EpochWatch) -> Result<ShardStream> {
+        let shared = &self.shared;
+        let mut options = shared.options.stream.clone();
+        options.order = Order::Sequential;
+        let fleet = Arc::clone(shared.client.fleet());
+        let stream = ShardStream::segments(fleet, &self.shards.info, segments, options)?;
+        Ok(stream
+            .with_completion(shared.completion.clone())
+            .signal_all_started(Arc::clone(&watch.all_started)))
+    }
+
+    /// Nothing read yet: the next window is `window`, and its first `drop_rows` rows come
+    /// before batch `first`.
+    fn batching<T>(
+        &self,
+        window: u64,
+        drop_rows: usize,
+        total_batches: u64,
+        schema: SchemaRef,
+        finish: fn(RecordBatch, u64, u64) -> Result<T>,
+    ) -> Batching<T> {
+        let workers = self.shared.options.workers.max(1);
+        Batching {
+            pending: VecDeque::new(),
+            pending_rows: 0,
+            shuffled: VecDeque::new(),
+            shuffled_rows: 0,
+            window,
+            drop_rows,
+            next_batch: self.first,
+            total_batches,
+            in_flight: futures::stream::FuturesOrdered::new(),
+            workers,
+            ahead: 2 * self.shared.window.max(self.shared.batch_size * workers),
+            schema,
+            finish,
+            done: false,
+        }
+    }
+
+    /// Permutes the full windows (or, once the stream has ended, the last one) and queues
+    /// them for batching.
+    fn permute_windows<T>(&self, at: &mut Batching<T>) {
+        let shared = &self.shared;
+        while at.pending_rows >= shared.window || (at.done && at.pending_rows > 0) {
             // Without a shuffle every row is a window of its own, in order: all the rows
             // pending are taken at once (the same order, without a window per row).
             let unshuffled = shared.window == 1;
             let take = if unshuffled {
-                pending_rows
+                at.pending_rows
             } else {
-                pending_rows.min(shared.window)
+                at.pending_rows.min(shared.window)
             };
-            let parts = split_rows(&mut pending, take);
-            pending_rows -= take;
+            let parts = split_rows(&mut at.pending, take);
+            at.pending_rows -= take;
             shared
                 .distinct
                 .fetch_add(take as u64, std::sync::atomic::Ordering::Relaxed);
@@ -1530,61 +1517,47 @@ async fn produce<T: Send + 'static>(
                 .flat_map(|(p, b)| (0..b.num_rows() as u32).map(move |r| (p as u32, r)))
                 .collect();
             let order = if unshuffled {
-                window += take as u64;
+                at.window += take as u64;
                 rows
             } else {
-                let order = echoed_order(rows, echo, &mut window_rng(&shared, epoch, window));
-                window += 1;
+                let order = echoed_order(
+                    rows,
+                    self.echo,
+                    &mut window_rng(&shared.options.sequence(), self.epoch, at.window),
+                );
+                at.window += 1;
                 order
             };
-            let d = drop_rows.min(order.len());
-            drop_rows -= d;
+            let d = at.drop_rows.min(order.len());
+            at.drop_rows -= d;
             let order: VecDeque<(u32, u32)> = order.into_iter().skip(d).collect();
-            shuffled_rows += order.len();
-            shuffled.push_back(Window { parts, order });
+            at.shuffled_rows += order.len();
+            at.shuffled.push_back(Window { parts, order });
         }
-        // Whole batches (or the last, partial one) go to the workers, as many as they take.
-        while in_flight.len() < workers
-            && next_batch < total_batches
-            && (shuffled_rows >= shared.batch_size || (done && shuffled_rows > 0))
+    }
+
+    /// Hands whole batches (or, once the stream has ended, the last partial one) to the
+    /// workers, as many as they take.
+    fn dispatch<T: Send + 'static>(&self, at: &mut Batching<T>) {
+        let shared = &self.shared;
+        while at.in_flight.len() < at.workers
+            && at.next_batch < at.total_batches
+            && (at.shuffled_rows >= shared.batch_size || (at.done && at.shuffled_rows > 0))
         {
-            let take = shuffled_rows.min(shared.batch_size);
-            let gather = Gather::take(&mut shuffled, take);
-            shuffled_rows -= take;
-            let key = batch_key(&shared, epoch, next_batch);
-            let index = next_batch;
-            let worker_shared = Arc::clone(&shared);
-            let schema = Arc::clone(&schema);
-            in_flight.push_back(tokio::task::spawn_blocking(move || {
+            let take = at.shuffled_rows.min(shared.batch_size);
+            let gather = Gather::take(&mut at.shuffled, take);
+            at.shuffled_rows -= take;
+            let key = batch_key(&shared.options.sequence(), self.epoch, at.next_batch);
+            let (epoch, index, finish) = (self.epoch, at.next_batch, at.finish);
+            let worker_shared = Arc::clone(shared);
+            let schema = Arc::clone(&at.schema);
+            at.in_flight.push_back(tokio::task::spawn_blocking(move || {
                 let rows = gather.run(&schema)?;
                 finish(worker_shared.steps.apply(rows, key)?, epoch, index)
             }));
-            next_batch += 1;
-        }
-        if done && in_flight.is_empty() && (next_batch >= total_batches || shuffled_rows == 0) {
-            break;
-        }
-        // Hand out the oldest batch, or read on: whichever can go first.
-        let read = !done && pending_rows + shuffled_rows < ahead;
-        tokio::select! {
-            biased;
-            sent = send_next(&mut in_flight, &tx), if !in_flight.is_empty() => sent?,
-            batch = stream.next(), if read => match batch {
-                Some(batch) => {
-                    let batch = batch?;
-                    pending_rows += batch.num_rows();
-                    pending.push_back(batch);
-                }
-                None => done = true,
-            },
-            else => break,
+            at.next_batch += 1;
         }
     }
-    while !in_flight.is_empty() {
-        send_next(&mut in_flight, &tx).await?;
-    }
-    *watch.totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
-    Ok(())
 }
 
 /// What a producer tells its reader besides batches.
@@ -1594,22 +1567,6 @@ struct EpochWatch {
     totals: Arc<std::sync::Mutex<StreamTotals>>,
     /// Set once every shard of the epoch is in flight.
     all_started: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// A window's rows in the order they are delivered: `echo` rounds, each a permutation of the
-/// window drawn from `rng`, so a sample's repeats are a round apart; where one round ends with
-/// the row the next begins with, the next round's first two are swapped (never adjacent).
-fn echoed_order(rows: Vec<(u32, u32)>, echo: u64, rng: &mut ChaCha8Rng) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(rows.len() * echo as usize);
-    for _ in 0..echo {
-        let mut round = rows.clone();
-        round.shuffle(rng);
-        if round.len() > 1 && out.last() == round.first() {
-            round.swap(0, 1);
-        }
-        out.extend(round);
-    }
-    out
 }
 
 /// A permuted window: the received batches holding its rows, and the rows' order as
@@ -1704,89 +1661,6 @@ fn split_rows(queue: &mut VecDeque<RecordBatch>, n: usize) -> Vec<RecordBatch> {
 mod tests {
     use super::*;
 
-    fn options(rank: usize, world: usize, drop_last: bool) -> LoaderOptions {
-        LoaderOptions {
-            rank,
-            world_size: world,
-            drop_last,
-            ..LoaderOptions::default()
-        }
-    }
-
-    #[test]
-    fn ranks_cover_the_epoch_exactly_once_or_pad_by_wrapping() {
-        let counts = [5u64, 0, 7, 3, 11];
-        let n: u64 = counts.iter().sum();
-        let order = shard_order(9, 2, counts.len());
-        for world in 1..=4 {
-            for drop_last in [true, false] {
-                let mut seen = Vec::new();
-                for rank in 0..world {
-                    let (len, start) = rank_range(n, &options(rank, world, drop_last));
-                    let parts = segments(&counts, &order, start, start + len);
-                    let rows: u64 = parts.iter().map(|p| p.2).sum();
-                    assert_eq!(rows, len, "every rank gets the same rows");
-                    for (shard, skip, take) in parts {
-                        assert!(skip + take <= counts[shard]);
-                        seen.extend((skip..skip + take).map(|r| (shard, r)));
-                    }
-                }
-                let total = seen.len() as u64;
-                seen.sort_unstable();
-                seen.dedup();
-                if drop_last {
-                    assert_eq!(total, n / world as u64 * world as u64);
-                    assert_eq!(seen.len() as u64, total, "no row twice");
-                } else {
-                    assert_eq!(seen.len() as u64, n, "every row at least once");
-                    assert!(total - n < world as u64, "padding is less than one row per rank");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn echoed_windows_repeat_each_row_k_times_never_adjacent() {
-        let rows: Vec<(u32, u32)> = (0..10).map(|r| (0, r)).collect();
-        for seed in 0..200 {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let order = echoed_order(rows.clone(), 3, &mut rng);
-            assert_eq!(order.len(), 30);
-            for r in &rows {
-                assert_eq!(order.iter().filter(|x| *x == r).count(), 3);
-            }
-            assert!(order.windows(2).all(|w| w[0] != w[1]), "seed {seed}: {order:?}");
-        }
-        // Without echoing the order is the plain shuffle of the window (sequences saved
-        // before echoing existed are unchanged).
-        let mut plain = rows.clone();
-        plain.shuffle(&mut ChaCha8Rng::seed_from_u64(9));
-        assert_eq!(echoed_order(rows, 1, &mut ChaCha8Rng::seed_from_u64(9)), plain);
-    }
-
-    #[test]
-    fn automatic_echo_covers_the_measured_stall() {
-        let auto = Echo::Auto { max: 4 };
-        assert_eq!(auto.factor(None), 1, "nothing measured yet");
-        assert_eq!(auto.factor(Some(0.0)), 1);
-        assert_eq!(
-            auto.factor(Some(0.5)),
-            2,
-            "waiting half the time: twice the samples"
-        );
-        assert_eq!(auto.factor(Some(0.6)), 3);
-        assert_eq!(auto.factor(Some(0.99)), 4, "capped");
-        assert_eq!(Echo::Fixed(3).factor(Some(0.9)), 3);
-        assert_eq!(Echo::Off.factor(Some(0.9)), 1);
-    }
-
-    #[test]
-    fn shard_orders_change_by_epoch_and_are_reproducible() {
-        assert_eq!(shard_order(1, 0, 50), shard_order(1, 0, 50));
-        assert_ne!(shard_order(1, 0, 50), shard_order(1, 1, 50));
-        assert_ne!(shard_order(1, 0, 50), shard_order(2, 0, 50));
-    }
-
     #[test]
     fn placements_parse_and_bad_ones_are_named() {
         assert_eq!("costed".parse::<Push>().ok(), Some(Push::Costed));
@@ -1804,27 +1678,5 @@ mod tests {
             let e = bad.parse::<Push>().expect_err(bad).to_string();
             assert!(e.contains("split:F"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn states_round_trip_and_reject_garbage() {
-        let s = LoaderState {
-            fingerprint: 7,
-            epoch: 2,
-            batches: 31,
-            version: 0xfeed,
-            echo: 3,
-        };
-        assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
-        assert!(LoaderState::from_bytes(b"PDL3").is_err());
-        // A state saved before echoing had no echo word: it resumes unechoed.
-        let mut v2 = s.to_bytes();
-        v2[..4].copy_from_slice(b"PDL2");
-        v2.truncate(STATE_LEN - 8);
-        let echo = LoaderState { echo: 1, ..s };
-        assert_eq!(LoaderState::from_bytes(&v2).expect("v2 state"), echo);
-        assert!(LoaderState::from_bytes(&[0u8; STATE_LEN]).is_err());
-        let old = LoaderState::from_bytes(&[&b"PDL1"[..], &[0u8; 24]].concat()).expect_err("old");
-        assert!(old.to_string().contains("older pushdown"), "{old}");
     }
 }

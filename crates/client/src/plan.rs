@@ -3,7 +3,8 @@
 use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile};
 use pushdown_protocol::{Compression, Profile, Query, ScanRequest};
 
-use crate::{PushdownClient, Result};
+use crate::client::PushdownClient;
+use crate::error::Result;
 
 /// The link to the servers and the machines at both ends, as the planner needs them.
 #[derive(Debug, Clone, Copy)]

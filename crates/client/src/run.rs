@@ -6,7 +6,7 @@
 //! with `pushdown run --seed S` yields the rows a [`crate::Loader`] of world size 1 and seed
 //! `S` yields, in the same order.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,9 +15,10 @@ use parquet::arrow::ArrowWriter;
 use pushdown_planner::Plan;
 use pushdown_protocol::{Compression, PlanEstimate, StreamStats};
 
-use crate::{
-    ClientError, EpochBatches, LoaderOptions, LoaderSource, Prepared, PushdownClient, Result, StreamTotals,
-};
+use crate::client::PushdownClient;
+use crate::error::{ClientError, Result};
+use crate::loader::{EpochBatches, LoaderOptions, LoaderSource, Prepared};
+use crate::stream::StreamTotals;
 
 /// What to run and where to put it.
 #[derive(Debug, Clone)]
@@ -156,26 +157,73 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     }
     loader.epochs = loader.epochs.max(1);
     let client = PushdownClient::connect_with(&options.servers, options.loader.connect.clone()).await?;
-    let mut prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
-    let mut writer = match &options.out {
+    let prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
+    let mut writer = parquet_writer(options.out.as_deref(), prepared.schema())?;
+    let start = Instant::now();
+    let cpu_before = pushdown_protocol::host::cpu_seconds("self");
+    let servers_before = server_cpu(prepared.client()).await;
+    let totals = Arc::new(Mutex::new(StreamTotals::default()));
+    let (prepared, delivered) = read_epochs(prepared, loader.epochs as u64, &totals, &mut writer).await?;
+    if let Some(w) = writer {
+        w.close().map_err(parquet_error)?;
+    }
+    let totals = *totals.lock().unwrap_or_else(|p| p.into_inner());
+    let elapsed = start.elapsed();
+    let usage = measure_usage(&prepared, &loader, cpu_before, &servers_before, elapsed).await;
+    Ok(RunReport {
+        plan: prepared.plan().cloned(),
+        estimate: prepared.estimate(),
+        endpoints: prepared.endpoints(),
+        compression: prepared.compression(),
+        rows: delivered.rows,
+        batches: delivered.batches,
+        elapsed,
+        waited: delivered.waited,
+        epochs: loader.epochs,
+        totals,
+        completed: prepared.completed(),
+        fragment_ops: prepared.plan().map_or(0, |p| p.fragment.ops.len()),
+        usage,
+    })
+}
+
+/// A Parquet writer (zstd) of batches of `schema` into `path`, when one is asked for.
+fn parquet_writer(
+    path: Option<&Path>,
+    schema: arrow::datatypes::SchemaRef,
+) -> Result<Option<ArrowWriter<std::fs::File>>> {
+    match path {
         Some(path) => {
             let file = std::fs::File::create(path)
                 .map_err(|e| ClientError::Invalid(format!("creating {}: {e}", path.display())))?;
             let props = parquet::file::properties::WriterProperties::builder()
                 .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
                 .build();
-            Some(ArrowWriter::try_new(file, prepared.schema(), Some(props)).map_err(parquet_error)?)
+            let writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(parquet_error)?;
+            Ok(Some(writer))
         }
-        None => None,
-    };
-    let start = Instant::now();
-    let cpu_before = pushdown_protocol::host::cpu_seconds("self");
-    let servers_before = server_cpu(prepared.client()).await;
-    let totals = Arc::new(Mutex::new(StreamTotals::default()));
-    let (mut rows, mut batches) = (0u64, 0u64);
-    let mut waited = Duration::ZERO;
-    let epochs = loader.epochs as u64;
-    let mut stream = prepared.epoch(0, 0, Arc::clone(&totals));
+        None => Ok(None),
+    }
+}
+
+/// What the consumer was handed, and how long it waited for it.
+#[derive(Debug, Default)]
+struct Delivered {
+    rows: u64,
+    batches: u64,
+    waited: Duration,
+}
+
+/// Reads `epochs` epochs of `prepared` to their ends, writing each batch to `writer`.
+/// Returns the query as its last epoch was planned, and what was delivered.
+async fn read_epochs(
+    mut prepared: Prepared,
+    epochs: u64,
+    totals: &Arc<Mutex<StreamTotals>>,
+    writer: &mut Option<ArrowWriter<std::fs::File>>,
+) -> Result<(Prepared, Delivered)> {
+    let mut delivered = Delivered::default();
+    let mut stream = prepared.epoch(0, 0, Arc::clone(totals));
     for epoch in 0..epochs {
         // The next epoch reads what the servers list when it starts (files added join it),
         // and starts once this one's last shards are in flight: its streams take up the
@@ -183,17 +231,15 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         let mut ahead: Option<(Prepared, EpochBatches)> = None;
         loop {
             if ahead.is_none() && epoch + 1 < epochs && stream.all_started() {
-                let next = prepared.replan().await?;
-                let batches = next.epoch(epoch + 1, 0, Arc::clone(&totals));
-                ahead = Some((next, batches));
+                ahead = Some(next_epoch(&prepared, epoch + 1, totals).await?);
             }
             let asked = Instant::now();
             let next = stream.next().await;
-            waited += asked.elapsed();
+            delivered.waited += asked.elapsed();
             let Some(batch) = next else { break };
             let batch = batch?;
-            rows += batch.num_rows() as u64;
-            batches += 1;
+            delivered.rows += batch.num_rows() as u64;
+            delivered.batches += 1;
             if let Some(w) = writer.as_mut() {
                 w.write(&batch).map_err(parquet_error)?;
             }
@@ -201,19 +247,33 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         if epoch + 1 < epochs {
             (prepared, stream) = match ahead {
                 Some(next) => next,
-                None => {
-                    let next = prepared.replan().await?;
-                    let batches = next.epoch(epoch + 1, 0, Arc::clone(&totals));
-                    (next, batches)
-                }
+                None => next_epoch(&prepared, epoch + 1, totals).await?,
             };
         }
     }
-    if let Some(w) = writer {
-        w.close().map_err(parquet_error)?;
-    }
-    let totals = *totals.lock().unwrap_or_else(|p| p.into_inner());
-    let elapsed = start.elapsed();
+    Ok((prepared, delivered))
+}
+
+/// `prepared` planned again on what the servers list now, and its epoch `epoch` started.
+async fn next_epoch(
+    prepared: &Prepared,
+    epoch: u64,
+    totals: &Arc<Mutex<StreamTotals>>,
+) -> Result<(Prepared, EpochBatches)> {
+    let next = prepared.replan().await?;
+    let batches = next.epoch(epoch, 0, Arc::clone(totals));
+    Ok((next, batches))
+}
+
+/// How busy this process and each server were over the run's `elapsed`: this process's CPU
+/// seconds since `cpu_before`, each server's since `servers_before`.
+async fn measure_usage(
+    prepared: &Prepared,
+    loader: &LoaderOptions,
+    cpu_before: Option<f64>,
+    servers_before: &[(String, f64, u32)],
+    elapsed: Duration,
+) -> Usage {
     let trainer_cpu = cpu_before
         .zip(pushdown_protocol::host::cpu_seconds("self"))
         .map(|(a, b)| b - a);
@@ -231,28 +291,13 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
             })
         })
         .collect();
-    let usage = Usage {
+    Usage {
         trainer_cpu,
         trainer_cores: loader.link.trainer_cores().ceil() as usize,
         link_bytes_per_s: prepared.link().bandwidth_bytes_per_s,
         link: Some(prepared.link()),
         servers,
-    };
-    Ok(RunReport {
-        plan: prepared.plan().cloned(),
-        estimate: prepared.estimate(),
-        endpoints: prepared.endpoints(),
-        compression: prepared.compression(),
-        rows,
-        batches,
-        elapsed,
-        waited,
-        epochs: loader.epochs,
-        totals,
-        completed: prepared.completed(),
-        fragment_ops: prepared.plan().map_or(0, |p| p.fragment.ops.len()),
-        usage,
-    })
+    }
 }
 
 /// Each server's CPU seconds so far and its cores (none for a server that cannot say).

@@ -8,7 +8,7 @@ use arrow::record_batch::RecordBatch;
 use pushdown_ops::{Calls, call_seed, mix};
 use pushdown_planner::Step;
 
-use crate::{ClientError, Result};
+use crate::error::{ClientError, Result};
 
 /// One stage: a projection, or a run of consecutive op calls.
 #[derive(Debug)]

@@ -11,14 +11,15 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
-use arrow_flight::{FlightInfo, Ticket};
+use arrow_flight::{FlightData, FlightInfo, Ticket};
 use futures::{Stream, StreamExt};
 use pushdown_protocol::{Deferral, ShardTicket, StreamStats};
+use pushdown_task::Task;
 use tokio::sync::mpsc;
 
 use crate::completion::Completion;
+use crate::error::{ClientError, Result};
 use crate::fleet::{Failure, Fleet, Node};
-use crate::{ClientError, PushdownClient, Result};
 
 /// How a [`ShardStream`] fans out.
 #[derive(Debug, Clone)]
@@ -137,7 +138,8 @@ struct Active {
     rx: mpsc::UnboundedReceiver<Result<Held>>,
     /// Set when the shard's stream has ended (everything it delivers is read ahead).
     finished: Arc<AtomicBool>,
-    _task: AbortOnDrop,
+    /// Aborted when the shard's stream is dropped.
+    _task: Task<()>,
 }
 
 /// A batch read ahead, holding its share of its stream's read-ahead budget until consumed.
@@ -184,14 +186,6 @@ impl Buffer {
     }
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The record batches of every endpoint of a FlightInfo.
 ///
 /// At most `concurrency` shards stream at once, each reading up to `buffered_bytes` ahead;
@@ -199,7 +193,7 @@ impl Drop for AbortOnDrop {
 /// shard after shard, so the output order is a function of the shards' contents alone.
 /// Dropping the stream aborts every request in flight.
 pub struct ShardStream {
-    client: PushdownClient,
+    fleet: Arc<Fleet>,
     schema: SchemaRef,
     pending: VecDeque<Segment>,
     active: VecDeque<Active>,
@@ -229,7 +223,7 @@ impl std::fmt::Debug for ShardStream {
 }
 
 impl ShardStream {
-    pub(crate) fn start(client: PushdownClient, info: &FlightInfo, options: StreamOptions) -> Result<Self> {
+    pub(crate) fn start(fleet: Arc<Fleet>, info: &FlightInfo, options: StreamOptions) -> Result<Self> {
         let segments = info
             .endpoint
             .iter()
@@ -243,12 +237,12 @@ impl ShardStream {
                 position: index as u64,
             })
             .collect();
-        Self::segments(client, info, segments, options)
+        Self::segments(fleet, info, segments, options)
     }
 
     /// Streams `segments` (parts of `info`'s endpoints) in the given order.
     pub(crate) fn segments(
-        client: PushdownClient,
+        fleet: Arc<Fleet>,
         info: &FlightInfo,
         segments: Vec<Segment>,
         options: StreamOptions,
@@ -259,7 +253,7 @@ impl ShardStream {
             .tuned()
             .then(|| crate::tune::Tuner::new(options.concurrency, options.tuned_max()));
         Ok(Self {
-            client,
+            fleet,
             schema,
             pending: segments.into(),
             active: VecDeque::new(),
@@ -334,7 +328,7 @@ impl ShardStream {
         let (tx, rx) = Buffer::new(self.options.buffered_bytes);
         let finished = Arc::new(AtomicBool::new(false));
         let run = run_endpoint(
-            self.client.clone(),
+            Arc::clone(&self.fleet),
             segment,
             tx,
             self.options.clone(),
@@ -342,7 +336,7 @@ impl ShardStream {
             self.completion.clone(),
         );
         let (done, ended) = (Arc::clone(&finished), Arc::clone(&self.ended));
-        let task = tokio::spawn(async move {
+        let task = Task::spawn(async move {
             run.await;
             done.store(true, Ordering::Release);
             ended.wake();
@@ -350,7 +344,7 @@ impl ShardStream {
         self.active.push_back(Active {
             rx,
             finished,
-            _task: AbortOnDrop(task),
+            _task: task,
         });
         if self.pending.is_empty() {
             self.all_started.store(true, Ordering::Release);
@@ -423,7 +417,7 @@ impl Stream for ShardStream {
 /// shard (no such file, another version of it) is not asked again; a bad value or corrupt
 /// data ends the stream with its error at once.
 async fn run_endpoint(
-    client: PushdownClient,
+    fleet: Arc<Fleet>,
     segment: Segment,
     tx: Buffer,
     options: StreamOptions,
@@ -431,17 +425,13 @@ async fn run_endpoint(
     completion: Option<Arc<Completion>>,
 ) {
     let index = segment.index;
-    let fail = |e: ClientError| {
-        let tx = tx.clone();
-        async move { tx.fail(e) }
-    };
     let Some(ticket) = segment.endpoint.ticket.clone() else {
-        return fail(ClientError::Invalid(format!("endpoint {index} has no ticket"))).await;
+        return tx.fail(ClientError::Invalid(format!("endpoint {index} has no ticket")));
     };
-    let holders = match client.fleet().holders(&segment.endpoint) {
+    let holders = match fleet.holders(&segment.endpoint) {
         Ok(h) if !h.is_empty() => h,
-        Ok(_) => return fail(ClientError::Invalid(format!("endpoint {index} has no server"))).await,
-        Err(e) => return fail(e).await,
+        Ok(_) => return tx.fail(ClientError::Invalid(format!("endpoint {index} has no server"))),
+        Err(e) => return tx.fail(e),
     };
     let decoded = ShardTicket::decode(&ticket.ticket).ok();
     let (shard, expect_trailer) = match &decoded {
@@ -457,136 +447,225 @@ async fn run_endpoint(
     // (or a ticket of another server) only runs again from the start, while nothing was
     // delivered.
     let resumable = decoded.filter(|t| t.shard.is_some());
-    let give_up = |status: tonic::Status, attempts: usize, servers: Vec<String>| ClientError::Stream {
-        endpoint: index,
-        shard: shard.clone(),
-        attempts,
-        servers,
-        status: Box::new(status),
-    };
-    // Rows of the endpoint delivered (or skipped) so far, and where to stop.
-    let mut delivered = segment.skip;
-    let end = segment.take.map(|t| segment.skip + t);
-    let mut attempts = 0usize;
-    // The servers asked, each once, in the order first asked.
-    let mut tried: Vec<String> = Vec::new();
-    // Servers that refused this shard, and why: never asked again for it.
-    let mut refused: Vec<(String, String)> = Vec::new();
-    let mut backoff = options.retry_backoff;
-    loop {
-        let candidates: Vec<_> = Fleet::ranked(&holders, index)
-            .into_iter()
-            .filter(|n| !refused.iter().any(|(url, _)| *url == n.url))
-            .collect();
-        let Some(node) = candidates.first().cloned() else {
-            return fail(ClientError::NoServer {
-                endpoint: index,
-                shard: shard.clone(),
-                refusals: refused.iter().map(|(u, why)| format!("{u}: {why}")).collect(),
-            })
-            .await;
-        };
-        // Where this shard's ops run is asked anew on each request (a resumed stream too).
-        let (deferral, tentative, mut dealt) = match &completion {
-            Some(c) => {
-                let placed = c.deferral_for(segment.position);
-                (Some(placed.deferral), placed.tentative, placed.dealt)
+    EndpointRun {
+        index,
+        position: segment.position,
+        ticket,
+        holders,
+        tx,
+        totals,
+        completion,
+        shard,
+        expect_trailer,
+        resumable,
+        delivered: segment.skip,
+        end: segment.take.map(|t| segment.skip + t),
+        attempts: 0,
+        tried: Vec::new(),
+        refused: Vec::new(),
+        backoff: options.retry_backoff,
+        options,
+    }
+    .run()
+    .await
+}
+
+/// One endpoint's stream as [`run_endpoint`] runs it: what it asks for, of which servers, and
+/// how far it got over its attempts.
+struct EndpointRun {
+    index: usize,
+    /// The segment's [`Segment::position`]: where its ops run.
+    position: u64,
+    ticket: Ticket,
+    holders: Vec<Arc<Node>>,
+    tx: Buffer,
+    totals: Arc<Mutex<StreamTotals>>,
+    completion: Option<Arc<Completion>>,
+    /// The shard, as errors and logs name it.
+    shard: String,
+    expect_trailer: bool,
+    /// The decoded ticket, when the stream resumes from its first undelivered row.
+    resumable: Option<ShardTicket>,
+    /// Rows of the endpoint delivered (or skipped) so far.
+    delivered: u64,
+    /// Where to stop.
+    end: Option<u64>,
+    /// Consecutive failures, against `max_retries`.
+    attempts: usize,
+    /// The servers asked, each once, in the order first asked.
+    tried: Vec<String>,
+    /// Servers that refused this shard, and why: never asked again for it.
+    refused: Vec<(String, String)>,
+    backoff: Duration,
+    options: StreamOptions,
+}
+
+impl EndpointRun {
+    /// Asks the holders in turn until the shard is delivered, its error is sent, or the
+    /// consumer is gone.
+    async fn run(mut self) {
+        loop {
+            let Some(node) = self.next_holder() else {
+                return self.tx.fail(ClientError::NoServer {
+                    endpoint: self.index,
+                    shard: self.shard.clone(),
+                    refusals: self
+                        .refused
+                        .iter()
+                        .map(|(u, why)| format!("{u}: {why}"))
+                        .collect(),
+                });
+            };
+            // Where this shard's ops run is asked anew on each request (a resumed stream too).
+            let (deferral, tentative, mut dealt) = match &self.completion {
+                Some(c) => {
+                    let placed = c.deferral_for(self.position);
+                    (Some(placed.deferral), placed.tentative, placed.dealt)
+                }
+                None => (None, None, None),
+            };
+            let bytes = self.request(deferral);
+            if !self.tried.contains(&node.url) {
+                self.tried.push(node.url.clone());
             }
-            None => (None, None, None),
-        };
-        let bytes = match &resumable {
-            Some(t) if delivered > 0 || deferral.is_some_and(|d| d != Deferral::Never) => {
+            let before = self.delivered;
+            let outcome = self.fetch_from(&node, bytes, tentative, dealt.as_mut()).await;
+            let status = match outcome {
+                Ok(()) => return self.ended_cleanly(&node, dealt.as_mut()),
+                Err(Fetch::ConsumerGone) => return,
+                Err(Fetch::Failed(e)) => return self.tx.fail(e),
+                Err(Fetch::Status(status)) => status,
+            };
+            match Failure::of(status.code()) {
+                Failure::Final => return self.give_up(status),
+                Failure::Elsewhere => {
+                    tracing::warn!(shard = self.shard, server = %node.url, %status, "server cannot serve the shard; asking another");
+                    self.refused.push((node.url.clone(), status.message().to_owned()));
+                    continue;
+                }
+                Failure::Transient => {}
+            }
+            // `dealt` stays held through any backoff: it is dropped as this iteration ends.
+            if !self.resume_after_failure(&node, status, before).await {
+                return;
+            }
+        }
+    }
+
+    /// The holder to ask next: the first ranked that has not refused the shard.
+    fn next_holder(&self) -> Option<Arc<Node>> {
+        let candidates: Vec<_> = Fleet::ranked(&self.holders, self.index)
+            .into_iter()
+            .filter(|n| !self.refused.iter().any(|(url, _)| *url == n.url))
+            .collect();
+        candidates.first().cloned()
+    }
+
+    /// The ticket to send: the decoded one told the rows to skip and where the ops run, when
+    /// either matters; else the endpoint's own.
+    fn request(&self, deferral: Option<Deferral>) -> bytes::Bytes {
+        match &self.resumable {
+            Some(t) if self.delivered > 0 || deferral.is_some_and(|d| d != Deferral::Never) => {
                 let mut t = t.clone();
-                t.skip_rows += delivered;
+                t.skip_rows += self.delivered;
                 if let Some(deferral) = deferral {
                     t.request.deferral = deferral;
                 }
                 t.encode()
             }
-            _ => ticket.ticket.clone(),
-        };
-        if !tried.contains(&node.url) {
-            tried.push(node.url.clone());
+            _ => self.ticket.ticket.clone(),
         }
-        let before = delivered;
-        let outcome = {
-            let _busy = node.busy();
-            fetch(
-                &node,
-                index,
-                bytes,
-                &tx,
-                &totals,
-                Progress {
-                    delivered: &mut delivered,
-                    end,
-                    expect_trailer,
-                    stall: options.stall_timeout,
-                    completion: completion.as_ref(),
-                    tentative,
-                    dealt: dealt.as_mut(),
-                },
-            )
-            .await
-        };
-        let status = match outcome {
-            Ok(()) => {
-                node.succeeded();
-                if let Some(d) = dealt.as_mut() {
-                    d.finished();
-                }
-                if let Some(planned) = end.filter(|e| delivered < *e) {
-                    // Ended cleanly, short of its count: never a short epoch.
-                    return fail(ClientError::ShortShard {
-                        endpoint: index,
-                        shard: shard.clone(),
-                        delivered,
-                        planned,
-                    })
-                    .await;
-                }
-                return;
-            }
-            Err(Fetch::ConsumerGone) => return,
-            Err(Fetch::Failed(e)) => return fail(e).await,
-            Err(Fetch::Status(status)) => status,
-        };
-        match Failure::of(status.code()) {
-            Failure::Final => return fail(give_up(status, attempts + 1, tried)).await,
-            Failure::Elsewhere => {
-                tracing::warn!(shard, server = %node.url, %status, "server cannot serve the shard; asking another");
-                refused.push((node.url.clone(), status.message().to_owned()));
-                continue;
-            }
-            Failure::Transient => {}
+    }
+
+    /// One request to `node`, counted as a stream in flight on it while it runs.
+    async fn fetch_from(
+        &mut self,
+        node: &Arc<Node>,
+        bytes: bytes::Bytes,
+        tentative: Option<crate::completion::Active>,
+        dealt: Option<&mut crate::completion::Dealt>,
+    ) -> Result<(), Fetch> {
+        let _busy = node.busy();
+        fetch(
+            node,
+            self.index,
+            bytes,
+            &self.tx,
+            &self.totals,
+            Progress {
+                delivered: &mut self.delivered,
+                end: self.end,
+                expect_trailer: self.expect_trailer,
+                stall: self.options.stall_timeout,
+                completion: self.completion.as_ref(),
+                tentative,
+                dealt,
+            },
+        )
+        .await
+    }
+
+    /// The stream from `node` ended without an error: the shard is done, or short of its count.
+    fn ended_cleanly(&self, node: &Node, dealt: Option<&mut crate::completion::Dealt>) {
+        node.succeeded();
+        if let Some(d) = dealt {
+            d.finished();
         }
-        node.failed(options.retry_backoff);
-        if resumable.is_none() && delivered > 0 {
-            return fail(ClientError::NotResumable {
-                delivered,
+        if let Some(planned) = self.end.filter(|e| self.delivered < *e) {
+            // Ended cleanly, short of its count: never a short epoch.
+            self.tx.fail(ClientError::ShortShard {
+                endpoint: self.index,
+                shard: self.shard.clone(),
+                delivered: self.delivered,
+                planned,
+            });
+        }
+    }
+
+    /// Ends the shard with `status`, naming the attempts made and the servers asked.
+    fn give_up(&mut self, status: tonic::Status) {
+        self.tx.fail(ClientError::Stream {
+            endpoint: self.index,
+            shard: self.shard.clone(),
+            attempts: self.attempts + 1,
+            servers: std::mem::take(&mut self.tried),
+            status: Box::new(status),
+        });
+    }
+
+    /// After a transient failure on `node` (`before`: the rows delivered when it was asked):
+    /// rests the server, counts the retry and backs off when no other holder works. `false`
+    /// when the shard's error was sent instead (not resumable, or out of retries).
+    async fn resume_after_failure(&mut self, node: &Node, status: tonic::Status, before: u64) -> bool {
+        node.failed(self.options.retry_backoff);
+        if self.resumable.is_none() && self.delivered > 0 {
+            self.tx.fail(ClientError::NotResumable {
+                delivered: self.delivered,
                 status: Box::new(status),
-            })
-            .await;
+            });
+            return false;
         }
-        if delivered > before {
+        if self.delivered > before {
             // Progress was made: the budget is for consecutive failures.
-            attempts = 0;
-            backoff = options.retry_backoff;
+            self.attempts = 0;
+            self.backoff = self.options.retry_backoff;
         }
-        if attempts >= options.max_retries {
-            return fail(give_up(status, attempts + 1, tried)).await;
+        if self.attempts >= self.options.max_retries {
+            self.give_up(status);
+            return false;
         }
-        attempts += 1;
-        totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
-        tracing::warn!(shard, server = %node.url, attempt = attempts, delivered, %status, "stream failed; resuming");
+        self.attempts += 1;
+        self.totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
+        tracing::warn!(shard = self.shard, server = %node.url, attempt = self.attempts, delivered = self.delivered, %status, "stream failed; resuming");
         // Straight to another working holder; wait only when every holder has failed lately.
-        let another = Fleet::ranked(&holders, index)
+        let another = Fleet::ranked(&self.holders, self.index)
             .first()
-            .is_some_and(|n| n.url != node.url && !refused.iter().any(|(u, _)| *u == n.url));
-        if !another || attempts > holders.len() {
-            tokio::time::sleep(jittered(backoff)).await;
-            backoff = backoff.saturating_mul(2);
+            .is_some_and(|n| n.url != node.url && !self.refused.iter().any(|(u, _)| *u == n.url));
+        if !another || self.attempts > self.holders.len() {
+            tokio::time::sleep(jittered(self.backoff)).await;
+            self.backoff = self.backoff.saturating_mul(2);
         }
+        true
     }
 }
 
@@ -654,23 +733,14 @@ async fn fetch(
     ticket: bytes::Bytes,
     tx: &Buffer,
     totals: &Arc<Mutex<StreamTotals>>,
-    progress: Progress<'_>,
+    mut progress: Progress<'_>,
 ) -> Result<(), Fetch> {
-    let Progress {
-        delivered,
-        end,
-        expect_trailer,
-        stall,
-        completion,
-        tentative,
-        mut dealt,
-    } = progress;
-    // Held while this stream may arrive, or arrives, un-reduced: the client's room for more.
-    let mut deferred = tentative;
-    let mut placed = false;
-    if end.is_some_and(|e| *delivered >= e) {
+    // `progress.tentative` is held while this stream may arrive, or arrives, un-reduced: the
+    // client's room for more.
+    if progress.done() {
         return Ok(());
     }
+    let stall = progress.stall;
     let stalled = |what: &str| {
         Fetch::Status(tonic::Status::deadline_exceeded(format!(
             "{what} from {} for {stall:?}: stream cancelled",
@@ -684,28 +754,12 @@ async fn fetch(
     let counter = Arc::clone(totals);
     let trailer: Arc<Mutex<Option<StreamStats>>> = Arc::default();
     let seen = Arc::clone(&trailer);
-    let raw = response.into_inner().filter_map(move |item| {
-        let out = match item {
-            Ok(data) => {
-                let n = data.data_header.len() + data.data_body.len() + data.app_metadata.len();
-                let mut totals = counter.lock().unwrap_or_else(|p| p.into_inner());
-                totals.bytes_received += n as u64;
-                if data.data_header.is_empty() {
-                    // A metadata-only message (empty IPC header, as Arrow C++ sends them):
-                    // the server's trailing stats, not for the IPC decoder.
-                    if let Ok(stats) = StreamStats::decode(&data.app_metadata) {
-                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
-                    }
-                    None
-                } else {
-                    Some(Ok(data))
-                }
-            }
-            Err(status) => Some(Err(FlightError::Tonic(Box::new(status)))),
-        };
-        futures::future::ready(out)
-    });
+    let raw = response
+        .into_inner()
+        .filter_map(move |item| futures::future::ready(count_message(item, &counter, &seen)));
     let mut decoder = FlightDataDecoder::new(raw);
+    // Whether a batch has shown where the stream's ops run.
+    let mut placed = false;
     let mut received = 0u64;
     loop {
         let item = match tokio::time::timeout(stall, decoder.next()).await {
@@ -724,37 +778,11 @@ async fn fetch(
             }
         };
         match decoded.payload {
-            DecodedPayload::RecordBatch(mut batch) => {
+            DecodedPayload::RecordBatch(batch) => {
                 received += batch.num_rows() as u64;
-                if let Some(end) = end {
-                    let left = end - *delivered;
-                    if (batch.num_rows() as u64) > left {
-                        batch = batch.slice(0, left as usize);
-                    }
-                }
-                let from = Completion::deferred_from(&batch).map_err(Fetch::Failed)?;
-                if !placed {
-                    placed = true;
-                    match (from, completion) {
-                        (None, _) => drop(deferred.take()),
-                        (Some(_), Some(c)) => {
-                            c.stream_started();
-                            if let Some(d) = dealt.as_deref_mut() {
-                                d.left_to_client();
-                            }
-                        }
-                        (Some(_), None) => {}
-                    }
-                }
-                if let Some(from) = from {
-                    batch = complete(completion, batch, from, index, &node.url).await?;
-                }
-                let rows = batch.num_rows() as u64;
-                if !tx.push(batch).await {
-                    return Err(Fetch::ConsumerGone);
-                }
-                *delivered += rows;
-                if end.is_some_and(|e| *delivered >= e) {
+                progress.deliver(batch, !placed, node, index, tx).await?;
+                placed = true;
+                if progress.done() {
                     // The rest of the shard is not ours: dropping the response cancels it.
                     return Ok(());
                 }
@@ -763,30 +791,123 @@ async fn fetch(
         }
     }
     let trailer = trailer.lock().unwrap_or_else(|p| p.into_inner()).take();
-    match trailer {
-        Some(stats) => {
-            // The shard's whole output against the rows held of it: a resume that skipped
-            // too few or too many, or rows lost on the way, cannot pass.
-            if stats.rows_sent != received || stats.rows_output != *delivered {
-                return Err(Fetch::Failed(ClientError::Miscount {
-                    endpoint: index,
-                    server: node.url.clone(),
-                    delivered: *delivered,
-                    output: stats.rows_output,
-                    sent: stats.rows_sent,
-                    received,
-                }));
+    progress.check_trailer(trailer, received, node, index, totals)
+}
+
+/// Counts a Flight message's bytes into `totals`; a metadata-only one goes to `trailer`
+/// instead of the IPC decoder.
+fn count_message(
+    item: Result<FlightData, tonic::Status>,
+    totals: &Mutex<StreamTotals>,
+    trailer: &Mutex<Option<StreamStats>>,
+) -> Option<Result<FlightData, FlightError>> {
+    match item {
+        Ok(data) => {
+            let n = data.data_header.len() + data.data_body.len() + data.app_metadata.len();
+            let mut totals = totals.lock().unwrap_or_else(|p| p.into_inner());
+            totals.bytes_received += n as u64;
+            if data.data_header.is_empty() {
+                // A metadata-only message (empty IPC header, as Arrow C++ sends them):
+                // the server's trailing stats, not for the IPC decoder.
+                if let Ok(stats) = StreamStats::decode(&data.app_metadata) {
+                    *trailer.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
+                }
+                None
+            } else {
+                Some(Ok(data))
             }
-            totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
         }
-        // Every complete stream of a request with stats ends with them: this one was cut.
-        None if expect_trailer => {
-            return Err(Fetch::Status(tonic::Status::unavailable(format!(
-                "the stream from {} ended without its trailer",
-                node.url
-            ))));
-        }
-        None => {}
+        Err(status) => Some(Err(FlightError::Tonic(Box::new(status)))),
     }
-    Ok(())
+}
+
+impl Progress<'_> {
+    /// Every row up to `end` is delivered.
+    fn done(&self) -> bool {
+        self.end.is_some_and(|e| *self.delivered >= e)
+    }
+
+    /// Hands `batch` (of the stream from `node`) to the consumer: cut at `end`, with the ops
+    /// the server left to this client run on it; `first`: the stream's first batch, which
+    /// shows where its ops run.
+    async fn deliver(
+        &mut self,
+        mut batch: RecordBatch,
+        first: bool,
+        node: &Node,
+        index: usize,
+        tx: &Buffer,
+    ) -> Result<(), Fetch> {
+        if let Some(end) = self.end {
+            let left = end - *self.delivered;
+            if (batch.num_rows() as u64) > left {
+                batch = batch.slice(0, left as usize);
+            }
+        }
+        let from = Completion::deferred_from(&batch).map_err(Fetch::Failed)?;
+        if first {
+            self.account_placement(from);
+        }
+        if let Some(from) = from {
+            batch = complete(self.completion, batch, from, index, &node.url).await?;
+        }
+        let rows = batch.num_rows() as u64;
+        if !tx.push(batch).await {
+            return Err(Fetch::ConsumerGone);
+        }
+        *self.delivered += rows;
+        Ok(())
+    }
+
+    /// Accounts for where the stream's ops run (`from`: the first it left to this client).
+    fn account_placement(&mut self, from: Option<usize>) {
+        match (from, self.completion) {
+            (None, _) => drop(self.tentative.take()),
+            (Some(_), Some(c)) => {
+                c.stream_started();
+                if let Some(d) = self.dealt.as_deref_mut() {
+                    d.left_to_client();
+                }
+            }
+            (Some(_), None) => {}
+        }
+    }
+
+    /// Checks the ended stream from `node` (`received` rows in all) against its trailer,
+    /// adding the server's stats to `totals`.
+    fn check_trailer(
+        &self,
+        trailer: Option<StreamStats>,
+        received: u64,
+        node: &Node,
+        index: usize,
+        totals: &Mutex<StreamTotals>,
+    ) -> Result<(), Fetch> {
+        match trailer {
+            Some(stats) => {
+                // The shard's whole output against the rows held of it: a resume that skipped
+                // too few or too many, or rows lost on the way, cannot pass.
+                if stats.rows_sent != received || stats.rows_output != *self.delivered {
+                    return Err(Fetch::Failed(ClientError::Miscount {
+                        endpoint: index,
+                        server: node.url.clone(),
+                        delivered: *self.delivered,
+                        output: stats.rows_output,
+                        sent: stats.rows_sent,
+                        received,
+                    }));
+                }
+                totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
+            }
+            // Every complete stream of a request with stats ends with them: this one was cut.
+            None if self.expect_trailer => {
+                return Err(Fetch::Status(tonic::Status::unavailable(format!(
+                    "the stream from {} ended without its trailer",
+                    node.url
+                ))));
+            }
+            None => {}
+        }
+        Ok(())
+    }
 }

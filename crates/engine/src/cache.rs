@@ -45,6 +45,7 @@ use crate::auth::Grant;
 use crate::catalog::DataFile;
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
+use crate::startup::StartupError;
 
 /// Schema metadata of an entry: the names it was computed from, comma-separated.
 const NAMES_KEY: &str = "pushdown.cache.names";
@@ -521,16 +522,18 @@ pub struct FragmentCache {
 impl FragmentCache {
     /// A cache with `config`'s budgets; entries already in its disk directory (from an
     /// earlier run) are found again.
-    pub fn open(config: CacheConfig, metrics: Arc<Metrics>) -> Result<Self> {
+    pub fn open(config: CacheConfig, metrics: Arc<Metrics>) -> std::result::Result<Self, StartupError> {
         let mut inner = Inner {
             read_rate: INITIAL_READ_RATE,
             ..Inner::default()
         };
         if let Some(dir) = &config.disk {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ServerError::BadRequest(format!("cache directory {}: {e}", dir.display())))?;
-            let listing = std::fs::read_dir(dir)
-                .map_err(|e| ServerError::BadRequest(format!("cache directory {}: {e}", dir.display())))?;
+            let unusable = |source| StartupError::CacheDir {
+                dir: dir.clone(),
+                source,
+            };
+            std::fs::create_dir_all(dir).map_err(unusable)?;
+            let listing = std::fs::read_dir(dir).map_err(unusable)?;
             for file in listing.flatten() {
                 let path = file.path();
                 let Some((key, compute)) = parse_entry_name(&path) else {
@@ -1196,7 +1199,7 @@ mod tests {
         let waiter = {
             let cache = Arc::clone(&cache);
             let c = c.clone();
-            tokio::spawn(async move {
+            pushdown_task::Task::spawn(async move {
                 matches!(
                     cache.lookup(&c, &schema(), &Grant::All).await,
                     Ok(Lookup::Compute(..))

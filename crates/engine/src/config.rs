@@ -34,7 +34,7 @@ pub struct ServerConfig {
     /// store with long round trips (S3: tens of ms per request) is read at its bandwidth
     /// only with several requests in flight, however few cores decode. A stream reads
     /// `max(cpu_threads, store_reads_in_flight) / running streams` ranges at once (at least
-    /// one), emitted in order. See [`reads_in_flight_for`].
+    /// one), emitted in order. See [`crate::store::reads_in_flight_for`].
     pub store_reads_in_flight: usize,
     /// The catalog is listed again when older than this.
     pub catalog_refresh: Duration,
@@ -46,7 +46,7 @@ pub struct ServerConfig {
     pub advertise: Option<String>,
     /// The codec of streams for clients that cannot choose one (SQL text or a path as the
     /// descriptor: pyarrow, ADBC, any Flight client). None: uncompressed for peers on this
-    /// host, [`Compression::Adaptive`] for the rest. Set it where the peer address misleads
+    /// host, [`pushdown_protocol::Compression::Adaptive`] for the rest. Set it where the peer address misleads
     /// (behind a local proxy every peer is on loopback).
     pub plain_client_codec: Option<pushdown_protocol::Compression>,
     /// Whether a stream that opens with no other running also opens, and starts decoding,

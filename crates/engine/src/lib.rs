@@ -41,12 +41,14 @@ pub mod profile;
 pub mod query;
 pub mod runtime;
 pub mod scaling;
+pub mod startup;
 pub mod store;
 pub mod table;
 pub mod ticket;
 pub mod udf;
 pub mod views;
 
+pub use allow::{CheckedQuery, MAX_EXPR_DEPTH};
 pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
 pub use cache::{CacheConfig, CacheMode};
 pub use catalog::{Catalog, DataFile, Dataset};
@@ -57,8 +59,9 @@ pub use node::{Node, NodeBuilder};
 pub use prepared::PreparedStatement;
 /// Stream codecs, as `ServerConfig::plain_client_codec` takes them.
 pub use pushdown_protocol::Compression;
-pub use query::{MAX_EXPR_DEPTH, Planned, Shape, dataframe};
+pub use query::{Planned, Shape, checked_dataframe, dataframe};
 pub use scaling::to_json as scaling_json;
+pub use startup::StartupError;
 pub use store::{InstrumentedStore, ReadRequest, open_store, reads_in_flight_for};
 pub use ticket::{CacheUse, TicketStream};
 pub use udf::{DatasetResources, OpLimits, udfs};

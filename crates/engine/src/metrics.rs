@@ -91,7 +91,19 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("pushdown");
-        let m = Self {
+        let m = Self::unregistered();
+        m.register_scaling(&mut registry);
+        m.register_placement(&mut registry);
+        m.register_cache(&mut registry);
+        m.register_catalog(&mut registry);
+        m.register_io(&mut registry);
+        m.register_requests(&mut registry);
+        Self { registry, ..m }
+    }
+
+    /// Every metric at zero, registered nowhere.
+    fn unregistered() -> Self {
+        Self {
             registry: Registry::default(),
             bytes_scanned: Counter::default(),
             bytes_sent: Counter::default(),
@@ -128,184 +140,207 @@ impl Metrics {
             scaling_servers_wanted: Gauge::default(),
             scaling_load_ratio: Gauge::default(),
             scaling: std::sync::OnceLock::new(),
-        };
+        }
+    }
+
+    /// The scaling signal: this server's load and what its loaders report.
+    fn register_scaling(&self, registry: &mut Registry) {
         registry.register(
             "busy_fraction",
             "This server's CPU use over the scaling window, as a fraction of its cores",
-            m.busy_fraction.clone(),
+            self.busy_fraction.clone(),
         );
         registry.register(
             "client_wait_fraction",
             "The share of their time the reporting loaders waited for batches, over the scaling \
              window",
-            m.client_wait_fraction.clone(),
+            self.client_wait_fraction.clone(),
         );
         registry.register(
             "scaling_clients",
             "Loaders that reported their wait in the scaling window",
-            m.scaling_clients.clone(),
+            self.scaling_clients.clone(),
         );
         registry.register(
             "scaling_servers",
             "Servers the reporting loaders read from now (the largest fleet one reports)",
-            m.scaling_servers.clone(),
+            self.scaling_servers.clone(),
         );
         registry.register(
             "scaling_servers_wanted",
             "Servers that would remove the loaders' stall, from this server's busy fraction and \
              their wait (never more than now when the stall is not this server's CPU)",
-            m.scaling_servers_wanted.clone(),
+            self.scaling_servers_wanted.clone(),
         );
         registry.register(
             "scaling_load_ratio",
             "scaling_servers_wanted / scaling_servers: the per-server value a Kubernetes HPA \
              averages against a target of 1",
-            m.scaling_load_ratio.clone(),
+            self.scaling_load_ratio.clone(),
         );
+    }
+
+    /// Where fragment ops ran and which streams were opened ahead.
+    fn register_placement(&self, registry: &mut Registry) {
         registry.register(
             "op_rows",
             "Rows each fragment op was asked for, by where it ran: server, or client (the \
              stream left it to the client: a split placement, or this server's cores were taken)",
-            m.op_rows.clone(),
+            self.op_rows.clone(),
         );
         registry.register(
             "deferred_streams",
             "Shard streams answered un-reduced, their ops left to the client",
-            m.deferred_streams.clone(),
+            self.deferred_streams.clone(),
         );
         registry.register(
             "read_ahead_streams",
             "Endpoints opened ahead for a lone reader, by outcome: taken (its reader came), \
              dropped (another stream opened first), stale (its reader came, but the ticket is \
              now placed differently, or its file changed or could not be checked), expired (nobody came)",
-            m.read_ahead.clone(),
+            self.read_ahead.clone(),
         );
+    }
+
+    /// The fragment cache.
+    fn register_cache(&self, registry: &mut Registry) {
         registry.register(
             "cache_lookups",
             "Shard streams by what the fragment cache had: hit_memory, hit_disk, miss (computed \
              here), bypass (caching off for the dataset)",
-            m.cache_lookups.clone(),
+            self.cache_lookups.clone(),
         );
         registry.register(
             "cache_admitted",
             "Computed shard outputs the cache kept (their saving beat the space they take)",
-            m.cache_admitted.clone(),
+            self.cache_admitted.clone(),
         );
         registry.register(
             "cache_declined",
             "Computed shard outputs the cache did not keep (reading back saves too little, too \
              large, or no room worth making)",
-            m.cache_declined.clone(),
+            self.cache_declined.clone(),
         );
         registry.register(
             "cache_evicted",
             "Entries moved out of memory or dropped from disk to make room for more valuable ones",
-            m.cache_evicted.clone(),
+            self.cache_evicted.clone(),
         );
         registry.register(
             "cache_saved_seconds",
             "Compute time the cache's hits saved (compute time of the entry minus its read time)",
-            m.cache_saved_seconds.clone(),
+            self.cache_saved_seconds.clone(),
         );
         registry.register(
             "cache_memory_bytes",
             "Bytes of cache entries in memory",
-            m.cache_memory_bytes.clone(),
+            self.cache_memory_bytes.clone(),
         );
         registry.register(
             "cache_disk_bytes",
             "Bytes of cache entries on disk",
-            m.cache_disk_bytes.clone(),
+            self.cache_disk_bytes.clone(),
         );
         registry.register(
             "cache_entries",
             "Cache entries, both tiers",
-            m.cache_entries.clone(),
+            self.cache_entries.clone(),
         );
+    }
+
+    /// The catalog's files and the requests' contained panics.
+    fn register_catalog(&self, registry: &mut Registry) {
         registry.register(
             "unreadable_files",
             "Files the catalog holds as unusable now (unreadable footer, damaged layout, other \
              schema): requests touching them get DataLoss",
-            m.unreadable_files.clone(),
+            self.unreadable_files.clone(),
         );
         registry.register(
             "dataset_files",
             "Readable files of each dataset, labelled with the dataset's current version (changes \
              when a file is added, removed or rewritten)",
-            m.dataset_files.clone(),
+            self.dataset_files.clone(),
         );
         registry.register(
             "unreadable_files_found",
             "File versions found unreadable when listing the catalog (each version counted once)",
-            m.unreadable_files_found.clone(),
+            self.unreadable_files_found.clone(),
         );
         registry.register(
             "panics_contained",
             "Panics inside a request (a decoder or kernel) turned into that request's error",
-            m.panics_contained.clone(),
+            self.panics_contained.clone(),
         );
+    }
+
+    /// What was read from storage and sent to clients.
+    fn register_io(&self, registry: &mut Registry) {
         registry.register(
             "bytes_scanned",
             "Bytes the Parquet reader fetched from storage for DoGet streams",
-            m.bytes_scanned.clone(),
+            self.bytes_scanned.clone(),
         );
         registry.register(
             "bytes_sent",
             "Bytes of Flight messages sent (IPC, after compression)",
-            m.bytes_sent.clone(),
+            self.bytes_sent.clone(),
         );
         registry.register(
             "rows_scanned",
             "Rows the Parquet reader decoded or evaluated",
-            m.rows_scanned.clone(),
+            self.rows_scanned.clone(),
         );
-        registry.register("rows_sent", "Rows sent to clients", m.rows_sent.clone());
+        registry.register("rows_sent", "Rows sent to clients", self.rows_sent.clone());
         registry.register(
             "batches_sent",
             "Record batches sent, by the codec of their IPC body (adaptive streams choose per batch)",
-            m.batches_sent.clone(),
+            self.batches_sent.clone(),
         );
         registry.register(
             "row_groups_scanned",
             "Row groups of the requested shards",
-            m.row_groups_scanned.clone(),
+            self.row_groups_scanned.clone(),
         );
         registry.register(
             "row_groups_pruned",
             "Row groups of the requested shards skipped by statistics or bloom filters",
-            m.row_groups_pruned.clone(),
+            self.row_groups_pruned.clone(),
         );
         registry.register(
             "row_groups_pruned_at_planning",
             "Row groups ruled out by their statistics when planning: no endpoint scans them",
-            m.row_groups_pruned_at_planning.clone(),
+            self.row_groups_pruned_at_planning.clone(),
         );
         registry.register(
             "store_bytes_read",
             "Bytes requested from the object store (footers, indexes and data)",
-            m.store_bytes_read.clone(),
+            self.store_bytes_read.clone(),
         );
         registry.register(
             "store_requests",
             "Read requests made to the object store",
-            m.store_requests.clone(),
+            self.store_requests.clone(),
         );
+    }
+
+    /// Flight requests and DoGet streams.
+    fn register_requests(&self, registry: &mut Registry) {
         registry.register(
             "requests",
             "Flight requests by method and outcome",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "active_streams",
             "DoGet streams in progress",
-            m.active_streams.clone(),
+            self.active_streams.clone(),
         );
         registry.register(
             "stream_duration_seconds",
             "Duration of DoGet streams",
-            m.stream_seconds.clone(),
+            self.stream_seconds.clone(),
         );
-        Self { registry, ..m }
     }
 
     pub fn record_request(&self, method: &'static str, outcome: &'static str) {

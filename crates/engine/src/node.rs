@@ -13,12 +13,13 @@ use crate::auth::{Grant, Tokens};
 use crate::cache::FragmentCache;
 use crate::catalog::Catalog;
 use crate::config::ServerConfig;
-use crate::error::{Result, ServerError};
+use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::prefetch::Prefetch;
 use crate::query::{Engine, Planned};
 use crate::runtime::CpuRuntime;
 use crate::scaling::Scaling;
+use crate::startup::StartupError;
 use crate::store::InstrumentedStore;
 use crate::views::Views;
 
@@ -82,7 +83,7 @@ impl NodeBuilder {
     }
 
     /// Lists the catalog and prepares the query engine.
-    pub async fn open(self) -> Result<Node> {
+    pub async fn open(self) -> std::result::Result<Node, StartupError> {
         let metrics = Arc::new(Metrics::new());
         let mut store = InstrumentedStore::new(self.store, Arc::clone(&metrics));
         if self.record_reads {
@@ -90,7 +91,7 @@ impl NodeBuilder {
         }
         let store = Arc::new(store);
         let config = Arc::new(self.config);
-        let store_url = ObjectStoreUrl::parse("pushdown://catalog").map_err(ServerError::from)?;
+        let store_url = ObjectStoreUrl::parse("pushdown://catalog").map_err(StartupError::Engine)?;
         let registry = Arc::new(CatalogOnlyRegistry {
             url: store_url.clone(),
             store: Arc::clone(&store) as Arc<dyn ObjectStore>,
@@ -98,7 +99,8 @@ impl NodeBuilder {
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_limit(config.memory_limit, 1.0)
             .with_object_store_registry(registry)
-            .build_arc()?;
+            .build_arc()
+            .map_err(StartupError::Engine)?;
         // The catalog reads footers into the engine's metadata cache: scans never re-read them.
         let catalog = Arc::new(
             Catalog::open(
@@ -107,10 +109,10 @@ impl NodeBuilder {
                 runtime.cache_manager.get_file_metadata_cache(),
                 Arc::clone(&metrics),
             )
-            .await?,
+            .await
+            .map_err(|e| StartupError::Listing(Box::new(e)))?,
         );
-        let cpu = CpuRuntime::new(config.cpu_threads)
-            .map_err(|e| ServerError::Internal(format!("starting the CPU runtime: {e}")))?;
+        let cpu = CpuRuntime::new(config.cpu_threads).map_err(StartupError::CpuRuntime)?;
         let cache = Arc::new(FragmentCache::open(config.cache.clone(), Arc::clone(&metrics))?);
         let scaling = Arc::new(Scaling::new(config.cpu_threads, config.scaling_window));
         metrics.watch_scaling(Arc::clone(&scaling));

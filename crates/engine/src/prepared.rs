@@ -122,7 +122,7 @@ impl PreparedStatement {
                 ))
             })?;
             Parser::new(&GenericDialect {})
-                .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
+                .with_recursion_limit(crate::allow::SQL_RECURSION_LIMIT)
                 .try_with_sql(text)
                 .and_then(|mut p| p.parse_expr())
                 .map(Some)
@@ -143,7 +143,7 @@ pub fn rewrite_placeholders(
     mut value: impl FnMut(usize) -> Result<Option<SqlExpr>>,
 ) -> Result<String> {
     let mut statements = Parser::new(&GenericDialect {})
-        .with_recursion_limit(crate::query::SQL_RECURSION_LIMIT)
+        .with_recursion_limit(crate::allow::SQL_RECURSION_LIMIT)
         .try_with_sql(sql)
         .and_then(|mut p| p.parse_statements())
         .map_err(parser_error)?;

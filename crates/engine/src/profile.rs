@@ -17,6 +17,7 @@
 //! * the plan: the share of rows the row groups' statistics leave to scan, and the shards
 //!   (endpoints) the server deals the fragment into.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,12 +25,15 @@ use arrow::array::{Array, ArrayRef};
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
+use datafusion::logical_expr::Expr;
 use datafusion::prelude::{DataFrame, ident, lit};
-use pushdown_protocol::{CodecCost, Codecs, OpProfile, Profile, Query, ScanRequest};
+use pushdown_protocol::{CodecCost, Codecs, Fragment, OpProfile, Profile, Query, ScanRequest};
 
 use crate::auth::Grant;
+use crate::catalog::Dataset;
 use crate::error::{Result, ServerError};
 use crate::query::Engine;
+use crate::udf::OpLimits;
 
 const KEEP: &str = "__pushdown_keep";
 
@@ -167,8 +171,9 @@ pub async fn profile(
     let ctx = engine.session(1);
     let limits = engine.op_limits(&ctx);
     // The fragment may read a view: it is sampled through it, over the dataset beneath.
+    let checked = engine.check(&request.query, grant)?;
     let referenced = engine
-        .register_referenced(&ctx, &datasets, grant, &request.query, &limits, |d| {
+        .register_referenced(&ctx, &datasets, grant, &checked, &limits, |d| {
             engine.full_table(d, false)
         })
         .await?;
@@ -182,9 +187,41 @@ pub async fn profile(
     dataset.check_readable()?;
     let table = ctx.table(f.dataset.as_str()).await?;
     let schema: SchemaRef = Arc::new(table.schema().as_arrow().clone());
+    let source = source_columns(f, &schema);
 
-    // The source columns the fragment reads: its output columns that are not op outputs,
-    // and every op input.
+    let keep = predicate(&table, f)?;
+    let mut exprs: Vec<_> = source.iter().map(ident).collect();
+    // The predicate is evaluated with the scan, so its cost is timed as part of it.
+    exprs.push(keep.clone().alias(KEEP));
+    let sample = table.clone().select(exprs)?;
+    let Some((sampled, scan_ns_per_row)) = scan_cost(&sample, rows).await? else {
+        return Err(ServerError::BadRequest(format!(
+            "dataset `{}` is empty",
+            dataset.name
+        )));
+    };
+
+    let (scanned_fraction, shards) = planned_scan(engine, request, grant).await?;
+    let (selectivity, kept) = passing_sample(&table, keep, &source, &schema, rows, dataset).await?;
+    let n = kept.num_rows().max(1) as f64;
+    let (column_bytes_per_row, column_codecs) = column_costs(&kept, n);
+    let ops = profile_ops(f, kept, n, &limits, grant, &datasets, dataset)?;
+    Ok(Profile {
+        rows_sampled: sampled as u64,
+        selectivity,
+        scan_ns_per_row,
+        column_bytes_per_row,
+        ops,
+        server_cores: cores,
+        column_codecs,
+        scanned_fraction,
+        shards,
+    })
+}
+
+/// The source columns the fragment reads: its output columns that are not op outputs, and
+/// every op input.
+fn source_columns(f: &Fragment, schema: &SchemaRef) -> Vec<String> {
     let outputs: Vec<&str> = f.ops.iter().map(|o| o.output.as_str()).collect();
     let mut source: Vec<String> = Vec::new();
     let mut add = |c: &str| {
@@ -200,24 +237,26 @@ pub async fn profile(
     for c in columns.iter().filter(|c| !outputs.contains(&c.as_str())) {
         add(c);
     }
+    source
+}
 
-    let keep = match &f.predicate {
+/// The fragment's predicate over `table` (`true` when it has none).
+fn predicate(table: &DataFrame, f: &Fragment) -> Result<Expr> {
+    Ok(match &f.predicate {
         Some(p) => table
             .parse_sql_expr(p)
             .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {}", e.find_root().message())))?,
         None => lit(true),
-    };
-    let mut exprs: Vec<_> = source.iter().map(ident).collect();
-    // The predicate is evaluated with the scan, so its cost is timed as part of it.
-    exprs.push(keep.clone().alias(KEEP));
-    let sample = table.clone().select(exprs)?;
-    let Some((sampled, scan_ns_per_row)) = scan_cost(&sample, rows).await? else {
-        return Err(ServerError::BadRequest(format!(
-            "dataset `{}` is empty",
-            dataset.name
-        )));
-    };
+    })
+}
 
+/// The share of the dataset's rows the server's plan for the fragment leaves to scan, and
+/// the shards it deals the fragment into.
+async fn planned_scan(
+    engine: &Engine,
+    request: &ScanRequest,
+    grant: &Grant,
+) -> Result<(Option<f64>, Option<u32>)> {
     // What a scan of the whole fragment reads: the rows of the row groups that statistics
     // leave, as the server plans its shards. A filter on sorted data (clicks' `day = 3`)
     // reads only its own rows; charged for every row, the planner would misjudge the server.
@@ -235,9 +274,21 @@ pub async fn profile(
         _ => None,
     }
     .filter(|n| *n > 0);
+    Ok((scanned_fraction, shards))
+}
 
+/// The share of `dataset`'s rows that pass `keep`, and the `source` columns of the first
+/// `rows` rows that pass it.
+async fn passing_sample(
+    table: &DataFrame,
+    keep: Expr,
+    source: &[String],
+    schema: &SchemaRef,
+    rows: usize,
+    dataset: &Dataset,
+) -> Result<(f64, RecordBatch)> {
     // The rows the ops would see: the first `rows` that pass the predicate.
-    let passing = table.clone().filter(keep.clone())?;
+    let passing = table.clone().filter(keep)?;
     let selectivity = passing.clone().count().await? as f64 / dataset.num_rows().max(1) as f64;
     let kept_batches = passing
         .select(source.iter().map(ident).collect::<Vec<_>>())?
@@ -257,8 +308,12 @@ pub async fn profile(
     };
     let kept =
         concat_batches(&kept_schema, &kept_batches).map_err(|e| ServerError::Internal(e.to_string()))?;
-    let n = kept.num_rows().max(1) as f64;
+    Ok((selectivity, kept))
+}
 
+/// Arrow bytes per row of each column of `kept` (of `n` rows), and what the stream codecs
+/// do to it.
+fn column_costs(kept: &RecordBatch, n: f64) -> (BTreeMap<String, f64>, BTreeMap<String, Codecs>) {
     let column_bytes_per_row = kept
         .schema()
         .fields()
@@ -273,7 +328,20 @@ pub async fn profile(
         .zip(kept.columns())
         .filter_map(|(field, a)| Some((field.name().clone(), codecs(field.name(), a)?)))
         .collect();
-    let mut readable = grant.visible(&datasets);
+    (column_bytes_per_row, column_codecs)
+}
+
+/// Each op of `f` run on one thread over `kept` (of `n` rows), timed and measured per row.
+fn profile_ops(
+    f: &Fragment,
+    kept: RecordBatch,
+    n: f64,
+    limits: &OpLimits,
+    grant: &Grant,
+    datasets: &BTreeMap<String, Arc<Dataset>>,
+    dataset: &Arc<Dataset>,
+) -> Result<Vec<OpProfile>> {
+    let mut readable = grant.visible(datasets);
     readable.insert(dataset.name.clone(), Arc::clone(dataset));
     let resources = crate::udf::DatasetResources::new(readable, Some(dataset.name.clone()));
     let calls =
@@ -305,15 +373,5 @@ pub async fn profile(
             },
         )
         .map_err(|e| ServerError::BadQuery(e.to_string()))?;
-    Ok(Profile {
-        rows_sampled: sampled as u64,
-        selectivity,
-        scan_ns_per_row,
-        column_bytes_per_row,
-        ops,
-        server_cores: cores,
-        column_codecs,
-        scanned_fraction,
-        shards,
-    })
+    Ok(ops)
 }

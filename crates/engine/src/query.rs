@@ -44,7 +44,7 @@ use pushdown_protocol::{
 };
 
 use crate::ServerConfig;
-use crate::allow::{CATALOG, SCHEMA, referenced_datasets};
+use crate::allow::{CATALOG, CheckedQuery, SCHEMA, SQL_RECURSION_LIMIT};
 use crate::auth::Grant;
 use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
@@ -119,6 +119,17 @@ impl Planned {
             })
             .collect())
     }
+}
+
+/// The shards a plan's scan is cut into, and what they add up to.
+struct Cut {
+    shards: Vec<Shard>,
+    /// Rows before filtering, over the row groups the shards scan.
+    rows_upper_bound: u64,
+    /// Compressed bytes of the projected column chunks the shards read.
+    bytes_to_scan: u64,
+    /// Row groups no shard scans: their statistics rule the filter out.
+    row_groups_pruned: u64,
 }
 
 /// A ticket ready to run.
@@ -255,21 +266,6 @@ impl Engine {
         SessionContext::new_with_state(state)
     }
 
-    /// Refuses query text (SQL, a fragment's predicate) longer than the server's cap.
-    fn check_size(&self, query: &Query) -> Result<()> {
-        let (what, len) = match query {
-            Query::Sql(sql) => ("SQL text", sql.len()),
-            Query::Fragment(f) => ("predicate", f.predicate.as_ref().map_or(0, String::len)),
-        };
-        if len > self.config.max_sql_bytes {
-            return Err(ServerError::BadQuery(format!(
-                "{what} of {len} bytes is over this server's limit of {} bytes",
-                self.config.max_sql_bytes
-            )));
-        }
-        check_depth(query)
-    }
-
     /// The caps of op calls in a query of `ctx`: the server's, accounted in `ctx`'s pool.
     pub fn op_limits(&self, ctx: &SessionContext) -> OpLimits {
         OpLimits {
@@ -304,14 +300,15 @@ impl Engine {
             .collect()
     }
 
-    /// The names (datasets and views) a query reads, each one granted to the caller.
-    fn granted_names(&self, query: &Query, grant: &Grant) -> Result<Vec<String>> {
+    /// `query` parsed and checked once (see [`crate::allow`]), every name it reads granted
+    /// to the caller: what planning and opening take, never the text again.
+    pub fn check(&self, query: &Query, grant: &Grant) -> Result<CheckedQuery> {
         let parser = self.parser.get_or_init(|| self.session(1).state());
-        let names = referenced_datasets(parser, query)?;
-        for name in &names {
+        let checked = crate::allow::check(parser, query, self.config.max_sql_bytes)?;
+        for name in checked.names() {
             grant.check(name)?;
         }
-        Ok(names)
+        Ok(checked)
     }
 
     /// Registers every dataset and view the query names (all must exist and be granted),
@@ -324,12 +321,11 @@ impl Engine {
         ctx: &SessionContext,
         datasets: &BTreeMap<String, Arc<Dataset>>,
         grant: &Grant,
-        query: &Query,
+        checked: &CheckedQuery,
         limits: &OpLimits,
         table: impl Fn(&Dataset) -> Arc<ShardTable>,
     ) -> Result<Vec<Arc<Dataset>>> {
-        let names = self.granted_names(query, grant)?;
-        self.register_names(ctx, datasets, grant, &names, limits, table)
+        self.register_names(ctx, datasets, grant, checked.names(), limits, table)
             .await
     }
 
@@ -375,7 +371,10 @@ impl Engine {
             if ctx.table_exist(view.name.as_str())? {
                 continue;
             }
-            let plan = ctx.state().create_logical_plan(&view.sql).await.map_err(|e| {
+            let statement = view.checked.statement().cloned().ok_or_else(|| {
+                ServerError::Internal(format!("view `{}` without its parsed statement", view.name))
+            })?;
+            let plan = ctx.state().statement_to_plan(statement).await.map_err(|e| {
                 ServerError::BadQuery(format!("view `{}`: {}", view.name, e.find_root().message()))
             })?;
             let provider = datafusion::catalog::view::ViewTable::new(plan, Some(view.sql.clone()));
@@ -387,15 +386,15 @@ impl Engine {
     /// A query's result schema and logical plan (its parameters unbound), planned without
     /// shards or estimates: what listings and prepared statements need.
     pub async fn describe(&self, query: &Query, grant: &Grant) -> Result<(SchemaRef, LogicalPlan)> {
-        self.check_size(query)?;
+        let checked = self.check(query, grant)?;
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(1);
         let limits = self.op_limits(&ctx);
-        self.register_referenced(&ctx, &datasets, grant, query, &limits, |d| {
+        self.register_referenced(&ctx, &datasets, grant, &checked, &limits, |d| {
             self.full_table(d, false)
         })
         .await?;
-        let df = dataframe(&ctx, query).await?;
+        let df = checked_dataframe(&ctx, &checked).await?;
         Ok((
             Arc::new(df.schema().as_arrow().clone()),
             df.logical_plan().clone(),
@@ -405,13 +404,12 @@ impl Engine {
     /// `GetFlightInfo`: the result schema, the shape, and the shards, for a caller holding
     /// `grant`.
     pub async fn plan(&self, request: &ScanRequest, grant: &Grant) -> Result<Planned> {
-        self.check_size(&request.query)?;
+        let checked = self.check(&request.query, grant)?;
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
         let limits = self.op_limits(&ctx);
-        let names = self.granted_names(&request.query, grant)?;
         let referenced = self
-            .register_names(&ctx, &datasets, grant, &names, &limits, |d| {
+            .register_names(&ctx, &datasets, grant, checked.names(), &limits, |d| {
                 self.full_table(d, false)
             })
             .await?;
@@ -419,7 +417,7 @@ impl Engine {
         for dataset in &referenced {
             dataset.check_readable()?;
         }
-        let df = dataframe(&ctx, &request.query).await?;
+        let df = checked_dataframe(&ctx, &checked).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let logical = df.logical_plan().clone();
         let optimized = ctx.state().optimize(&logical)?;
@@ -442,17 +440,7 @@ impl Engine {
             None => referenced.clone(),
         };
         if request.filter_pushdown == FilterPushdown::Auto {
-            let on = match (&row_wise, &scan) {
-                (Some(dataset), Some(s)) => {
-                    auto_filter_pushdown(dataset, s.projection.as_deref(), &s.filter_columns)
-                }
-                _ => false,
-            };
-            request.filter_pushdown = if on {
-                FilterPushdown::On
-            } else {
-                FilterPushdown::Off
-            };
+            request.filter_pushdown = decide_filter_pushdown(row_wise.as_ref(), scan.as_ref());
         }
 
         // Row groups whose statistics rule the filter out get no shard: a selective query
@@ -461,14 +449,47 @@ impl Engine {
             (Some(dataset), Some(s)) => pruning_predicate(&ctx, dataset, s)?,
             _ => None,
         };
+        let Cut {
+            shards,
+            rows_upper_bound,
+            bytes_to_scan,
+            row_groups_pruned,
+        } = self.cut_shards(&scanned, projection.as_deref(), pruning.as_deref());
+        // A whole query's estimates cover every dataset it scans; its one stream has no shard.
+        let shape = match row_wise {
+            Some(dataset) => Shape::RowWise { dataset, shards },
+            None => Shape::Whole,
+        };
+        Ok(Planned {
+            schema,
+            shape,
+            request,
+            rows_upper_bound,
+            bytes_to_scan,
+            row_groups_pruned,
+            has_filter,
+            optimized,
+            names: checked.names().to_vec(),
+        })
+    }
+
+    /// Cuts the row groups of `scanned` that `pruning` leaves into shards: runs of
+    /// consecutive matching row groups of one file, each closed at the server's shard size
+    /// (rows or bytes of the `projection`'s column chunks).
+    fn cut_shards(
+        &self,
+        scanned: &[Arc<Dataset>],
+        projection: Option<&[usize]>,
+        pruning: Option<&PruningPredicate>,
+    ) -> Cut {
         let mut shards = Vec::new();
         let mut rows_upper_bound = 0;
         let mut bytes_to_scan = 0;
         let mut row_groups_pruned = 0;
-        for dataset in &scanned {
-            let leaves = leaf_columns(dataset, projection.as_deref());
+        for dataset in scanned {
+            let leaves = leaf_columns(dataset, projection);
             for file in &dataset.files {
-                let matching = matching_row_groups(dataset, file, pruning.as_deref());
+                let matching = matching_row_groups(dataset, file, pruning);
                 // The run of matching row groups being gathered: start, end, rows, bytes.
                 let mut run: Option<(usize, usize, u64, u64)> = None;
                 let mut close = |run: &mut Option<(usize, usize, u64, u64)>| {
@@ -502,29 +523,32 @@ impl Engine {
                 close(&mut run);
             }
         }
-        // A whole query's estimates cover every dataset it scans; its one stream has no shard.
-        let shape = match row_wise {
-            Some(dataset) => Shape::RowWise { dataset, shards },
-            None => Shape::Whole,
-        };
-        Ok(Planned {
-            schema,
-            shape,
-            request,
+        Cut {
+            shards,
             rows_upper_bound,
             bytes_to_scan,
             row_groups_pruned,
-            has_filter,
-            optimized,
-            names,
-        })
+        }
     }
 
     /// `DoGet`: checks the ticket against the catalog and builds its physical plan. A shard
     /// is read as up to `parallelism` contiguous row-group ranges, decoded at once and
     /// emitted in order (see [`ordered_stream`]): one stream can use several cores.
     pub async fn open(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Opened> {
-        let framed = self.dataframe_for(ticket, parallelism, grant).await?;
+        let checked = self.authorize(ticket, grant)?;
+        self.open_checked(ticket, &checked, parallelism, grant).await
+    }
+
+    /// [`Self::open`] for a ticket whose query [`Self::authorize`] has checked (`checked`
+    /// is its result for this very ticket): the query is not parsed again.
+    pub async fn open_checked(
+        &self,
+        ticket: &ShardTicket,
+        checked: &CheckedQuery,
+        parallelism: usize,
+        grant: &Grant,
+    ) -> Result<Opened> {
+        let framed = self.dataframe_for(ticket, checked, parallelism, grant).await?;
         let Framed {
             ctx,
             df,
@@ -602,7 +626,8 @@ impl Engine {
     /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
-        let df = self.dataframe_for(ticket, 1, grant).await?.df;
+        let checked = self.authorize(ticket, grant)?;
+        let df = self.dataframe_for(ticket, &checked, 1, grant).await?.df;
         let n = df
             .count()
             .await
@@ -613,144 +638,170 @@ impl Engine {
     /// Whether `grant` may redeem `ticket`, checked before its shard is looked at: the names
     /// its query gives are granted, and one of them reads the shard's dataset (itself, or a
     /// view over it). A ticket is the caller's own text: this is never skipped. Returns the
-    /// names the query gives.
-    pub fn authorize(&self, ticket: &ShardTicket, grant: &Grant) -> Result<Vec<String>> {
-        self.check_size(&ticket.request.query)?;
-        let names = self.granted_names(&ticket.request.query, grant)?;
+    /// checked query.
+    pub fn authorize(&self, ticket: &ShardTicket, grant: &Grant) -> Result<CheckedQuery> {
+        let checked = self.check(&ticket.request.query, grant)?;
         if let Some(shard) = &ticket.shard
-            && !names
+            && !checked
+                .names()
                 .iter()
                 .any(|n| self.views.bases_of(n).contains(&shard.dataset))
         {
             grant.check(&shard.dataset)?;
         }
-        Ok(names)
+        Ok(checked)
     }
 
-    /// The ticket's query as a DataFrame over its shard (or the whole catalog), checked.
-    async fn dataframe_for(&self, ticket: &ShardTicket, parallelism: usize, grant: &Grant) -> Result<Framed> {
-        // A ticket is the caller's own text: its grant is checked again, never trusted.
+    /// The ticket's query (`checked` by [`Self::authorize`]) as a DataFrame over its shard (or
+    /// the whole catalog).
+    async fn dataframe_for(
+        &self,
+        ticket: &ShardTicket,
+        checked: &CheckedQuery,
+        parallelism: usize,
+        grant: &Grant,
+    ) -> Result<Framed> {
         let datasets = self.catalog.datasets().await?;
-        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         match &ticket.shard {
             Some(shard) => {
-                let names = self.authorize(ticket, grant)?;
-                let listed = lookup(&datasets, &shard.dataset)?;
-                let unknown = || ServerError::UnknownShard {
-                    dataset: shard.dataset.clone(),
-                    file: shard.file.clone(),
-                };
-                let file = listed.file(&shard.file).ok_or_else(unknown)?;
-                // The file as it is now: never new bytes read with an old footer.
-                let (dataset, file) = self
-                    .catalog
-                    .current(&shard.dataset, file)
-                    .await?
-                    .ok_or_else(unknown)?;
-                if file.version != shard.version {
-                    return Err(ServerError::FileChanged {
-                        dataset: shard.dataset.clone(),
-                        file: shard.file.clone(),
-                        planned: shard.version.clone(),
-                        now: file.version.clone(),
-                    });
-                }
-                let file = &file;
-                if shard.row_groups.end as usize > file.num_row_groups() {
-                    return Err(ServerError::BadRequest(format!(
-                        "ticket names row groups {:?} of `{}`, which has {}",
-                        shard.row_groups,
-                        shard.file,
-                        file.num_row_groups()
-                    )));
-                }
-                // In parallel, partitions of about `UNIT_ROWS` rows (each has a fixed cost to
-                // start), at least one per core: the stream's cores decode the next
-                // partitions while one is sent (see `ordered_stream`).
-                let units = if parallelism > 1 {
-                    let rows: i64 = file.metadata.row_groups()
-                        [shard.row_groups.start as usize..shard.row_groups.end as usize]
-                        .iter()
-                        .map(|rg| rg.num_rows())
-                        .sum();
-                    // At least one per core, at most `MAX_PARTITIONS` (even past 64 cores).
-                    (rows.max(0) as u64 / UNIT_ROWS)
-                        .max(parallelism as u64)
-                        .min(MAX_PARTITIONS as u64) as usize
-                } else {
-                    1
-                };
-                let parts = split_range(shard.row_groups.clone(), units);
-                let ctx = self.session(parts.len());
-                let table = ShardTable::new(
-                    Arc::clone(&dataset.schema),
-                    self.store_url.clone(),
-                    parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
-                    self.parquet_options(pushdown),
-                );
-                ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
-                let limits = self.op_limits(&ctx);
-                // Views over the shard's dataset read the shard table just registered.
-                self.register_names(&ctx, &datasets, grant, &names, &limits, |d| {
-                    self.full_table(d, pushdown)
-                })
-                .await?;
-                let df = dataframe(&ctx, &ticket.request.query).await?;
-                if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
-                    return Err(ServerError::BadRequest(
-                        "the ticket's query is not row-wise over its shard's dataset".into(),
-                    ));
-                }
-                let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
-                Ok(Framed {
-                    ctx,
-                    df,
-                    row_groups,
-                    limits,
-                    source: Some(ShardSource {
-                        names,
-                        dataset: dataset.name.clone(),
-                        file: file.clone(),
-                        row_groups: shard.row_groups.clone(),
-                    }),
-                })
+                self.shard_dataframe(ticket, checked, shard, parallelism, grant, &datasets)
+                    .await
             }
-            None => {
-                self.check_size(&ticket.request.query)?;
-                if ticket.skip_rows > 0 {
-                    return Err(ServerError::BadRequest(
-                        "a query that is not row-wise (an aggregate, join, sort or limit, or a \
-                         volatile function) has no total order, so its stream cannot be resumed: \
-                         run it again from the start"
-                            .into(),
-                    ));
-                }
-                let ctx = self.session(self.config.cpu_threads);
-                let limits = self.op_limits(&ctx);
-                let referenced = self
-                    .register_referenced(&ctx, &datasets, grant, &ticket.request.query, &limits, |d| {
-                        self.full_table(d, pushdown)
-                    })
-                    .await?;
-                let mut row_groups = 0;
-                for dataset in &referenced {
-                    dataset.check_readable()?;
-                    row_groups += dataset
-                        .files
-                        .iter()
-                        .map(|f| f.num_row_groups() as u64)
-                        .sum::<u64>();
-                }
-                let df = dataframe(&ctx, &ticket.request.query).await?;
-                Ok(Framed {
-                    ctx,
-                    df,
-                    row_groups,
-                    limits,
-                    source: None,
-                })
-            }
+            None => self.whole_dataframe(ticket, checked, grant, &datasets).await,
         }
+    }
+
+    /// [`Self::dataframe_for`] a ticket for `shard`: its query over a table of the shard's
+    /// row groups, cut into partitions for `parallelism`.
+    async fn shard_dataframe(
+        &self,
+        ticket: &ShardTicket,
+        checked: &CheckedQuery,
+        shard: &Shard,
+        parallelism: usize,
+        grant: &Grant,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+    ) -> Result<Framed> {
+        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
+        let (dataset, file) = self.current_shard_file(datasets, shard).await?;
+        let file = &file;
+        let units = shard_partitions(file, shard, parallelism);
+        let parts = split_range(shard.row_groups.clone(), units);
+        let ctx = self.session(parts.len());
+        let table = ShardTable::new(
+            Arc::clone(&dataset.schema),
+            self.store_url.clone(),
+            parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
+            self.parquet_options(pushdown),
+        );
+        ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
+        let limits = self.op_limits(&ctx);
+        // Views over the shard's dataset read the shard table just registered.
+        self.register_names(&ctx, datasets, grant, checked.names(), &limits, |d| {
+            self.full_table(d, pushdown)
+        })
+        .await?;
+        let df = checked_dataframe(&ctx, checked).await?;
+        if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
+            return Err(ServerError::BadRequest(
+                "the ticket's query is not row-wise over its shard's dataset".into(),
+            ));
+        }
+        let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
+        Ok(Framed {
+            ctx,
+            df,
+            row_groups,
+            limits,
+            source: Some(ShardSource {
+                names: checked.names().to_vec(),
+                dataset: dataset.name.clone(),
+                file: file.clone(),
+                row_groups: shard.row_groups.clone(),
+            }),
+        })
+    }
+
+    /// The dataset and file `shard` reads, as they are now, checked against the shard: the
+    /// file is still the version it names and holds its row groups.
+    async fn current_shard_file(
+        &self,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+        shard: &Shard,
+    ) -> Result<(Arc<Dataset>, DataFile)> {
+        let listed = lookup(datasets, &shard.dataset)?;
+        let unknown = || ServerError::UnknownShard {
+            dataset: shard.dataset.clone(),
+            file: shard.file.clone(),
+        };
+        let file = listed.file(&shard.file).ok_or_else(unknown)?;
+        // The file as it is now: never new bytes read with an old footer.
+        let (dataset, file) = self
+            .catalog
+            .current(&shard.dataset, file)
+            .await?
+            .ok_or_else(unknown)?;
+        if file.version != shard.version {
+            return Err(ServerError::FileChanged {
+                dataset: shard.dataset.clone(),
+                file: shard.file.clone(),
+                planned: shard.version.clone(),
+                now: file.version.clone(),
+            });
+        }
+        if shard.row_groups.end as usize > file.num_row_groups() {
+            return Err(ServerError::BadRequest(format!(
+                "ticket names row groups {:?} of `{}`, which has {}",
+                shard.row_groups,
+                shard.file,
+                file.num_row_groups()
+            )));
+        }
+        Ok((dataset, file))
+    }
+
+    /// [`Self::dataframe_for`] a ticket with no shard: its query over the whole datasets it
+    /// reads, as one stream.
+    async fn whole_dataframe(
+        &self,
+        ticket: &ShardTicket,
+        checked: &CheckedQuery,
+        grant: &Grant,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+    ) -> Result<Framed> {
+        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
+        if ticket.skip_rows > 0 {
+            return Err(ServerError::BadRequest(
+                "a query that is not row-wise (an aggregate, join, sort or limit, or a \
+                 volatile function) has no total order, so its stream cannot be resumed: \
+                 run it again from the start"
+                    .into(),
+            ));
+        }
+        let ctx = self.session(self.config.cpu_threads);
+        let limits = self.op_limits(&ctx);
+        let referenced = self
+            .register_referenced(&ctx, datasets, grant, checked, &limits, |d| {
+                self.full_table(d, pushdown)
+            })
+            .await?;
+        let mut row_groups = 0;
+        for dataset in &referenced {
+            dataset.check_readable()?;
+            row_groups += dataset
+                .files
+                .iter()
+                .map(|f| f.num_row_groups() as u64)
+                .sum::<u64>();
+        }
+        let df = checked_dataframe(&ctx, checked).await?;
+        Ok(Framed {
+            ctx,
+            df,
+            row_groups,
+            limits,
+            source: None,
+        })
     }
 }
 
@@ -773,69 +824,25 @@ struct ShardSource {
     row_groups: std::ops::Range<u32>,
 }
 
-/// Parser nesting depth (DataFusion's default, set deliberately).
-pub const SQL_RECURSION_LIMIT: usize = 50;
-
-/// Deepest expression tree accepted. The parser builds a flat chain (`a OR b OR …`, `1+1+…`)
-/// without recursion, but DataFusion's planning recurses on it (a 2,000-term chain
-/// overflowed a 2 MiB stack in a debug build), so trees deeper than this are refused first.
-pub const MAX_EXPR_DEPTH: usize = 256;
-
-/// Refuses query text whose expression trees nest deeper than [`MAX_EXPR_DEPTH`]. The
-/// walk stops as soon as it passes the limit, so it never recurses deeper itself.
-fn check_depth(query: &Query) -> Result<()> {
-    use datafusion::sql::sqlparser::ast::{Visit, Visitor};
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::parser::Parser;
-    use std::ops::ControlFlow;
-
-    struct Depth(usize);
-    impl Visitor for Depth {
-        type Break = ();
-        fn pre_visit_expr(&mut self, _: &datafusion::sql::sqlparser::ast::Expr) -> ControlFlow<()> {
-            self.0 += 1;
-            if self.0 > MAX_EXPR_DEPTH {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        }
-        fn post_visit_expr(&mut self, _: &datafusion::sql::sqlparser::ast::Expr) -> ControlFlow<()> {
-            self.0 -= 1;
-            ControlFlow::Continue(())
-        }
+/// How many partitions `shard` of `file` is read in with `parallelism` cores (see
+/// [`split_range`]).
+fn shard_partitions(file: &DataFile, shard: &Shard, parallelism: usize) -> usize {
+    // In parallel, partitions of about `UNIT_ROWS` rows (each has a fixed cost to
+    // start), at least one per core: the stream's cores decode the next
+    // partitions while one is sent (see `ordered_stream`).
+    if parallelism > 1 {
+        let rows: i64 = file.metadata.row_groups()
+            [shard.row_groups.start as usize..shard.row_groups.end as usize]
+            .iter()
+            .map(|rg| rg.num_rows())
+            .sum();
+        // At least one per core, at most `MAX_PARTITIONS` (even past 64 cores).
+        (rows.max(0) as u64 / UNIT_ROWS)
+            .max(parallelism as u64)
+            .min(MAX_PARTITIONS as u64) as usize
+    } else {
+        1
     }
-    let dialect = GenericDialect {};
-    let parser = |text: &str| {
-        Parser::new(&dialect)
-            .with_recursion_limit(SQL_RECURSION_LIMIT)
-            .try_with_sql(text)
-            .map_err(|e| ServerError::BadQuery(e.to_string()))
-    };
-    let too_deep = match query {
-        Query::Sql(sql) => {
-            let statements = parser(sql)?
-                .parse_statements()
-                .map_err(|e| ServerError::BadQuery(e.to_string()))?;
-            statements.iter().any(|s| s.visit(&mut Depth(0)).is_break())
-        }
-        Query::Fragment(f) => match &f.predicate {
-            Some(p) => {
-                let expr = parser(p)?
-                    .parse_expr()
-                    .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {e}")))?;
-                expr.visit(&mut Depth(0)).is_break()
-            }
-            None => false,
-        },
-    };
-    if too_deep {
-        return Err(ServerError::BadQuery(format!(
-            "expressions nest deeper than {MAX_EXPR_DEPTH} levels (a long chain of AND/OR or \
-             arithmetic?): use IN lists or split the query"
-        )));
-    }
-    Ok(())
 }
 
 /// The most partitions a shard is cut into: a shard's row groups past it share partitions.
@@ -870,7 +877,7 @@ const AHEAD_KIB: u32 = 32 * 1024;
 
 /// The plan's partitions one after another, as if one partition had read them all. Up to
 /// `window` partitions past the one being sent decode ahead, each on its own task and each
-/// holding at most its share of [`AHEAD_KIB`] of finished batches: a shard cut into row groups uses
+/// holding at most its share of `AHEAD_KIB` of finished batches: a shard cut into row groups uses
 /// `window` cores while its rows leave in order. Nothing of partition `i + 1` is emitted
 /// before partition `i` ends, so a stream's rows, and the offsets it resumes from, do not
 /// depend on the parallelism.
@@ -915,7 +922,7 @@ fn ordered_partitions(
     // The partitions started, in order; the bound keeps the one being sent plus `window`.
     let window = window.clamp(1, partitions.len().max(1));
     let (started_tx, started_rx) = tokio::sync::mpsc::channel::<Ahead>(window);
-    let starter = crate::runtime::TaskGuard::spawn_here(async move {
+    let starter = pushdown_task::Task::spawn(async move {
         for mut partition in partitions {
             // A slot first: no partition starts before there is room for it.
             let Ok(slot) = started_tx.reserve().await else {
@@ -923,7 +930,7 @@ fn ordered_partitions(
             };
             let budget = Arc::new(tokio::sync::Semaphore::new(ahead_kib as usize));
             let (tx, batches) = tokio::sync::mpsc::unbounded_channel();
-            let task = crate::runtime::TaskGuard::spawn_here(async move {
+            let task = pushdown_task::Task::spawn(async move {
                 while let Some(item) = partition.next().await {
                     let kib = item
                         .as_ref()
@@ -950,7 +957,7 @@ fn ordered_partitions(
                 }
                 // The partition's task ended: a panic in it must end the stream with an
                 // error, never look like the partition's last batch.
-                match ahead.task.join().await {
+                match ahead.task.await {
                     Ok(()) => None,
                     Err(e) => Some((
                         Err(datafusion::error::DataFusionError::Execution(format!(
@@ -978,7 +985,7 @@ struct Ahead {
         datafusion::error::Result<arrow::record_batch::RecordBatch>,
         tokio::sync::OwnedSemaphorePermit,
     )>,
-    task: crate::runtime::TaskGuard<()>,
+    task: pushdown_task::Task<()>,
 }
 
 /// Registers every deterministic op as a UDF whose resources (tokenizers) come from the
@@ -995,17 +1002,30 @@ pub fn register_ops(
     }
 }
 
-/// `query` (a fragment or SQL) as a DataFrame over the tables registered in `ctx`.
+/// `query` (a fragment or SQL) as a DataFrame over the tables registered in `ctx`, parsed
+/// here (for callers outside a request: the baselines, tests).
 pub async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
-    match query {
-        Query::Sql(sql) => {
+    let checked = crate::allow::check(&ctx.state(), query, usize::MAX)?;
+    checked_dataframe(ctx, &checked).await
+}
+
+/// A checked query as a DataFrame over the tables registered in `ctx`: its SQL statement
+/// planned as parsed, read-only (no DDL, DML or statements even past the allow-list).
+pub async fn checked_dataframe(ctx: &SessionContext, checked: &CheckedQuery) -> Result<DataFrame> {
+    match (checked.query(), checked.statement()) {
+        (Query::Fragment(f), _) => fragment_dataframe(ctx, f).await,
+        (Query::Sql(_), Some(statement)) => {
             let options = SQLOptions::new()
                 .with_allow_ddl(false)
                 .with_allow_dml(false)
                 .with_allow_statements(false);
-            Ok(ctx.sql_with_options(sql, options).await?)
+            let plan = ctx.state().statement_to_plan(statement.clone()).await?;
+            options.verify_plan(&plan)?;
+            Ok(ctx.execute_logical_plan(plan).await?)
         }
-        Query::Fragment(f) => fragment_dataframe(ctx, f).await,
+        (Query::Sql(_), None) => Err(ServerError::Internal(
+            "a checked SQL query without its statement".into(),
+        )),
     }
 }
 
@@ -1196,6 +1216,20 @@ fn leaf_columns(dataset: &Dataset, projection: Option<&[usize]>) -> Option<Vec<u
             .filter(|&leaf| projection.contains(&descr.get_column_root_idx(leaf)))
             .collect(),
     )
+}
+
+/// The filter pushdown an `Auto` request gets: on where the scan of a row-wise query pays
+/// off for late materialization (see [`auto_filter_pushdown`]), off otherwise.
+fn decide_filter_pushdown(row_wise: Option<&Arc<Dataset>>, scan: Option<&ScanInfo>) -> FilterPushdown {
+    let on = match (row_wise, scan) {
+        (Some(dataset), Some(s)) => auto_filter_pushdown(dataset, s.projection.as_deref(), &s.filter_columns),
+        _ => false,
+    };
+    if on {
+        FilterPushdown::On
+    } else {
+        FilterPushdown::Off
+    }
 }
 
 /// Late materialization pays off when the filter is cheap to read and the rest of the

@@ -2,15 +2,15 @@
 //!
 //! The Flight service's async threads only move messages; queries run here, so a burst of
 //! decoding never delays accepting connections or answering `GetFlightInfo` (the pattern of
-//! IOx's `DedicatedExecutor`). Every spawned task is owned by a [`TaskGuard`] that aborts it
-//! when dropped: when a client disconnects, tonic drops the response stream, the guard goes
+//! IOx's `DedicatedExecutor`). Every spawned task is owned by a [`pushdown_task::Task`] that aborts
+//! it when dropped: when a client disconnects, tonic drops the response stream, the task goes
 //! with it, and the query stops. The one exception, [`CpuRuntime::spawn_detached`], is for
 //! work that ends by itself.
 
 use std::future::Future;
 
+use pushdown_task::Task;
 use tokio::runtime::{Handle, Runtime};
-use tokio::task::JoinHandle;
 
 /// Stack of each CPU thread.
 const CPU_THREAD_STACK: usize = 32 << 20;
@@ -44,16 +44,16 @@ impl CpuRuntime {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        drop(self.handle.spawn(task));
+        pushdown_task::detach_on(&self.handle, task);
     }
 
-    /// Runs `task` on the CPU runtime; the task is aborted when the guard is dropped.
-    pub fn spawn<F>(&self, task: F) -> TaskGuard<F::Output>
+    /// Runs `task` on the CPU runtime; the task is aborted when its handle is dropped.
+    pub fn spawn<F>(&self, task: F) -> Task<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        TaskGuard(self.handle.spawn(task))
+        Task::spawn_on(&self.handle, task)
     }
 }
 
@@ -63,32 +63,5 @@ impl Drop for CpuRuntime {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-    }
-}
-
-/// Owns a spawned task: dropping the guard aborts it.
-#[derive(Debug)]
-pub struct TaskGuard<T>(JoinHandle<T>);
-
-impl<T> Drop for TaskGuard<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T: Send + 'static> TaskGuard<T> {
-    /// Runs `task` on the runtime this is called from, owned by the guard.
-    pub fn spawn_here<F>(task: F) -> Self
-    where
-        F: Future<Output = T> + Send + 'static,
-    {
-        TaskGuard(tokio::spawn(task))
-    }
-}
-
-impl<T> TaskGuard<T> {
-    /// Waits for the task; a panic in it becomes an error.
-    pub async fn join(mut self) -> Result<T, tokio::task::JoinError> {
-        (&mut self.0).await
     }
 }

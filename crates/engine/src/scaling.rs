@@ -175,20 +175,7 @@ fn decide(busy: f64, clients: &[Client], cores: usize, window: f64) -> ScalingSi
     } else {
         0.0
     };
-    // Rates weighted by what each client consumes now; clients that got nothing count by
-    // their time.
-    let delivered: f64 = clients.iter().map(|c| c.rows / c.elapsed).sum();
-    let demand = if delivered > 0.0 {
-        clients
-            .iter()
-            .map(|c| c.rows / c.elapsed * c.demand())
-            .sum::<f64>()
-            / delivered
-    } else if elapsed > 0.0 {
-        clients.iter().map(|c| c.elapsed * c.demand()).sum::<f64>() / elapsed
-    } else {
-        1.0
-    };
+    let demand = demand_factor(clients, elapsed);
     let n = f64::from(servers);
     let (wanted, bottleneck, reason) = if clients.is_empty() {
         (
@@ -246,6 +233,25 @@ fn decide(busy: f64, clients: &[Client], cores: usize, window: f64) -> ScalingSi
         reason,
         cores: cores as u32,
         cpu_seconds: 0.0,
+    }
+}
+
+/// How much faster the clients would consume together if they never waited (`elapsed`:
+/// the sum of their times).
+fn demand_factor(clients: &[Client], elapsed: f64) -> f64 {
+    // Rates weighted by what each client consumes now; clients that got nothing count by
+    // their time.
+    let delivered: f64 = clients.iter().map(|c| c.rows / c.elapsed).sum();
+    if delivered > 0.0 {
+        clients
+            .iter()
+            .map(|c| c.rows / c.elapsed * c.demand())
+            .sum::<f64>()
+            / delivered
+    } else if elapsed > 0.0 {
+        clients.iter().map(|c| c.elapsed * c.demand()).sum::<f64>() / elapsed
+    } else {
+        1.0
     }
 }
 

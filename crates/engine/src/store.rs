@@ -20,31 +20,39 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
-use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
+use crate::startup::StartupError;
 
 /// Opens `--data`: a local folder, or an object-store URL (`s3://bucket/prefix`, `file:///…`,
 /// `memory://`). S3 settings (endpoint, credentials, region) come from the usual `AWS_*`
 /// environment variables. The returned store is rooted at the data root.
-pub fn open_store(data: &str) -> Result<Arc<dyn ObjectStore>> {
+pub fn open_store(data: &str) -> std::result::Result<Arc<dyn ObjectStore>, StartupError> {
+    let store_error = |source| StartupError::Store {
+        data: data.to_owned(),
+        source,
+    };
     let is_url = data.contains("://");
     if !is_url {
-        let root = std::fs::canonicalize(data)
-            .map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
-        let store =
-            object_store::local::LocalFileSystem::new_with_prefix(root).map_err(ServerError::storage)?;
+        let root = std::fs::canonicalize(data).map_err(|source| StartupError::DataRoot {
+            data: data.to_owned(),
+            source,
+        })?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(root).map_err(store_error)?;
         return Ok(Arc::new(LocalFiles { inner: store }));
     }
-    let url = url::Url::parse(data).map_err(|e| ServerError::BadRequest(format!("--data {data}: {e}")))?;
+    let url = url::Url::parse(data).map_err(|source| StartupError::DataUrl {
+        data: data.to_owned(),
+        source,
+    })?;
     let (store, prefix): (Box<dyn ObjectStore>, Path) = match url.scheme() {
         "s3" | "s3a" => {
             let store = object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .build()
-                .map_err(ServerError::storage)?;
+                .map_err(store_error)?;
             (Box::new(store), Path::from(url.path()))
         }
-        _ => object_store::parse_url(&url).map_err(ServerError::storage)?,
+        _ => object_store::parse_url(&url).map_err(store_error)?,
     };
     if prefix.as_ref().is_empty() {
         Ok(Arc::from(store))

@@ -24,6 +24,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral, Query, Shard, ShardTicket, StreamStats};
 
+use crate::allow::CheckedQuery;
 use crate::auth::{Caller, Grant};
 use crate::cache::{CacheMode, Claim, Lookup, Tee};
 use crate::error::{Result, ServerError};
@@ -162,18 +163,19 @@ impl Node {
     ) -> Result<T> {
         self.cpu
             .spawn(work)
-            .join()
             .await
             .map_err(|e| ServerError::Internal(format!("{what} task: {e}")))?
     }
 
-    /// Opens `ticket` (as placed) for `caller` on `parallelism` cores: what was opened ahead
-    /// for this caller when it is the same ticket (`raw`, the bytes the caller sent,
-    /// unchanged by placement) over an unchanged file, else afresh on the CPU runtime.
+    /// Opens `ticket` (as placed, its query `checked` by [`crate::query::Engine::authorize`] for `caller`)
+    /// on `parallelism` cores: what was opened ahead for this caller when it is the same
+    /// ticket (`raw`, the bytes the caller sent, unchanged by placement) over an unchanged
+    /// file, else afresh on the CPU runtime.
     pub async fn open_ticket(
         self: &Arc<Self>,
         raw: &[u8],
         ticket: &ShardTicket,
+        checked: CheckedQuery,
         caller: &Caller,
         parallelism: usize,
     ) -> Result<Opened> {
@@ -195,7 +197,9 @@ impl Node {
             None => {
                 let (node, ticket, grant) = (Arc::clone(self), ticket.clone(), Arc::clone(&caller.grant));
                 self.on_cpu("opening a stream", async move {
-                    node.engine.open(&ticket, parallelism, &grant).await
+                    node.engine
+                        .open_checked(&ticket, &checked, parallelism, &grant)
+                        .await
                 })
                 .await
             }

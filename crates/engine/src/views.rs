@@ -57,6 +57,9 @@ pub struct View {
     pub references: Vec<String>,
     /// The datasets it reads, through other views too.
     pub bases: BTreeSet<String>,
+    /// Its query, parsed and checked once when the catalog was read: requests plan it from
+    /// this, never from the text.
+    pub checked: crate::allow::CheckedQuery,
 }
 
 impl View {
@@ -81,12 +84,15 @@ pub struct Views {
 
 impl Views {
     /// Reads a catalog file.
-    pub fn load(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ServerError::BadRequest(format!("reading the catalog {}: {e}", path.display())))?;
-        Self::from_toml(&text).map_err(|e| match e {
-            ServerError::BadRequest(m) => ServerError::BadRequest(format!("{}: {m}", path.display())),
-            other => other,
+    pub fn load(path: &std::path::Path) -> std::result::Result<Self, crate::startup::StartupError> {
+        use crate::startup::StartupError;
+        let text = std::fs::read_to_string(path).map_err(|source| StartupError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|source| StartupError::Views {
+            path: path.to_owned(),
+            source: Box::new(source),
         })
     }
 
@@ -113,8 +119,8 @@ impl Views {
             if views.contains_key(&decl.name) {
                 return Err(bad(&decl.name, "declared twice".into()));
             }
-            let references =
-                crate::allow::referenced_names(&decl.sql).map_err(|e| bad(&decl.name, e.to_string()))?;
+            let checked = crate::allow::check_view(&decl.sql).map_err(|e| bad(&decl.name, e.to_string()))?;
+            let references = checked.names().to_vec();
             let mut bases = BTreeSet::new();
             for r in &references {
                 match views.get(r) {
@@ -141,6 +147,7 @@ impl Views {
                     order,
                     references,
                     bases,
+                    checked,
                 }),
             );
         }

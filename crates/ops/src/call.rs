@@ -14,7 +14,9 @@ use arrow::array::ArrayRef;
 use arrow::datatypes::{FieldRef, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
-use crate::{Context, Op, OpError, Result, Value, lookup};
+use crate::op::{Context, Op, OpError, Result, Value};
+use crate::registry::lookup;
+use crate::resources::Need;
 
 /// `op(input, params…) AS output`.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,14 +62,6 @@ impl std::fmt::Display for Call {
         }
         write!(f, ") AS {}", self.output)
     }
-}
-
-/// A resource an op call needs beyond its input column and literal parameters, declared by
-/// the op ([`Op::needs`]) so that no caller has to know which ops need what.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Need {
-    /// A tokenizer by dataset name; `None`: the dataset being read.
-    Tokenizer(Option<String>),
 }
 
 /// One call bound to the schema it reads.

@@ -16,7 +16,7 @@ use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::RgbImage;
 
-use crate::{Op, OpError, Result, Value, expect_params, int_param};
+use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
 
 /// Field metadata carrying the `height,width,channels` of pixel tensors, so later ops (and
 /// tensor conversion) know the shape of a flat `FixedSizeList<u8>`.

@@ -6,7 +6,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Int32Builder};
 use arrow::compute::{CastOptions, cast_with_options};
 use arrow::datatypes::{DataType, Field};
 
-use crate::{Op, OpError, Result, Value, expect_params, int_param};
+use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
 
 /// `hash_bucket(value, n)`: a stable hash of the value's text, modulo `n`, as `Int32`.
 ///

@@ -9,7 +9,8 @@ use arrow::datatypes::{DataType, Field, UInt8Type};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
+use crate::image_ops::SHAPE_METADATA_KEY;
+use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
 
 /// `(height, width, channels)` of a pixel-tensor field.
 pub fn shape_of(op: &'static str, field: &Field) -> Result<(usize, usize, usize)> {

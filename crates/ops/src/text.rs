@@ -13,32 +13,14 @@ use arrow::array::{Array, ArrayRef, AsArray, ListBuilder, UInt32Builder};
 use arrow::datatypes::{DataType, Field};
 use tokenizers::Tokenizer;
 
-use crate::{Context, Op, OpError, Result, Value, expect_params, int_param};
+use crate::op::{Context, Op, OpError, Result, Value, expect_params, int_param};
+use crate::resources::{Need, NoResources, Resources};
 
 /// Tokens given to every tokenizer [`train_tokenizer`] makes, in id order: padding is id 0.
 pub const SPECIAL_TOKENS: [&str; 3] = ["[PAD]", "[UNK]", "[MASK]"];
 
 /// The file name a dataset's tokenizer has inside the dataset's folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
-
-/// Named resources that ops may need beyond their literal parameters.
-pub trait Resources: Send + Sync + std::fmt::Debug {
-    /// The tokenizer called `name`, or the default one (the dataset being read) for `None`.
-    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<Tokenizer>, String>;
-}
-
-/// No resources: ops that need one fail with a clear error.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoResources;
-
-impl Resources for NoResources {
-    fn tokenizer(&self, name: Option<&str>) -> std::result::Result<Arc<Tokenizer>, String> {
-        Err(match name {
-            Some(n) => format!("no tokenizer named '{n}' is available here"),
-            None => "no tokenizer is available here".to_owned(),
-        })
-    }
-}
 
 /// Tokenizers by name, with an optional default: what a client holds after fetching them.
 #[derive(Debug, Default, Clone)]
@@ -163,12 +145,12 @@ impl Op for Tokenize {
         "tokenize(text, max_len[, tokenizer])"
     }
 
-    fn needs(&self, params: &[Value]) -> Vec<crate::Need> {
+    fn needs(&self, params: &[Value]) -> Vec<Need> {
         let name = match params.get(1) {
             Some(Value::Text(name)) => Some(name.clone()),
             _ => None,
         };
-        vec![crate::Need::Tokenizer(name)]
+        vec![Need::Tokenizer(name)]
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
@@ -298,7 +280,7 @@ impl Op for PadTokens {
             false,
         )
         .with_metadata(HashMap::from([(
-            crate::SHAPE_METADATA_KEY.to_owned(),
+            crate::image_ops::SHAPE_METADATA_KEY.to_owned(),
             len.to_string(),
         )])))
     }

@@ -25,7 +25,9 @@ use arrow::datatypes::Schema;
 use pushdown_protocol::{Compression, Profile};
 use serde::Serialize;
 
-use crate::{Pipeline, Plan, PlanError, Side, plan_limited};
+use crate::error::PlanError;
+use crate::pipeline::Pipeline;
+use crate::split::{Plan, Side, plan_limited};
 
 /// What the placement may assume about the machines and the link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -406,6 +408,14 @@ impl CostedPlan {
     /// The decision table, as `pushdown explain` prints it.
     pub fn explain(&self) -> String {
         let mut out = self.plan.explain();
+        self.write_measured(&mut out);
+        self.write_candidates(&mut out);
+        self.write_compression(&mut out);
+        out
+    }
+
+    /// `explain`'s measurements: the scan, then each op's cost and side.
+    fn write_measured(&self, out: &mut String) {
         let scanned = match self.scanned_fraction {
             Some(f) => format!("statistics leave {:.1}% of the rows to scan", 100.0 * f),
             None => "every row scanned (pruning not measured)".into(),
@@ -436,6 +446,10 @@ impl CostedPlan {
                 "the trainer's own steps (timed there)", "client", "", "", self.trainer_ns_per_row
             );
         }
+    }
+
+    /// `explain`'s candidate placements, the chosen one marked, and how a split divides the work.
+    fn write_candidates(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\ncandidate placements (rows/s; the slowest stage bounds the pipeline; wire bytes as the codec sends them):"
@@ -479,6 +493,10 @@ impl CostedPlan {
                 rate(self.whole(0).map_or(f64::NAN, |w| w.client_rows_per_s)),
             );
         }
+    }
+
+    /// `explain`'s stream compression and why.
+    fn write_compression(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\nstream compression: {} ({})",
@@ -497,7 +515,6 @@ impl CostedPlan {
                 (false, false, _) => "nothing measured: chosen by the link's rate",
             }
         );
-        out
     }
 
     /// The estimate of pushing `pushed` ops for every shard.

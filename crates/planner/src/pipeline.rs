@@ -26,7 +26,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::PlanError;
+use crate::error::PlanError;
 
 /// A dataset and the ordered steps a trainer wants applied to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

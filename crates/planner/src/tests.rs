@@ -542,3 +542,191 @@ fn random_maps_run_in_the_trainer() {
     assert!(plan.placements[1].reason.contains("random"), "{}", plan.explain());
     assert_eq!(plan.fragment.columns, vec!["image", "label"]);
 }
+
+/// Golden files for the `explain` text, in the spirit of sqllogictest: each file under
+/// `crates/planner/explain/` is a TOML case (schema, pipeline, and for a costed plan the
+/// environment and a synthetic profile), a line `----`, and the text `explain` must print.
+/// `PUSHDOWN_UPDATE_GOLDEN=1 cargo test -p pushdown-planner golden` rewrites the expected
+/// text after a deliberate change; review the diff like code.
+mod golden {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+
+    use pushdown_protocol::{CodecCost, Codecs, OpProfile, Profile};
+    use serde::Deserialize;
+
+    use super::*;
+
+    const SEPARATOR: &str = "\n----\n";
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Case {
+        /// `[name, type]` pairs, in the dataset's column order.
+        schema: Vec<(String, String)>,
+        pipeline: Pipeline,
+        environment: Option<Env>,
+        profile: Option<ProfileSpec>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Env {
+        bandwidth: String,
+        server_cores: f64,
+        client_cores: f64,
+        #[serde(default)]
+        client_ns_per_row: f64,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ProfileSpec {
+        selectivity: f64,
+        scan_ns_per_row: f64,
+        server_cores: u32,
+        column_bytes_per_row: BTreeMap<String, f64>,
+        /// Codec ratios `[lz4, zstd]` by column (and by op output); absent: not measured.
+        #[serde(default)]
+        column_ratios: BTreeMap<String, (f64, f64)>,
+        scanned_fraction: Option<f64>,
+        shards: Option<u32>,
+        #[serde(default)]
+        ops: Vec<OpSpec>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct OpSpec {
+        op: String,
+        input: String,
+        output: String,
+        bytes_in_per_row: f64,
+        bytes_out_per_row: f64,
+        ns_per_row: f64,
+        output_ratios: Option<(f64, f64)>,
+    }
+
+    fn codecs((lz4, zstd): (f64, f64)) -> Codecs {
+        let cost = |ratio, compress, decompress| CodecCost {
+            ratio,
+            compress_ns_per_byte: compress,
+            decompress_ns_per_byte: decompress,
+        };
+        Codecs {
+            lz4: cost(lz4, 0.5, 0.2),
+            zstd: cost(zstd, 3.0, 1.0),
+        }
+    }
+
+    impl ProfileSpec {
+        fn profile(self) -> Profile {
+            Profile {
+                rows_sampled: 256,
+                selectivity: self.selectivity,
+                scan_ns_per_row: self.scan_ns_per_row,
+                column_bytes_per_row: self.column_bytes_per_row,
+                ops: self
+                    .ops
+                    .into_iter()
+                    .map(|o| OpProfile {
+                        op: o.op,
+                        input: o.input,
+                        output: o.output,
+                        bytes_in_per_row: o.bytes_in_per_row,
+                        bytes_out_per_row: o.bytes_out_per_row,
+                        ns_per_row: o.ns_per_row,
+                        output_codecs: o.output_ratios.map(codecs),
+                    })
+                    .collect(),
+                server_cores: self.server_cores,
+                column_codecs: self
+                    .column_ratios
+                    .into_iter()
+                    .map(|(c, r)| (c, codecs(r)))
+                    .collect(),
+                scanned_fraction: self.scanned_fraction,
+                shards: self.shards,
+            }
+        }
+    }
+
+    fn data_type(name: &str) -> DataType {
+        match name {
+            "int32" => DataType::Int32,
+            "int64" => DataType::Int64,
+            "float32" => DataType::Float32,
+            "float64" => DataType::Float64,
+            "utf8" => DataType::Utf8,
+            "binary" => DataType::Binary,
+            other => panic!("golden case: unknown column type `{other}`"),
+        }
+    }
+
+    /// The text `explain` prints for the case in `input`.
+    fn explain(input: &str) -> String {
+        let case: Case = toml::from_str(input).unwrap_or_else(|e| panic!("golden case: {e}"));
+        let schema = Schema::new(
+            case.schema
+                .iter()
+                .map(|(name, ty)| Field::new(name, data_type(ty), true))
+                .collect::<Vec<_>>(),
+        );
+        match (case.environment, case.profile) {
+            (None, None) => match plan(&case.pipeline, &schema) {
+                Ok(p) => p.explain(),
+                Err(e) => format!("error: {e}\n"),
+            },
+            (Some(env), Some(profile)) => {
+                let env = Environment {
+                    bandwidth_bytes_per_s: parse_bandwidth(&env.bandwidth).expect("golden case: bandwidth"),
+                    server_cores: env.server_cores,
+                    client_cores: env.client_cores,
+                    client_ns_per_row: env.client_ns_per_row,
+                };
+                match plan_with_profile(&case.pipeline, &schema, &profile.profile(), &env) {
+                    Ok(p) => p.explain(),
+                    Err(e) => format!("error: {e}\n"),
+                }
+            }
+            _ => panic!("golden case: a costed case needs both [environment] and [profile]"),
+        }
+    }
+
+    fn cases() -> Vec<PathBuf> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("explain");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("dir entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "explain"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn explain_matches_the_golden_files() {
+        let update = std::env::var_os("PUSHDOWN_UPDATE_GOLDEN").is_some();
+        let files = cases();
+        assert!(files.len() >= 5, "golden cases missing: {files:?}");
+        let mut failed = Vec::new();
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("golden file");
+            let (input, expected) = text.split_once(SEPARATOR).unwrap_or((text.as_str(), ""));
+            let actual = explain(input);
+            if update {
+                std::fs::write(&path, format!("{input}{SEPARATOR}{actual}")).expect("write golden file");
+            } else if actual != expected {
+                failed.push(format!(
+                    "{}: explain differs\n--- expected\n{expected}--- actual\n{actual}",
+                    path.display()
+                ));
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{}\n(rerun with PUSHDOWN_UPDATE_GOLDEN=1 after a deliberate change)",
+            failed.join("\n")
+        );
+    }
+}

@@ -45,8 +45,8 @@ pub use http::serve_metrics;
 pub use pushdown_engine::{
     CacheConfig, CacheMode, Caller, Catalog, Compression, DataFile, Dataset, DatasetResources, Grant,
     InstrumentedStore, MAX_EXPR_DEPTH, MIN_TOKEN_LEN, Metrics, Node, NodeBuilder, OpLimits, Planned,
-    PreparedStatement, ReadRequest, ServerConfig, ServerError, Shape, Tokens, View, ViewDecl, Views,
-    dataframe, open_store, reads_in_flight_for, scaling_json, udfs,
+    PreparedStatement, ReadRequest, ServerConfig, ServerError, Shape, StartupError, Tokens, View, ViewDecl,
+    Views, dataframe, open_store, reads_in_flight_for, scaling_json, udfs,
 };
 pub use server::{RunningServer, Server, ServerBuilder, ServerTls, read_pem};
 pub use service::PushdownService;

@@ -9,8 +9,9 @@ use object_store::ObjectStore;
 use pushdown_engine::error::Result;
 use pushdown_engine::{
     CacheUse, Catalog, Grant, InstrumentedStore, Metrics, Node, NodeBuilder, Planned, ServerConfig,
-    ServerError, TicketStream, Tokens, Views,
+    ServerError, StartupError, TicketStream, Tokens, Views,
 };
+use pushdown_task::Task;
 use tokio::net::TcpListener;
 
 use crate::service::PushdownService;
@@ -45,7 +46,7 @@ impl ServerTls {
     }
 
     /// From PEM files (`--tls-cert`, `--tls-key`).
-    pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+    pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, StartupError> {
         Ok(Self::new(read_pem(cert)?, read_pem(key)?))
     }
 
@@ -66,8 +67,11 @@ impl ServerTls {
 }
 
 /// A PEM file's bytes, or an error that names the file.
-pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| ServerError::BadRequest(format!("reading {}: {e}", path.display())))
+pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, StartupError> {
+    std::fs::read(path).map_err(|source| StartupError::Read {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Builds a [`Server`] over a store rooted at the data root: a [`NodeBuilder`] and TLS.
@@ -109,12 +113,12 @@ impl ServerBuilder {
     }
 
     /// Lists the catalog and prepares the query engine.
-    pub async fn open(self) -> Result<Server> {
+    pub async fn open(self) -> Result<Server, StartupError> {
         if let Some(tls) = &self.tls {
             // A certificate or key that does not parse fails here, before anything listens.
             tonic::transport::Server::builder()
                 .tls_config(tls.config())
-                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+                .map_err(|e| StartupError::Tls(Box::new(e)))?;
         }
         let node = Arc::new(self.node.open().await?);
         Ok(Server {
@@ -217,16 +221,13 @@ impl Server {
     }
 
     /// Binds `addr` and serves in the background (tests, the demo).
-    pub async fn spawn(self, addr: SocketAddr) -> Result<RunningServer> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| ServerError::BadRequest(format!("binding {addr}: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| ServerError::Internal(format!("local address: {e}")))?;
+    pub async fn spawn(self, addr: SocketAddr) -> Result<RunningServer, StartupError> {
+        let bind = |source| StartupError::Bind { addr, source };
+        let listener = TcpListener::bind(addr).await.map_err(bind)?;
+        let addr = listener.local_addr().map_err(bind)?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let task = tokio::spawn(self.serve(listener, async {
+        let task = Task::spawn(self.serve(listener, async {
             let _ = rx.await;
         }));
         Ok(RunningServer {
@@ -245,7 +246,8 @@ pub struct RunningServer {
     /// `https` when serving TLS.
     scheme: &'static str,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// Aborted when dropped: a server dropped without `shutdown` stops at once.
+    task: Option<Task<Result<()>>>,
 }
 
 impl RunningServer {
@@ -268,14 +270,6 @@ impl RunningServer {
                 .await
                 .map_err(|e| ServerError::Internal(format!("server task: {e}")))?,
             None => Ok(()),
-        }
-    }
-}
-
-impl Drop for RunningServer {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
         }
     }
 }

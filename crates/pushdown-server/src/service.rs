@@ -103,17 +103,20 @@ impl PushdownService {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
         let node = &self.state.node;
-        // A caller the ticket is not for is refused before it can drop a stream opened ahead
-        // for someone else (opening checks the grant too; this only costs a second parse
-        // while something is held).
-        if node.prefetch.holds() {
-            node.engine.authorize(&ticket, &caller.grant)?;
-        }
+        // The query is parsed and checked once, here: a caller the ticket is not for is
+        // refused before it takes a stream slot or drops a stream opened ahead for someone
+        // else, and opening plans the checked statement.
+        let checked = node.engine.authorize(&ticket, &caller.grant)?;
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = node.place(ticket);
+        // A deferred fragment lost its ops: its (cheap, predicate-only) check is redone.
+        let checked = match placement.deferred_from() {
+            Some(_) => node.engine.authorize(&ticket, &caller.grant)?,
+            None => checked,
+        };
         let running = node.config.max_concurrent_streams - self.state.streams.available_permits();
         let opened = node
-            .open_ticket(&raw, &ticket, caller, node.stream_parallelism(running))
+            .open_ticket(&raw, &ticket, checked, caller, node.stream_parallelism(running))
             .await?;
         if node.config.read_ahead && running <= 1 {
             node.read_ahead(&raw, caller);
@@ -140,35 +143,9 @@ impl PushdownService {
             tx.clone(),
         );
         let metrics = Arc::clone(&node.metrics);
-        let guard = node.cpu.spawn(
-            async move {
-                let mut outcome = StreamOutcome::start(Arc::clone(&metrics));
-                // A panic in a kernel or decoder must end this stream with an error, never
-                // silently: a stream that just stopped would look complete to the client.
-                let result = std::panic::AssertUnwindSafe(producer).catch_unwind().await;
-                let status = match result {
-                    Ok(Ok(completed)) => {
-                        outcome.outcome = if completed { "ok" } else { "cancelled" };
-                        return;
-                    }
-                    Ok(Err(e)) => crate::status::status(e),
-                    Err(panic) => {
-                        metrics.panics_contained.inc();
-                        let what = panic_message(panic.as_ref());
-                        crate::status::status(ServerError::Internal(format!(
-                            "stream{shard_name} panicked: {what}"
-                        )))
-                    }
-                };
-                outcome.outcome = match status.code() {
-                    tonic::Code::DeadlineExceeded => "deadline",
-                    _ => "error",
-                };
-                // The receiver may be gone (client disconnected): nothing to tell then.
-                let _ = tx.send(Err(status)).await;
-            }
-            .instrument(span),
-        );
+        let guard = node
+            .cpu
+            .spawn(run_producer(producer, metrics, shard_name, tx).instrument(span));
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
             // The stream owns the producer: dropping it (client gone) aborts the query.
             let _owner = &guard;
@@ -265,6 +242,7 @@ impl PushdownService {
         }
     }
 
+    /// Runs one decoded action: one method per [`ActionKind`].
     async fn run_action(
         &self,
         kind: ActionKind,
@@ -272,119 +250,140 @@ impl PushdownService {
         grant: Arc<Grant>,
     ) -> Result<Vec<arrow_flight::Result>> {
         match kind {
-            ActionKind::Health => Ok(vec![arrow_flight::Result::new("ok")]),
-            ActionKind::Report => {
-                let report = ClientReport::from_bytes(&action.body).map_err(ServerError::BadCommand)?;
-                self.state.node.scaling.record(report);
-                Ok(vec![])
-            }
-            ActionKind::Scaling => Ok(vec![arrow_flight::Result::new(
-                self.state.node.scaling.signal().to_bytes(),
-            )]),
-            ActionKind::Explain => {
-                let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
-                let planned = self.ctx.plan_on_cpu(request, Arc::clone(&grant)).await?;
-                let shape = match &planned.shape {
-                    Shape::RowWise { dataset, shards } => {
-                        format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
-                    }
-                    Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
-                };
-                let cache = match planned.cache_keys()?.as_slice() {
-                    [] => "not cached (not row-wise, or not deterministic)".to_string(),
-                    keys => format!(
-                        "mode {}; {}",
-                        self.state.node.engine.cache_mode(&planned.names),
-                        self.state.node.cache.describe(keys)
-                    ),
-                };
-                let text = format!(
-                    "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\ncache: {cache}\n\n{}",
-                    planned.request.filter_pushdown,
-                    planned.rows_upper_bound,
-                    planned.bytes_to_scan,
-                    planned.schema,
-                    planned.optimized.display_indent()
-                );
-                Ok(vec![arrow_flight::Result::new(text)])
-            }
-            ActionKind::Profile => {
-                let request = ScanRequest::decode_command(&action.body).map_err(ServerError::BadCommand)?;
-                let state = Arc::clone(&self.state);
-                let cores = self.state.node.config.cpu_threads as u32;
-                let profile = self
-                    .ctx
-                    .on_cpu("profile", async move {
-                        pushdown_engine::profile::profile(
-                            &state.node.engine,
-                            &request,
-                            PROFILE_ROWS,
-                            cores,
-                            &grant,
-                        )
-                        .await
-                    })
-                    .await?;
-                Ok(vec![arrow_flight::Result::new(profile.encode())])
-            }
-            ActionKind::Count => {
-                let ticket = ShardTicket::decode(&action.body).map_err(ServerError::BadTicket)?;
-                let state = Arc::clone(&self.state);
-                let n = self
-                    .ctx
-                    .on_cpu(
-                        "count",
-                        async move { state.node.engine.count(&ticket, &grant).await },
-                    )
-                    .await?;
-                Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
-            }
-            ActionKind::Refresh => {
-                self.state.node.engine.catalog().refresh().await?;
-                let datasets = grant.visible(&self.state.node.engine.catalog().snapshot());
-                Ok(datasets
-                    .values()
-                    .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
-                    .collect())
-            }
-            ActionKind::Tokenizer => {
-                let name = std::str::from_utf8(&action.body).map_err(|_| {
-                    ServerError::BadRequest("the tokenizer action's body is a dataset name".into())
-                })?;
-                let name = name.trim();
-                grant.check(name)?;
-                // A view's tokenizer is its dataset's.
-                let bases = self.state.node.engine.views().bases_of(name);
-                let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
-                    [only] => self.state.node.engine.catalog().dataset(only).await?,
-                    _ => {
-                        return Err(ServerError::BadRequest(format!(
-                            "`{name}` reads several datasets: name one for its tokenizer"
-                        )));
-                    }
-                };
-                let json = match &dataset.tokenizer {
-                    None => {
-                        return Err(ServerError::NoResource(format!(
-                            "dataset `{}` ships no {}",
-                            dataset.name,
-                            pushdown_ops::TOKENIZER_FILE
-                        )));
-                    }
-                    Some(Err(reason)) => {
-                        return Err(ServerError::CorruptFile {
-                            dataset: dataset.name.clone(),
-                            file: pushdown_ops::TOKENIZER_FILE.to_owned(),
-                            reason: reason.clone(),
-                        });
-                    }
-                    Some(Ok(t)) => t
-                        .to_string(false)
-                        .map_err(|e| ServerError::Internal(format!("serializing the tokenizer: {e}")))?,
-                };
-                Ok(vec![arrow_flight::Result::new(json)])
-            }
+            ActionKind::Health => Ok(Self::health()),
+            ActionKind::Report => self.report(&action.body),
+            ActionKind::Scaling => Ok(self.scaling()),
+            ActionKind::Explain => self.explain(&action.body, grant).await,
+            ActionKind::Profile => self.profile(&action.body, grant).await,
+            ActionKind::Count => self.count(&action.body, grant).await,
+            ActionKind::Refresh => self.refresh(&grant).await,
+            ActionKind::Tokenizer => self.tokenizer(&action.body, &grant).await,
         }
+    }
+
+    /// `health`: the server answers.
+    fn health() -> Vec<arrow_flight::Result> {
+        vec![arrow_flight::Result::new("ok")]
+    }
+
+    /// `report`: a client's report, recorded for the scaling signal.
+    fn report(&self, body: &[u8]) -> Result<Vec<arrow_flight::Result>> {
+        let report = ClientReport::from_bytes(body).map_err(ServerError::BadCommand)?;
+        self.state.node.scaling.record(report);
+        Ok(vec![])
+    }
+
+    /// `scaling`: the node's scaling signal.
+    fn scaling(&self) -> Vec<arrow_flight::Result> {
+        vec![arrow_flight::Result::new(
+            self.state.node.scaling.signal().to_bytes(),
+        )]
+    }
+
+    /// `explain`: how a request is planned, as text.
+    async fn explain(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
+        let request = ScanRequest::decode_command(body).map_err(ServerError::BadCommand)?;
+        let planned = self.ctx.plan_on_cpu(request, Arc::clone(&grant)).await?;
+        let shape = match &planned.shape {
+            Shape::RowWise { dataset, shards } => {
+                format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
+            }
+            Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
+        };
+        let cache = match planned.cache_keys()?.as_slice() {
+            [] => "not cached (not row-wise, or not deterministic)".to_string(),
+            keys => format!(
+                "mode {}; {}",
+                self.state.node.engine.cache_mode(&planned.names),
+                self.state.node.cache.describe(keys)
+            ),
+        };
+        let text = format!(
+            "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\ncache: {cache}\n\n{}",
+            planned.request.filter_pushdown,
+            planned.rows_upper_bound,
+            planned.bytes_to_scan,
+            planned.schema,
+            planned.optimized.display_indent()
+        );
+        Ok(vec![arrow_flight::Result::new(text)])
+    }
+
+    /// `profile`: where a sample of a request's rows spends its time.
+    async fn profile(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
+        let request = ScanRequest::decode_command(body).map_err(ServerError::BadCommand)?;
+        let state = Arc::clone(&self.state);
+        let cores = self.state.node.config.cpu_threads as u32;
+        let profile = self
+            .ctx
+            .on_cpu("profile", async move {
+                pushdown_engine::profile::profile(&state.node.engine, &request, PROFILE_ROWS, cores, &grant)
+                    .await
+            })
+            .await?;
+        Ok(vec![arrow_flight::Result::new(profile.encode())])
+    }
+
+    /// `count`: the rows a ticket reads.
+    async fn count(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
+        let ticket = ShardTicket::decode(body).map_err(ServerError::BadTicket)?;
+        let state = Arc::clone(&self.state);
+        let n = self
+            .ctx
+            .on_cpu(
+                "count",
+                async move { state.node.engine.count(&ticket, &grant).await },
+            )
+            .await?;
+        Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
+    }
+
+    /// `refresh`: rescans the catalog; the versions of the datasets `grant` may read.
+    async fn refresh(&self, grant: &Grant) -> Result<Vec<arrow_flight::Result>> {
+        self.state.node.engine.catalog().refresh().await?;
+        let datasets = grant.visible(&self.state.node.engine.catalog().snapshot());
+        Ok(datasets
+            .values()
+            .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
+            .collect())
+    }
+
+    /// `tokenizer`: the tokenizer (JSON) of the dataset the body names.
+    async fn tokenizer(&self, body: &[u8], grant: &Grant) -> Result<Vec<arrow_flight::Result>> {
+        let name = std::str::from_utf8(body)
+            .map_err(|_| ServerError::BadRequest("the tokenizer action's body is a dataset name".into()))?;
+        let name = name.trim();
+        grant.check(name)?;
+        // A view's tokenizer is its dataset's.
+        let bases = self.state.node.engine.views().bases_of(name);
+        let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
+            [only] => self.state.node.engine.catalog().dataset(only).await?,
+            _ => {
+                return Err(ServerError::BadRequest(format!(
+                    "`{name}` reads several datasets: name one for its tokenizer"
+                )));
+            }
+        };
+        let json = match &dataset.tokenizer {
+            None => {
+                return Err(ServerError::NoResource(format!(
+                    "dataset `{}` ships no {}",
+                    dataset.name,
+                    pushdown_ops::TOKENIZER_FILE
+                )));
+            }
+            Some(Err(reason)) => {
+                return Err(ServerError::CorruptFile {
+                    dataset: dataset.name.clone(),
+                    file: pushdown_ops::TOKENIZER_FILE.to_owned(),
+                    reason: reason.clone(),
+                });
+            }
+            Some(Ok(t)) => t
+                .to_string(false)
+                .map_err(|e| ServerError::Internal(format!("serializing the tokenizer: {e}")))?,
+        };
+        Ok(vec![arrow_flight::Result::new(json)])
     }
 }
 
@@ -397,6 +396,40 @@ const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
+
+/// Runs a DoGet stream's `producer` to its end, recording how the stream ended; a failure
+/// (or a panic, named with `shard_name`) is sent to the client as the stream's last item.
+async fn run_producer(
+    producer: impl std::future::Future<Output = Result<bool>>,
+    metrics: Arc<pushdown_engine::metrics::Metrics>,
+    shard_name: String,
+    tx: mpsc::Sender<Result<FlightData, Status>>,
+) {
+    let mut outcome = StreamOutcome::start(Arc::clone(&metrics));
+    // A panic in a kernel or decoder must end this stream with an error, never
+    // silently: a stream that just stopped would look complete to the client.
+    let result = std::panic::AssertUnwindSafe(producer).catch_unwind().await;
+    let status = match result {
+        Ok(Ok(completed)) => {
+            outcome.outcome = if completed { "ok" } else { "cancelled" };
+            return;
+        }
+        Ok(Err(e)) => crate::status::status(e),
+        Err(panic) => {
+            metrics.panics_contained.inc();
+            let what = panic_message(panic.as_ref());
+            crate::status::status(ServerError::Internal(format!(
+                "stream{shard_name} panicked: {what}"
+            )))
+        }
+    };
+    outcome.outcome = match status.code() {
+        tonic::Code::DeadlineExceeded => "deadline",
+        _ => "error",
+    };
+    // The receiver may be gone (client disconnected): nothing to tell then.
+    let _ = tx.send(Err(status)).await;
+}
 
 /// Streams an opened ticket's batches (the node's [`TicketStream`]) to `tx` as Flight data,
 /// each encoded with the codec its governor chooses; the statistics trailer last, when the

@@ -101,42 +101,10 @@ impl PyLoader {
         let push: pushdown_client::Push = placement
             .parse()
             .map_err(|e: pushdown_client::ClientError| PyValueError::new_err(e.to_string()))?;
-        let echo = match echo {
-            EchoArg::Times(0) => return Err(PyValueError::new_err("echo= is a count ≥ 1 or \"auto\"")),
-            EchoArg::Times(1) => Echo::Off,
-            EchoArg::Times(k) => Echo::Fixed(k),
-            EchoArg::Name(name) if name == "auto" => Echo::Auto { max: echo_max.max(1) },
-            EchoArg::Name(name) => {
-                return Err(PyValueError::new_err(format!(
-                    "echo={name:?}: a count ≥ 1 or \"auto\""
-                )));
-            }
-        };
-        // 0 turns the wait reports off.
-        let report_every = if report_every_s == 0.0 {
-            None
-        } else {
-            Some(
-                std::time::Duration::try_from_secs_f64(report_every_s)
-                    .map_err(|_| PyValueError::new_err("report_every_s must be a number of seconds ≥ 0"))?,
-            )
-        };
-        // Unset arguments fall back to PUSHDOWN_TOKEN / PUSHDOWN_TLS_* in the environment.
-        let env = ConnectOptions::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let mut connect = ConnectOptions::from_parts(
-            token,
-            tls_ca.as_deref(),
-            tls_client_cert.as_deref(),
-            tls_client_key.as_deref(),
-        )
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        connect.token = connect.token.or(env.token);
-        connect.tls_ca = connect.tls_ca.or(env.tls_ca);
-        connect.tls_identity = connect.tls_identity.or(env.tls_identity);
-        let stall_timeout = std::time::Duration::try_from_secs_f64(stall_timeout_s)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| PyValueError::new_err("stall_timeout_s must be a positive number of seconds"))?;
+        let echo = echo_mode(echo, echo_max)?;
+        let report_every = report_interval(report_every_s)?;
+        let connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
+        let stream = stream_options(concurrency, stall_timeout_s, max_retries)?;
         // `auto`: the planner's choice (compress only when the link bounds the stream).
         let compression = match compression {
             "auto" => None,
@@ -145,13 +113,7 @@ impl PyLoader {
                     .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto")))?,
             ),
         };
-        let source = match (sql, pipeline) {
-            (Some(sql), None) => LoaderSource::Sql(sql),
-            (None, Some(text)) => LoaderSource::Pipeline(
-                Pipeline::parse(&text).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            ),
-            _ => return Err(PyValueError::new_err("give exactly one of sql= or pipeline=")),
-        };
+        let source = loader_source(sql, pipeline)?;
         if servers.is_empty() {
             return Err(PyValueError::new_err("servers= needs at least one URL"));
         }
@@ -165,14 +127,7 @@ impl PyLoader {
             drop_last,
             prefetch,
             workers,
-            stream: StreamOptions {
-                // Given: fixed; none: tuned from the default start.
-                concurrency: concurrency.map_or(StreamOptions::default().concurrency, |c| c.max(1)),
-                max_concurrency: concurrency.map_or(StreamOptions::default().max_concurrency, |c| c.max(1)),
-                stall_timeout,
-                max_retries,
-                ..StreamOptions::default()
-            },
+            stream,
             compression,
             link: bandwidth_bytes_per_s.map_or_else(Link::auto, Link::bandwidth),
             connect,
@@ -239,6 +194,83 @@ impl PyLoader {
         d.set_item("peak_streams", s.peak_streams)?;
         d.set_item("bytes_received", s.bytes_received)?;
         Ok(d)
+    }
+}
+
+/// `echo=` (with `echo_max=` for `"auto"`) as the loader's [`Echo`].
+fn echo_mode(echo: EchoArg, echo_max: u32) -> PyResult<Echo> {
+    match echo {
+        EchoArg::Times(0) => Err(PyValueError::new_err("echo= is a count ≥ 1 or \"auto\"")),
+        EchoArg::Times(1) => Ok(Echo::Off),
+        EchoArg::Times(k) => Ok(Echo::Fixed(k)),
+        EchoArg::Name(name) if name == "auto" => Ok(Echo::Auto { max: echo_max.max(1) }),
+        EchoArg::Name(name) => Err(PyValueError::new_err(format!(
+            "echo={name:?}: a count ≥ 1 or \"auto\""
+        ))),
+    }
+}
+
+/// `report_every_s=` as the interval of the wait reports.
+fn report_interval(report_every_s: f64) -> PyResult<Option<std::time::Duration>> {
+    // 0 turns the wait reports off.
+    if report_every_s == 0.0 {
+        return Ok(None);
+    }
+    std::time::Duration::try_from_secs_f64(report_every_s)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err("report_every_s must be a number of seconds ≥ 0"))
+}
+
+/// `token=` and `tls_*=` as connection options.
+fn connect_options(
+    token: Option<String>,
+    tls_ca: Option<String>,
+    tls_client_cert: Option<String>,
+    tls_client_key: Option<String>,
+) -> PyResult<ConnectOptions> {
+    // Unset arguments fall back to PUSHDOWN_TOKEN / PUSHDOWN_TLS_* in the environment.
+    let env = ConnectOptions::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let mut connect = ConnectOptions::from_parts(
+        token,
+        tls_ca.as_deref(),
+        tls_client_cert.as_deref(),
+        tls_client_key.as_deref(),
+    )
+    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    connect.token = connect.token.or(env.token);
+    connect.tls_ca = connect.tls_ca.or(env.tls_ca);
+    connect.tls_identity = connect.tls_identity.or(env.tls_identity);
+    Ok(connect)
+}
+
+/// `concurrency=`, `stall_timeout_s=` and `max_retries=` as stream options.
+fn stream_options(
+    concurrency: Option<usize>,
+    stall_timeout_s: f64,
+    max_retries: usize,
+) -> PyResult<StreamOptions> {
+    let stall_timeout = std::time::Duration::try_from_secs_f64(stall_timeout_s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err("stall_timeout_s must be a positive number of seconds"))?;
+    Ok(StreamOptions {
+        // Given: fixed; none: tuned from the default start.
+        concurrency: concurrency.map_or(StreamOptions::default().concurrency, |c| c.max(1)),
+        max_concurrency: concurrency.map_or(StreamOptions::default().max_concurrency, |c| c.max(1)),
+        stall_timeout,
+        max_retries,
+        ..StreamOptions::default()
+    })
+}
+
+/// `sql=` or `pipeline=` (exactly one) as what the loader reads.
+fn loader_source(sql: Option<String>, pipeline: Option<String>) -> PyResult<LoaderSource> {
+    match (sql, pipeline) {
+        (Some(sql), None) => Ok(LoaderSource::Sql(sql)),
+        (None, Some(text)) => Pipeline::parse(&text)
+            .map(LoaderSource::Pipeline)
+            .map_err(|e| PyValueError::new_err(e.to_string())),
+        _ => Err(PyValueError::new_err("give exactly one of sql= or pipeline=")),
     }
 }
 

@@ -1,0 +1,383 @@
+//! [`PushdownClient`]: a fleet's servers behind one handle: planning, typed actions, and
+//! the shard streams of a plan.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow_flight::{Action, Criteria, FlightDescriptor, FlightEndpoint, FlightInfo};
+use futures::TryStreamExt;
+use pushdown_ops::Tokenizers;
+use pushdown_protocol::{ActionKind, CountReply, ScanRequest};
+
+use crate::connect::ConnectOptions;
+use crate::error::{ClientError, Result};
+use crate::fleet::{self, Failure, Fleet};
+use crate::stream::{ShardStream, StreamOptions};
+
+/// Times planning asks a server again after a transient failure.
+const PLAN_RETRIES: u32 = 3;
+
+/// Connections to the pushdown servers of a fleet (one or more), each holding some of the
+/// datasets' files.
+#[derive(Debug, Clone)]
+pub struct PushdownClient {
+    fleet: Arc<Fleet>,
+}
+
+/// The longest wait for one server's scaling signal.
+pub const SCALING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl PushdownClient {
+    /// The servers of `urls`: `http://host:port` or `grpc://host:port`, or `dns://name:port`
+    /// for every address the name resolves to. Connections open lazily: a server that is
+    /// down is an error only when a request needs it.
+    pub async fn connect<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+        Self::connect_with(urls, ConnectOptions::default()).await
+    }
+
+    /// [`Self::connect`] with credentials and TLS settings: `https://` and `grpc+tls://`
+    /// URLs (and `dns://` names when a CA is given) are reached over TLS.
+    pub async fn connect_with<S: AsRef<str>>(urls: &[S], options: ConnectOptions) -> Result<Self> {
+        Ok(Self {
+            fleet: Arc::new(Fleet::connect(urls, options).await?),
+        })
+    }
+
+    /// The servers known so far (those given, and those endpoints named).
+    pub fn urls(&self) -> Vec<String> {
+        self.fleet.nodes().iter().map(|n| n.url.clone()).collect()
+    }
+
+    pub(crate) fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    /// Calls `f` on the servers in turn until one answers: a transient failure moves on to
+    /// the next server; any other failure is the answer.
+    async fn on_any<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn(fleet::Flight) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let nodes = Fleet::ranked(&self.fleet.nodes(), 0);
+        let mut last = None;
+        for node in nodes {
+            match f(node.flight.clone()).await {
+                Ok(v) => {
+                    node.succeeded();
+                    return Ok(v);
+                }
+                Err(status) if Failure::of(status.code()) == Failure::Transient => {
+                    tracing::warn!(server = %node.url, %status, "server did not answer; trying the next");
+                    node.failed(Duration::from_millis(100));
+                    last = Some(ClientError::server(&node.url, status));
+                }
+                Err(status) => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no server to ask".into())))
+    }
+
+    /// Plans a request on every server and merges their answers: one endpoint per shard, in
+    /// (dataset, file, row group) order, located on the servers that hold its file at the
+    /// planned version. A server that cannot be reached is left out only when the others
+    /// offered every file it offered last time; else the plan fails naming it. DNS names are
+    /// resolved again first (servers that joined are asked too).
+    pub async fn plan(&self, request: &ScanRequest) -> Result<FlightInfo> {
+        self.fleet.rediscover().await;
+        let descriptor = FlightDescriptor::new_cmd(request.encode());
+        let replies = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
+            let descriptor = descriptor.clone();
+            async move {
+                let mut attempt = 0;
+                loop {
+                    match node.flight.clone().get_flight_info(descriptor.clone()).await {
+                        Ok(info) => {
+                            node.succeeded();
+                            return Ok((Arc::clone(&node), info.into_inner()));
+                        }
+                        Err(status)
+                            if attempt < PLAN_RETRIES && Failure::of(status.code()) == Failure::Transient =>
+                        {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+                        }
+                        Err(status) => return Err((node, status)),
+                    }
+                }
+            }
+        }))
+        .await;
+        // A server that answers with an error fails the plan (the query's error, or the
+        // server's). One that cannot be reached is left out of the plan only when the others
+        // offer every file it offered in its last plan: nothing is lost, and a dead server
+        // does not stop the next epoch. Otherwise the plan fails naming it and those files.
+        let mut answers = Vec::new();
+        let mut unreachable = Vec::new();
+        for reply in replies {
+            match reply {
+                Ok(answer) => answers.push(answer),
+                Err((node, status)) if Failure::of(status.code()) == Failure::Transient => {
+                    node.failed(Duration::from_millis(100));
+                    unreachable.push((node, status));
+                }
+                Err((node, status)) => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        let offered: Vec<Option<std::collections::BTreeSet<(String, String)>>> =
+            answers.iter().map(|(_, info)| fleet::files_of(info)).collect();
+        let all: std::collections::BTreeSet<(String, String)> =
+            offered.iter().flatten().flatten().cloned().collect();
+        for (node, status) in unreachable {
+            match node.held_alone(&all) {
+                Some(alone) if alone.is_empty() && !answers.is_empty() => tracing::warn!(
+                    server = %node.url,
+                    error = %status.message(),
+                    "a server is unreachable: planning without it (the others hold its files)"
+                ),
+                Some(files) if !files.is_empty() => {
+                    return Err(ClientError::Unreachable {
+                        server: node.url.clone(),
+                        files,
+                        reason: status.message().to_owned(),
+                    });
+                }
+                _ => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        for ((node, _), files) in answers.iter().zip(offered) {
+            if let Some(files) = files {
+                node.set_offered(files);
+            }
+        }
+        fleet::merge(answers)
+    }
+
+    /// The schema of a dataset of the catalog.
+    pub async fn dataset_schema(&self, dataset: &str) -> Result<SchemaRef> {
+        let descriptor = FlightDescriptor::new_path(vec![dataset.to_owned()]);
+        let result = self
+            .on_any(|mut c| {
+                let d = descriptor.clone();
+                async move { c.get_schema(d).await.map(tonic::Response::into_inner) }
+            })
+            .await?;
+        let schema = arrow::datatypes::Schema::try_from(&result)?;
+        Ok(std::sync::Arc::new(schema))
+    }
+
+    /// The catalog of the first server that answers: (dataset, rows, bytes, schema) per
+    /// dataset.
+    pub async fn list_datasets(&self) -> Result<Vec<(String, i64, i64, SchemaRef)>> {
+        let infos: Vec<FlightInfo> = self
+            .on_any(|mut c| async move {
+                c.list_flights(Criteria::default())
+                    .await?
+                    .into_inner()
+                    .try_collect()
+                    .await
+            })
+            .await?;
+        infos
+            .into_iter()
+            .map(|info| {
+                let name = info
+                    .flight_descriptor
+                    .as_ref()
+                    .and_then(|d| d.path.first().cloned())
+                    .unwrap_or_default();
+                let (rows, bytes) = (info.total_records, info.total_bytes);
+                let schema = info.try_decode_schema()?;
+                Ok((name, rows, bytes, std::sync::Arc::new(schema)))
+            })
+            .collect()
+    }
+
+    /// Runs a server action on the first server that answers, returning its results' bodies.
+    pub async fn action(&self, kind: ActionKind, body: bytes::Bytes) -> Result<Vec<bytes::Bytes>> {
+        let results: Vec<arrow_flight::Result> = self
+            .on_any(|mut c| {
+                let action = Action::new(kind.name(), body.clone());
+                async move { c.do_action(action).await?.into_inner().try_collect().await }
+            })
+            .await?;
+        Ok(results.into_iter().map(|r| r.body).collect())
+    }
+
+    /// Asks every server to list its data root now (files added or removed since its last
+    /// polling), so that the next [`Self::plan`] sees them. Returns each server's dataset
+    /// versions, by server.
+    pub async fn refresh(&self) -> Result<Vec<(String, Vec<pushdown_protocol::DatasetVersion>)>> {
+        futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let action = Action::new(ActionKind::Refresh.name(), bytes::Bytes::new());
+            let results = node
+                .action(action)
+                .await
+                .map_err(|status| ClientError::server(&node.url, status))?;
+            let versions = results
+                .iter()
+                .map(|r| {
+                    pushdown_protocol::DatasetVersion::decode(&r.body)
+                        .map_err(|e| ClientError::Invalid(e.to_string()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((node.url.clone(), versions))
+        }))
+        .await
+    }
+
+    /// Sends a loader's report (its wait and rows since the last one) to every server, for
+    /// their scaling signal. Best effort: a server that cannot take it (down, or older than
+    /// the `report` action) is skipped; the loader never fails for a report.
+    pub async fn report(&self, report: &pushdown_protocol::ClientReport) {
+        let body = report.to_bytes();
+        futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
+            let action = Action::new(ActionKind::Report.name(), body.clone());
+            async move {
+                match tokio::time::timeout(Duration::from_secs(2), node.action(action)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(status)) => {
+                        tracing::debug!(server = %node.url, %status, "a server did not take the report")
+                    }
+                    Err(_) => tracing::debug!(server = %node.url, "a server did not take the report in 2 s"),
+                }
+            }
+        }))
+        .await;
+    }
+
+    /// Each server's scaling signal: its busy fraction, its clients' wait, and how many
+    /// servers would remove their stall.
+    pub async fn scaling(&self) -> Result<Vec<(String, pushdown_protocol::ScalingSignal)>> {
+        self.scaling_each()
+            .await
+            .into_iter()
+            .map(|(url, signal)| Ok((url, signal?)))
+            .collect()
+    }
+
+    /// Each server's scaling signal, or why it could not give one (a server that is down,
+    /// or gives no answer in [`SCALING_TIMEOUT`], does not hide the others').
+    pub async fn scaling_each(&self) -> Vec<(String, Result<pushdown_protocol::ScalingSignal>)> {
+        futures::future::join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let signal = tokio::time::timeout(SCALING_TIMEOUT, async {
+                let action = Action::new(ActionKind::Scaling.name(), bytes::Bytes::new());
+                let results = node
+                    .action(action)
+                    .await
+                    .map_err(|status| ClientError::server(&node.url, status))?;
+                let body = results
+                    .first()
+                    .ok_or_else(|| ClientError::Invalid("the scaling action returned nothing".into()))?;
+                pushdown_protocol::ScalingSignal::from_bytes(&body.body)
+                    .map_err(|e| ClientError::Invalid(e.to_string()))
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::Invalid(format!(
+                    "{} gave no scaling signal in {SCALING_TIMEOUT:?}",
+                    node.url
+                )))
+            });
+            (node.url.clone(), signal)
+        }))
+        .await
+    }
+
+    /// Runs the server's `profile` action on the fragment of `request`.
+    pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
+        let bodies = self.action(ActionKind::Profile, request.encode()).await?;
+        let body = bodies
+            .first()
+            .ok_or_else(|| ClientError::Invalid("the profile action returned nothing".into()))?;
+        pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
+    }
+
+    /// The rows the DoGet of `endpoint` would stream, counted by a server holding it (the
+    /// `count` action: only the filter's columns are read).
+    pub async fn count(&self, endpoint: &FlightEndpoint) -> Result<u64> {
+        let ticket = endpoint
+            .ticket
+            .as_ref()
+            .ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
+        let mut last = None;
+        for node in Fleet::ranked(&self.fleet.holders(endpoint)?, 0) {
+            let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
+            let got = node.action(action).await;
+            match got {
+                Ok(results) => {
+                    let body = results
+                        .first()
+                        .ok_or_else(|| ClientError::Invalid("the count action returned nothing".into()))?;
+                    return Ok(CountReply::decode(&body.body)
+                        .map_err(|e| ClientError::Invalid(e.to_string()))?
+                        .rows);
+                }
+                Err(status) if Failure::of(status.code()) != Failure::Final => {
+                    if Failure::of(status.code()) == Failure::Transient {
+                        node.failed(Duration::from_millis(100));
+                    }
+                    last = Some(ClientError::server(&node.url, status));
+                }
+                Err(status) => return Err(ClientError::server(&node.url, status)),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no server holds the shard".into())))
+    }
+
+    /// The tokenizer shipped with `dataset` (its `tokenizer.json`), from the server.
+    pub async fn tokenizer(&self, dataset: &str) -> Result<std::sync::Arc<pushdown_ops::TokenizerModel>> {
+        let bodies = self
+            .action(ActionKind::Tokenizer, bytes::Bytes::from(dataset.to_owned()))
+            .await?;
+        let body = bodies
+            .first()
+            .ok_or_else(|| ClientError::Invalid("the tokenizer action returned nothing".into()))?;
+        pushdown_ops::load_tokenizer(body)
+            .map(std::sync::Arc::new)
+            .map_err(ClientError::Invalid)
+    }
+
+    /// The resources the client-side `steps` of a pipeline over `dataset` need, as their ops
+    /// declare them ([`pushdown_ops::Op::needs`]): the tokenizers their calls name, or
+    /// `dataset`'s for calls that name none.
+    pub async fn resources_for(&self, steps: &[pushdown_planner::Step], dataset: &str) -> Result<Tokenizers> {
+        let calls: Vec<pushdown_ops::Call> = steps
+            .iter()
+            .filter_map(|step| match step {
+                pushdown_planner::Step::Map(m) => Some(m.call()),
+                _ => None,
+            })
+            .collect();
+        self.resources_for_calls(&calls, dataset).await
+    }
+
+    /// [`Self::resources_for`] op calls (a fragment's ops the server may leave to this client).
+    pub async fn resources_for_calls(
+        &self,
+        calls: &[pushdown_ops::Call],
+        dataset: &str,
+    ) -> Result<Tokenizers> {
+        let mut tokenizers = Tokenizers::new(Some(dataset.to_owned()));
+        for call in calls {
+            for need in call.needs()? {
+                match need {
+                    pushdown_ops::Need::Tokenizer(name) => {
+                        let name = name.unwrap_or_else(|| dataset.to_owned());
+                        if !tokenizers.contains(&name) {
+                            let tokenizer = self.tokenizer(&name).await?;
+                            tokenizers.insert(name, tokenizer);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(tokenizers)
+    }
+
+    /// Streams every endpoint of `info`.
+    pub fn stream(&self, info: &FlightInfo, options: StreamOptions) -> Result<ShardStream> {
+        ShardStream::start(Arc::clone(&self.fleet), info, options)
+    }
+}

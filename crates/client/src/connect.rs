@@ -1,0 +1,79 @@
+//! How a client reaches its servers (credentials, TLS, message sizes) and what their
+//! FlightInfo carries beyond Flight's own fields.
+
+use arrow_flight::FlightInfo;
+use pushdown_protocol::PlanEstimate;
+
+use crate::error::{ClientError, Result};
+
+/// How a client reaches its servers: the token it presents and the TLS it trusts. Its
+/// `Debug` never shows the token or a key.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// Sent as `authorization: Bearer <token>` with every request.
+    pub token: Option<String>,
+    /// CA certificates (PEM) that `https://` servers' certificates must chain to; none: the
+    /// system's roots.
+    pub tls_ca: Option<Vec<u8>>,
+    /// This client's certificate chain and key (PEM), for servers that require mutual TLS.
+    pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("tls_identity", &self.tls_identity.is_some())
+            .finish()
+    }
+}
+
+impl ConnectOptions {
+    /// From the environment, as the CLI and the Python package read it: `PUSHDOWN_TOKEN`,
+    /// `PUSHDOWN_TLS_CA` (a PEM file), `PUSHDOWN_TLS_CLIENT_CERT` + `PUSHDOWN_TLS_CLIENT_KEY`
+    /// (PEM files).
+    pub fn from_env() -> Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Self::from_parts(
+            var("PUSHDOWN_TOKEN"),
+            var("PUSHDOWN_TLS_CA").as_deref(),
+            var("PUSHDOWN_TLS_CLIENT_CERT").as_deref(),
+            var("PUSHDOWN_TLS_CLIENT_KEY").as_deref(),
+        )
+    }
+
+    /// A token, and the paths of PEM files: CA, client certificate, client key.
+    pub fn from_parts(
+        token: Option<String>,
+        ca: Option<&str>,
+        cert: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<Self> {
+        let read = |path: &str| {
+            std::fs::read(path).map_err(|e| ClientError::Invalid(format!("reading {path}: {e}")))
+        };
+        let tls_identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(ClientError::Invalid(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ));
+            }
+        };
+        Ok(Self {
+            token,
+            tls_ca: ca.map(read).transpose()?,
+            tls_identity,
+        })
+    }
+}
+
+/// Message size accepted from servers (a server's default Flight message is ~2 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The server's cost estimate carried in a FlightInfo, when present.
+pub fn plan_estimate(info: &FlightInfo) -> Option<PlanEstimate> {
+    PlanEstimate::decode(&info.app_metadata).ok()
+}

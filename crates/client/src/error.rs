@@ -1,0 +1,94 @@
+//! What can go wrong for a client, by whom it is to be fixed.
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid server URL `{url}`: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("server {url}: {status}")]
+    Server {
+        url: String,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error("decoding the stream of shard {endpoint}: {reason}")]
+    Decode { endpoint: usize, reason: String },
+    #[error("shard {endpoint} ({shard}) failed after {attempts} attempts on [{}]: {status}", servers.join(", "))]
+    Stream {
+        endpoint: usize,
+        shard: String,
+        attempts: usize,
+        /// Every server tried, in order.
+        servers: Vec<String>,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error("no server can serve shard {endpoint} ({shard}): {}", refusals.join("; "))]
+    NoServer {
+        endpoint: usize,
+        shard: String,
+        /// Each holder's refusal.
+        refusals: Vec<String>,
+    },
+    #[error(
+        "shard {endpoint} ({shard}) ended after {delivered} rows of the {planned} it was planned \
+         to have: its file changed or was truncated"
+    )]
+    ShortShard {
+        endpoint: usize,
+        shard: String,
+        delivered: u64,
+        planned: u64,
+    },
+    #[error(
+        "the stream of a query that is not row-wise failed after {delivered} rows and cannot be \
+         resumed (it has no total order); run it again: {status}"
+    )]
+    NotResumable {
+        delivered: u64,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error(
+        "shard {endpoint}: {server} produced {output} rows and sent {sent}, but {received} arrived \
+         and {delivered} are held: rows lost or repeated"
+    )]
+    Miscount {
+        endpoint: usize,
+        server: String,
+        delivered: u64,
+        output: u64,
+        sent: u64,
+        received: u64,
+    },
+    #[error("servers disagree about `{file}`: {detail}")]
+    ServersDisagree { file: String, detail: String },
+    #[error(
+        "server {server} is unreachable ({reason}) and no other server offers {}: planning \
+         without it would leave them out",
+        files.join(", ")
+    )]
+    Unreachable {
+        server: String,
+        files: Vec<String>,
+        reason: String,
+    },
+    #[error(transparent)]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error(transparent)]
+    Plan(#[from] pushdown_planner::PlanError),
+    #[error(transparent)]
+    Op(#[from] pushdown_ops::OpError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ClientError {
+    pub(crate) fn server(url: &str, status: tonic::Status) -> Self {
+        ClientError::Server {
+            url: url.to_owned(),
+            status: Box::new(status),
+        }
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
