@@ -3,7 +3,9 @@
 
 * no module of a crate imports a module that imports it back, directly or through others
   (a cycle among a crate's top-level modules; test modules excluded);
-* the engine names neither `tonic` nor `arrow_flight`.
+* the engine names neither `tonic` nor `arrow_flight`;
+* a layered crate's `lib.rs` (or `main.rs` beside one) only documents, declares modules and
+  re-exports: it defines no item the modules would have to import back.
 
 A module's imports are every `crate::m` path it names (`use crate::{a::X, b}` included),
 and names the crate root re-exports resolved to the module they come from.
@@ -131,6 +133,15 @@ def main():
         for comp in cycles(edges):
             detail = "; ".join(f"{m} → {', '.join(sorted(edges[m] & set(comp)))}" for m in comp)
             failures.append(f"{crate}: modules import each other: {detail}")
+        lib = src / "lib.rs"
+        if lib.exists():
+            defined = re.findall(
+                r"^(?:pub(?:\([\w:]+\))? )?(?:struct|enum|fn|async fn|type|trait|const|static|impl)\b[^\n]*",
+                product_text(lib),
+                re.M,
+            )
+            for item in defined:
+                failures.append(f"{crate}/src/lib.rs defines `{item.strip()}`: move it to a module")
     for path in sorted((ROOT / "crates/engine/src").rglob("*.rs")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\b(tonic|arrow_flight)::", line) and not line.lstrip().startswith("//"):
@@ -138,7 +149,10 @@ def main():
     if failures:
         print("\n".join(failures))
         return 1
-    print(f"layers: no module cycles in {len(CRATES)} crates; the engine names no gRPC")
+    print(
+        f"layers: no module cycles in {len(CRATES)} crates, their lib.rs files only re-export; "
+        "the engine names no gRPC"
+    )
     return 0
 
 

@@ -61,22 +61,7 @@ impl PushdownClient {
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let nodes = Fleet::ranked(&self.fleet.nodes(), 0);
-        let mut last = None;
-        for node in nodes {
-            match f(node.flight.clone()).await {
-                Ok(v) => {
-                    node.succeeded();
-                    return Ok(v);
-                }
-                Err(status) if Failure::of(status.code()) == Failure::Transient => {
-                    tracing::warn!(server = %node.url, %status, "server did not answer; trying the next");
-                    node.failed(Duration::from_millis(100));
-                    last = Some(ClientError::server(&node.url, status));
-                }
-                Err(status) => return Err(ClientError::server(&node.url, status)),
-            }
-        }
-        Err(last.unwrap_or_else(|| ClientError::Invalid("no server to ask".into())))
+        fleet::first_answer(nodes, &[], "no server to ask", |node| f(node.flight.clone())).await
     }
 
     /// Plans a request on every server and merges their answers: one endpoint per shard, in
@@ -219,7 +204,7 @@ impl PushdownClient {
                 .iter()
                 .map(|r| {
                     pushdown_protocol::DatasetVersion::decode(&r.body)
-                        .map_err(|e| ClientError::Invalid(e.to_string()))
+                        .map_err(|e| ClientError::reply("the refresh action", e))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok((node.url.clone(), versions))
@@ -269,9 +254,9 @@ impl PushdownClient {
                     .map_err(|status| ClientError::server(&node.url, status))?;
                 let body = results
                     .first()
-                    .ok_or_else(|| ClientError::Invalid("the scaling action returned nothing".into()))?;
+                    .ok_or_else(|| ClientError::reply("the scaling action", "no result"))?;
                 pushdown_protocol::ScalingSignal::from_bytes(&body.body)
-                    .map_err(|e| ClientError::Invalid(e.to_string()))
+                    .map_err(|e| ClientError::reply("the scaling action", e))
             })
             .await
             .unwrap_or_else(|_| {
@@ -290,8 +275,8 @@ impl PushdownClient {
         let bodies = self.action(ActionKind::Profile, request.encode()).await?;
         let body = bodies
             .first()
-            .ok_or_else(|| ClientError::Invalid("the profile action returned nothing".into()))?;
-        pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::Invalid(e.to_string()))
+            .ok_or_else(|| ClientError::reply("the profile action", "no result"))?;
+        pushdown_protocol::Profile::decode(body).map_err(|e| ClientError::reply("the profile action", e))
     }
 
     /// The rows the DoGet of `endpoint` would stream, counted by a server holding it (the
@@ -301,29 +286,24 @@ impl PushdownClient {
             .ticket
             .as_ref()
             .ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
-        let mut last = None;
-        for node in Fleet::ranked(&self.fleet.holders(endpoint)?, 0) {
-            let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
-            let got = node.action(action).await;
-            match got {
-                Ok(results) => {
-                    let body = results
-                        .first()
-                        .ok_or_else(|| ClientError::Invalid("the count action returned nothing".into()))?;
-                    return Ok(CountReply::decode(&body.body)
-                        .map_err(|e| ClientError::Invalid(e.to_string()))?
-                        .rows);
-                }
-                Err(status) if Failure::of(status.code()) != Failure::Final => {
-                    if Failure::of(status.code()) == Failure::Transient {
-                        node.failed(Duration::from_millis(100));
-                    }
-                    last = Some(ClientError::server(&node.url, status));
-                }
-                Err(status) => return Err(ClientError::server(&node.url, status)),
-            }
-        }
-        Err(last.unwrap_or_else(|| ClientError::Invalid("no server holds the shard".into())))
+        let holders = Fleet::ranked(&self.fleet.holders(endpoint)?, 0);
+        // A holder without the shard's file at its version is passed over for the next.
+        let results = fleet::first_answer(
+            holders,
+            &[Failure::Elsewhere],
+            "no server holds the shard",
+            |node| {
+                let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
+                async move { node.action(action).await }
+            },
+        )
+        .await?;
+        let body = results
+            .first()
+            .ok_or_else(|| ClientError::reply("the count action", "no result"))?;
+        Ok(CountReply::decode(&body.body)
+            .map_err(|e| ClientError::reply("the count action", e))?
+            .rows)
     }
 
     /// The tokenizer shipped with `dataset` (its `tokenizer.json`), from the server.
@@ -333,10 +313,10 @@ impl PushdownClient {
             .await?;
         let body = bodies
             .first()
-            .ok_or_else(|| ClientError::Invalid("the tokenizer action returned nothing".into()))?;
+            .ok_or_else(|| ClientError::reply("the tokenizer action", "no result"))?;
         pushdown_ops::load_tokenizer(body)
             .map(std::sync::Arc::new)
-            .map_err(ClientError::Invalid)
+            .map_err(|e| ClientError::reply("the tokenizer action", e))
     }
 
     /// The resources the client-side `steps` of a pipeline over `dataset` need, as their ops

@@ -50,9 +50,8 @@ impl ConnectOptions {
         cert: Option<&str>,
         key: Option<&str>,
     ) -> Result<Self> {
-        let read = |path: &str| {
-            std::fs::read(path).map_err(|e| ClientError::Invalid(format!("reading {path}: {e}")))
-        };
+        let read =
+            |path: &str| std::fs::read(path).map_err(|e| ClientError::io(format!("reading {path}"), e));
         let tls_identity = match (cert, key) {
             (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
             (None, None) => None,

@@ -78,6 +78,21 @@ pub enum ClientError {
     Plan(#[from] pushdown_planner::PlanError),
     #[error(transparent)]
     Op(#[from] pushdown_ops::OpError),
+    /// A server answered, but not as the protocol says (an action with no result, a body
+    /// that does not decode): a server of another version, or a bug; not retried.
+    #[error("{what}: {reason}")]
+    Reply { what: &'static str, reason: String },
+    /// A local file or thread the caller asked for could not be used.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The loader was shut down, or its consumer went away.
+    #[error("{0}")]
+    Closed(&'static str),
+    /// The caller's arguments or options.
     #[error("{0}")]
     Invalid(String),
 }
@@ -87,6 +102,22 @@ impl ClientError {
         ClientError::Server {
             url: url.to_owned(),
             status: Box::new(status),
+        }
+    }
+
+    /// A malformed answer to `what`.
+    pub(crate) fn reply(what: &'static str, reason: impl std::fmt::Display) -> Self {
+        ClientError::Reply {
+            what,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// `what` failed on a local file or thread.
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ClientError::Io {
+            what: what.into(),
+            source,
         }
     }
 }

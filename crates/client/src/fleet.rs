@@ -122,6 +122,43 @@ impl Failure {
     }
 }
 
+/// Asks `nodes` in turn (ranked: best first) until one answers: the one loop for every call
+/// that any server, or any holder of a shard, may answer. A transient failure rests the node
+/// and moves on; another failure moves on when `passes` names its kind (a holder without the
+/// file); any other failure is the answer. When every node failed, the last failure; with no
+/// node at all, `none`.
+pub(crate) async fn first_answer<T, F, Fut>(
+    nodes: Vec<Arc<Node>>,
+    passes: &[Failure],
+    none: &str,
+    ask: F,
+) -> Result<T>
+where
+    F: Fn(Arc<Node>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut last = None;
+    for node in nodes {
+        match ask(Arc::clone(&node)).await {
+            Ok(v) => {
+                node.succeeded();
+                return Ok(v);
+            }
+            Err(status) => {
+                let failure = Failure::of(status.code());
+                if failure == Failure::Transient {
+                    tracing::warn!(server = %node.url, %status, "server did not answer; trying the next");
+                    node.failed(Duration::from_millis(100));
+                } else if !passes.contains(&failure) {
+                    return Err(ClientError::server(&node.url, status));
+                }
+                last = Some(ClientError::server(&node.url, status));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| ClientError::Invalid(none.to_owned())))
+}
+
 /// One server as the client sees it.
 #[derive(Debug)]
 pub(crate) struct Node {

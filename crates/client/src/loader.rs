@@ -649,7 +649,7 @@ impl Loader {
             .thread_name("pushdown-loader")
             .enable_all()
             .build()
-            .map_err(|e| ClientError::Invalid(format!("starting the loader's threads: {e}")))?;
+            .map_err(|e| ClientError::io("starting the loader's threads", e))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let shared_echo = options.echo;
         let (shared, shards) = runtime.block_on(async move {
@@ -764,7 +764,7 @@ impl Loader {
         let runtime = self
             .runtime
             .as_ref()
-            .ok_or_else(|| ClientError::Invalid("the loader is shut down".into()))?;
+            .ok_or_else(|| ClientError::Closed("the loader is shut down"))?;
         runtime.block_on(self.prepared.replan())
     }
 
@@ -946,7 +946,7 @@ impl Loader {
         let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
         let streams = Arc::clone(&self.streams);
         let Some(runtime) = &self.runtime else {
-            return Err(ClientError::Invalid("the loader is shut down".into()));
+            return Err(ClientError::Closed("the loader is shut down"));
         };
         let handle = Task::spawn_on(runtime.handle(), async move {
             let producer = Producer::new(shared, shards, epoch, echo, first);
@@ -1630,7 +1630,7 @@ async fn send_next<T>(
     // it loses nothing.
     let Ok(room) = tx.reserve().await else {
         // The consumer is gone (restored or dropped): stop quietly.
-        return Err(ClientError::Invalid("loader consumer gone".into()));
+        return Err(ClientError::Closed("the loader's consumer is gone"));
     };
     if let Some(joined) = in_flight.next().await {
         let batch = joined.map_err(|e| ClientError::Invalid(format!("a loader worker failed: {e}")))??;

@@ -195,7 +195,7 @@ fn parquet_writer(
     match path {
         Some(path) => {
             let file = std::fs::File::create(path)
-                .map_err(|e| ClientError::Invalid(format!("creating {}: {e}", path.display())))?;
+                .map_err(|e| ClientError::io(format!("creating {}", path.display()), e))?;
             let props = parquet::file::properties::WriterProperties::builder()
                 .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
                 .build();

@@ -84,6 +84,22 @@ pub enum ServerError {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// Arrow refused to encode what the server built (a schema, a batch, IPC options).
+    #[error("internal error: {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: arrow::error::ArrowError,
+    },
+
+    /// Work run on the CPU runtime panicked or was cancelled.
+    #[error("internal error: the {what} task: {source}")]
+    Task {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+
     /// No credentials, or credentials this server does not accept.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -91,6 +107,13 @@ pub enum ServerError {
     /// A valid caller asking for something outside its grant.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+}
+
+impl ServerError {
+    /// Arrow failed `what`: the server's own failure.
+    pub fn encode(what: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Self {
+        move |source| ServerError::Encode { what, source }
+    }
 }
 
 pub type Result<T, E = ServerError> = std::result::Result<T, E>;
@@ -304,7 +327,9 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::Query(_)
             | ServerError::Storage(_)
             | ServerError::StorageDenied(_)
-            | ServerError::Internal(_),
+            | ServerError::Internal(_)
+            | ServerError::Encode { .. }
+            | ServerError::Task { .. },
         ) => "error",
     }
 }

@@ -161,10 +161,10 @@ impl Node {
         what: &str,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        self.cpu
-            .spawn(work)
-            .await
-            .map_err(|e| ServerError::Internal(format!("{what} task: {e}")))?
+        self.cpu.spawn(work).await.map_err(|source| ServerError::Task {
+            what: what.to_owned(),
+            source,
+        })?
     }
 
     /// Opens `ticket` (as placed, its query `checked` by [`crate::query::Engine::authorize`] for `caller`)
@@ -422,7 +422,7 @@ impl TicketStream {
             let batch = match self.placement.deferred_from {
                 Some(_) => match batch.with_schema(Arc::clone(&self.schema)) {
                     Ok(batch) => batch,
-                    Err(e) => return Some(Err(ServerError::Internal(format!("a deferred batch: {e}")))),
+                    Err(e) => return Some(Err(ServerError::encode("a deferred batch")(e))),
                 },
                 None => batch,
             };

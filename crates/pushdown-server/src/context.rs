@@ -118,7 +118,7 @@ impl Context {
         );
         let info = FlightInfo::new()
             .try_with_schema(&planned.schema)
-            .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+            .map_err(ServerError::encode("encoding a schema"))?
             .with_descriptor(descriptor)
             .with_endpoints(endpoints)
             .with_total_records(total_records)

@@ -323,7 +323,7 @@ fn parameter_schema(types: &HashMap<String, Option<DataType>>) -> Schema {
 fn schema_bytes(schema: &Schema) -> Result<Bytes> {
     let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
         .try_into()
-        .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))?;
+        .map_err(ServerError::encode("encoding a schema"))?;
     Ok(bytes)
 }
 

@@ -171,7 +171,7 @@ impl PushdownService {
         let planned = self.ctx.plan_on_cpu(request, grant).await?;
         SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
             .try_into()
-            .map_err(|e: arrow::error::ArrowError| ServerError::Internal(format!("encoding schema: {e}")))
+            .map_err(ServerError::encode("encoding a schema"))
     }
 
     /// The datasets and views `grant` may read; no other is even named.
@@ -182,7 +182,7 @@ impl PushdownService {
             .map(|d| {
                 let info = FlightInfo::new()
                     .try_with_schema(&d.schema)
-                    .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+                    .map_err(ServerError::encode("encoding a schema"))?
                     .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
                     .with_total_records(d.num_rows() as i64)
                     .with_total_bytes(d.num_bytes() as i64)
@@ -202,7 +202,7 @@ impl PushdownService {
             infos.push(
                 FlightInfo::new()
                     .try_with_schema(&schema)
-                    .map_err(|e| ServerError::Internal(format!("encoding schema: {e}")))?
+                    .map_err(ServerError::encode("encoding a schema"))?
                     .with_descriptor(FlightDescriptor::new_path(vec![view.name.clone()]))
                     .with_total_records(-1)
                     .with_total_bytes(-1)
@@ -447,8 +447,8 @@ async fn produce(
     // An adaptive stream starts from what the last one to this peer learnt of the link.
     let learnt = peer.and_then(|p| pushdown_engine::catalog::lock(&state.links).get(&p).copied());
     let mut governor = Governor::resume(ticket.request.compression, learnt);
-    let mut encoder = Encoder::new(node.config.max_flight_data_bytes)
-        .map_err(|e| ServerError::Internal(format!("IPC options: {e}")))?;
+    let mut encoder =
+        Encoder::new(node.config.max_flight_data_bytes).map_err(ServerError::encode("IPC options"))?;
     let mut bytes_sent = 0u64;
     let stream_all = async {
         let mut batches = node
@@ -506,7 +506,7 @@ async fn send_all(
         let codec = governor.codec();
         let messages = encoder
             .batch(&batch, codec)
-            .map_err(|e| ServerError::Internal(format!("encoding a batch: {e}")))?;
+            .map_err(ServerError::encode("encoding a batch"))?;
         let producing = batches.wait_for_client();
         let wire: u64 = messages
             .iter()

@@ -33,6 +33,8 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::Storage(_) => (Code::Unavailable, true),
         ServerError::StorageDenied(_) => (Code::FailedPrecondition, true),
         ServerError::Internal(_) => (Code::Internal, true),
+        ServerError::Encode { .. } => (Code::Internal, true),
+        ServerError::Task { .. } => (Code::Internal, true),
         ServerError::Unauthenticated(_) => (Code::Unauthenticated, false),
         ServerError::PermissionDenied(_) => (Code::PermissionDenied, false),
     };
@@ -43,7 +45,9 @@ pub(crate) fn status(e: ServerError) -> Status {
     }
     let message = match &e {
         // Internal details stay in the server log; the caller gets what it can act on.
-        ServerError::Internal(_) => "internal error (see server log)".to_string(),
+        ServerError::Internal(_) | ServerError::Encode { .. } | ServerError::Task { .. } => {
+            "internal error (see server log)".to_string()
+        }
         // The store's own words may carry its layout or credentials' ids: the operator
         // reads them in the log, the caller gets what to do.
         ServerError::StorageDenied(_) => {
