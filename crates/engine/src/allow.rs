@@ -28,12 +28,13 @@ pub const SQL_RECURSION_LIMIT: usize = 50;
 /// overflowed a 2 MiB stack in a debug build), so trees deeper than this are refused first.
 pub const MAX_EXPR_DEPTH: usize = 256;
 
-/// A query that passed the allow-list: within the size and depth caps, one read-only
-/// statement (SQL) or a fragment, with the names (datasets and views) it reads. Grants are
-/// the engine's to check on these names; planning takes the parsed statement.
+/// What the allow-list found in a query that passed it (within the size and depth caps, one
+/// read-only statement or a fragment): the names (datasets and views) it reads, and SQL's
+/// parsed statement. Grants are the engine's to check on these names; planning takes the
+/// query itself from its request (placement may drop a fragment's ops, which changes neither
+/// its names nor its predicate) and SQL's statement from here.
 #[derive(Debug, Clone)]
 pub struct CheckedQuery {
-    query: Query,
     /// SQL's one statement, parsed once; `None` for a fragment (its predicate is an
     /// expression DataFusion parses against the dataset's schema).
     statement: Option<DfStatement>,
@@ -41,10 +42,6 @@ pub struct CheckedQuery {
 }
 
 impl CheckedQuery {
-    pub fn query(&self) -> &Query {
-        &self.query
-    }
-
     /// The datasets and views the query names.
     pub fn names(&self) -> &[String] {
         &self.names
@@ -78,7 +75,6 @@ pub fn check(state: &SessionState, query: &Query, max_bytes: usize) -> Result<Ch
                 refuse_deep(expr.visit(&mut Depth(0)))?;
             }
             Ok(CheckedQuery {
-                query: query.clone(),
                 statement: None,
                 names: vec![f.dataset.clone()],
             })
@@ -87,7 +83,6 @@ pub fn check(state: &SessionState, query: &Query, max_bytes: usize) -> Result<Ch
             let statement = one_query(state, sql)?;
             let names = table_names(state, &statement)?;
             Ok(CheckedQuery {
-                query: query.clone(),
                 statement: Some(statement),
                 names,
             })

@@ -394,7 +394,7 @@ impl Engine {
             self.full_table(d, false)
         })
         .await?;
-        let df = checked_dataframe(&ctx, &checked).await?;
+        let df = checked_dataframe(&ctx, query, &checked).await?;
         Ok((
             Arc::new(df.schema().as_arrow().clone()),
             df.logical_plan().clone(),
@@ -417,7 +417,7 @@ impl Engine {
         for dataset in &referenced {
             dataset.check_readable()?;
         }
-        let df = checked_dataframe(&ctx, &checked).await?;
+        let df = checked_dataframe(&ctx, &request.query, &checked).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let logical = df.logical_plan().clone();
         let optimized = ctx.state().optimize(&logical)?;
@@ -701,7 +701,7 @@ impl Engine {
             self.full_table(d, pushdown)
         })
         .await?;
-        let df = checked_dataframe(&ctx, checked).await?;
+        let df = checked_dataframe(&ctx, &ticket.request.query, checked).await?;
         if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
             return Err(ServerError::BadRequest(
                 "the ticket's query is not row-wise over its shard's dataset".into(),
@@ -794,7 +794,7 @@ impl Engine {
                 .map(|f| f.num_row_groups() as u64)
                 .sum::<u64>();
         }
-        let df = checked_dataframe(&ctx, checked).await?;
+        let df = checked_dataframe(&ctx, &ticket.request.query, checked).await?;
         Ok(Framed {
             ctx,
             df,
@@ -1006,13 +1006,18 @@ pub fn register_ops(
 /// here (for callers outside a request: the baselines, tests).
 pub async fn dataframe(ctx: &SessionContext, query: &Query) -> Result<DataFrame> {
     let checked = crate::allow::check(&ctx.state(), query, usize::MAX)?;
-    checked_dataframe(ctx, &checked).await
+    checked_dataframe(ctx, query, &checked).await
 }
 
-/// A checked query as a DataFrame over the tables registered in `ctx`: its SQL statement
-/// planned as parsed, read-only (no DDL, DML or statements even past the allow-list).
-pub async fn checked_dataframe(ctx: &SessionContext, checked: &CheckedQuery) -> Result<DataFrame> {
-    match (checked.query(), checked.statement()) {
+/// `query`, as `checked` (its check) found it, as a DataFrame over the tables registered in
+/// `ctx`: SQL's statement planned as parsed, read-only (no DDL, DML or statements even past
+/// the allow-list).
+pub async fn checked_dataframe(
+    ctx: &SessionContext,
+    query: &Query,
+    checked: &CheckedQuery,
+) -> Result<DataFrame> {
+    match (query, checked.statement()) {
         (Query::Fragment(f), _) => fragment_dataframe(ctx, f).await,
         (Query::Sql(_), Some(statement)) => {
             let options = SQLOptions::new()
@@ -1024,7 +1029,7 @@ pub async fn checked_dataframe(ctx: &SessionContext, checked: &CheckedQuery) -> 
             Ok(ctx.execute_logical_plan(plan).await?)
         }
         (Query::Sql(_), None) => Err(ServerError::Internal(
-            "a checked SQL query without its statement".into(),
+            "SQL planned without its checked statement".into(),
         )),
     }
 }

@@ -53,12 +53,10 @@ pub struct View {
     pub description: Option<String>,
     /// Its place in the file: a view reads only views declared before it.
     pub order: usize,
-    /// The names its query reads (datasets and views).
-    pub references: Vec<String>,
     /// The datasets it reads, through other views too.
     pub bases: BTreeSet<String>,
-    /// Its query, parsed and checked once when the catalog was read: requests plan it from
-    /// this, never from the text.
+    /// Its query, parsed and checked once when the catalog was read (with the names it reads,
+    /// datasets and views): requests plan it from this, never from the text.
     pub checked: crate::allow::CheckedQuery,
 }
 
@@ -120,9 +118,8 @@ impl Views {
                 return Err(bad(&decl.name, "declared twice".into()));
             }
             let checked = crate::allow::check_view(&decl.sql).map_err(|e| bad(&decl.name, e.to_string()))?;
-            let references = checked.names().to_vec();
             let mut bases = BTreeSet::new();
-            for r in &references {
+            for r in checked.names() {
                 match views.get(r) {
                     Some(v) => bases.extend(v.bases.iter().cloned()),
                     None if declared.contains(r.as_str()) => {
@@ -145,7 +142,6 @@ impl Views {
                     sql: decl.sql.clone(),
                     description: decl.description.clone(),
                     order,
-                    references,
                     bases,
                     checked,
                 }),
@@ -174,7 +170,7 @@ impl Views {
             if let Some(view) = self.views.get(name)
                 && found.insert(view.order, Arc::clone(view)).is_none()
             {
-                stack.extend(view.references.iter().map(String::as_str));
+                stack.extend(view.checked.names().iter().map(String::as_str));
             }
         }
         found.into_values().collect()

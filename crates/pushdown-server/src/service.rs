@@ -109,11 +109,6 @@ impl PushdownService {
         let checked = node.engine.authorize(&ticket, &caller.grant)?;
         let permit = self.acquire_stream_slot().await?;
         let (ticket, placement) = node.place(ticket);
-        // A deferred fragment lost its ops: its (cheap, predicate-only) check is redone.
-        let checked = match placement.deferred_from() {
-            Some(_) => node.engine.authorize(&ticket, &caller.grant)?,
-            None => checked,
-        };
         let running = node.config.max_concurrent_streams - self.state.streams.available_permits();
         let opened = node
             .open_ticket(&raw, &ticket, checked, caller, node.stream_parallelism(running))
