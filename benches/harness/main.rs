@@ -18,6 +18,7 @@ mod link;
 mod load;
 mod placement;
 mod process;
+mod quota;
 mod s3;
 mod scale;
 mod scan;

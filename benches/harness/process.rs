@@ -80,6 +80,19 @@ impl ServerProcess {
         cpus: Option<&str>,
         env: &[(String, String)],
     ) -> Result<Self> {
+        let argv = Self::argv(subcommand, data, listen, threads, namespace, cpus)?;
+        Self::start_argv(&argv, env)
+    }
+
+    /// The command line of a server process (see [`ServerProcess::start_with`]).
+    pub fn argv(
+        subcommand: &str,
+        data: &str,
+        listen: &str,
+        threads: usize,
+        namespace: Option<&str>,
+        cpus: Option<&str>,
+    ) -> Result<Vec<String>> {
         let exe = std::env::current_exe().context("locating the harness binary")?;
         let mut argv: Vec<String> = Vec::new();
         if let Some(ns) = namespace {
@@ -98,6 +111,11 @@ impl ServerProcess {
             "--threads".to_owned(),
             threads.to_string(),
         ]);
+        Ok(argv)
+    }
+
+    /// Starts `argv` (a server command line, perhaps wrapped) and waits for its address.
+    pub fn start_argv(argv: &[String], env: &[(String, String)]) -> Result<Self> {
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .envs(env.iter().map(|(k, v)| (k, v)))

@@ -15,6 +15,7 @@ use arrow::record_batch::RecordBatch;
 use pushdown_ops::{Call, Calls, Context, Resources};
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral};
 
+use crate::control::{Control, Side};
 use crate::error::{ClientError, Result};
 
 /// Where each shard's fragment ops run.
@@ -25,11 +26,10 @@ pub struct ShardPlacement {
     /// endpoint), and the client's go to the server after all while the consumer is not
     /// waiting (see [`Completion::set_consumer_waiting`]).
     pub server_fraction: f64,
-    /// Adapted at run time (`server_fraction` is then unused): each shard goes, when it is
-    /// requested, to the end expected to finish it first at the rates both have delivered
-    /// (see `Control`); while this client has room (fewer un-reduced streams in flight than
-    /// two per core) the server's shards are asked `IfBusy`, so a server whose cores are
-    /// taken leaves them here at once.
+    /// Adapted at run time (`server_fraction` is then unused): each shard is placed when it
+    /// is requested, to the end expected to finish it first: the server's recent latency
+    /// once per round of two shards this client keeps there, against this client's queue
+    /// at its rate (the control loop in `control.rs`).
     pub adaptive: bool,
     /// The client's cores for running deferred ops.
     pub cores: usize,
@@ -55,8 +55,6 @@ impl ShardPlacement {
 /// The ops a shard stream's fragment runs, and what is needed to run them here.
 pub struct Completion {
     placement: ShardPlacement,
-    /// Un-reduced streams being completed here now.
-    active: std::sync::atomic::AtomicUsize,
     ops: Vec<Call>,
     /// The stream's planned schema: what a completed batch must be.
     schema: SchemaRef,
@@ -95,97 +93,20 @@ pub struct CompletionTotals {
     pub seconds: f64,
 }
 
-/// Which end a shard stream's ops run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    Server = 0,
-    Client = 1,
-}
-
-/// The run-time split: each shard goes, when it is requested, to the end expected to finish
-/// it first — the one whose shards in flight, plus this one, take the least time at the rate
-/// it has delivered shards while it had any in flight. A server shared with other trainers
-/// (or slowed by anything) delivers fewer shards a second to this client and gets fewer;
-/// a client whose cores are taken gets fewer. Until both ends have finished a shard they
-/// take turns.
-#[derive(Debug, Default)]
-struct Control {
-    sides: [SideLoad; 2],
-}
-
-/// One end's shards in flight and what it has delivered.
-#[derive(Debug, Default)]
-struct SideLoad {
-    in_flight: u64,
-    done: u64,
-    /// Time with shards in flight: closed periods, and the open one.
-    busy: std::time::Duration,
-    busy_since: Option<Instant>,
-}
-
-impl SideLoad {
-    fn start(&mut self, now: Instant) {
-        if self.in_flight == 0 {
-            self.busy_since = Some(now);
-        }
-        self.in_flight += 1;
-    }
-
-    fn end(&mut self, now: Instant, done: bool) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.done += u64::from(done);
-        if self.in_flight == 0
-            && let Some(since) = self.busy_since.take()
-        {
-            self.busy += now.duration_since(since);
-        }
-    }
-
-    /// Shards a second while it had any in flight; none until it has finished one.
-    fn rate(&self, now: Instant) -> Option<f64> {
-        let busy = self.busy
-            + self
-                .busy_since
-                .map_or_else(Default::default, |s| now.duration_since(s));
-        (self.done > 0).then(|| self.done as f64 / busy.as_secs_f64().max(1e-6))
-    }
-
-    /// When a shard given now would be done.
-    fn finish(&self, rate: f64) -> f64 {
-        (self.in_flight + 1) as f64 / rate
-    }
-}
-
-impl Control {
-    fn deal(&mut self, now: Instant) -> Side {
-        let [server, client] = &self.sides;
-        let side = match (server.rate(now), client.rate(now)) {
-            (Some(rs), Some(rc)) if server.finish(rs) > client.finish(rc) => Side::Client,
-            (Some(_), Some(_)) => Side::Server,
-            _ if server.in_flight > client.in_flight => Side::Client,
-            _ => Side::Server,
-        };
-        self.sides[side as usize].start(now);
-        side
-    }
-}
-
 /// A shard dealt to one end by [`Control`]: counted in flight there until it ends (moved to
 /// the client when the server leaves it un-reduced).
 pub(crate) struct Dealt {
     completion: Arc<Completion>,
     side: Side,
+    at: Instant,
     done: bool,
 }
 
 impl Dealt {
-    /// The server left the shard to this client.
+    /// The server left the shard to this client (a server that defers whatever it is asked).
     pub(crate) fn left_to_client(&mut self) {
         if self.side == Side::Server {
-            let now = Instant::now();
-            let mut control = self.completion.control();
-            control.sides[Side::Server as usize].end(now, false);
-            control.sides[Side::Client as usize].start(now);
+            self.completion.control().moved_to_client(Instant::now());
             self.side = Side::Client;
         }
     }
@@ -199,15 +120,19 @@ impl Dealt {
 impl Drop for Dealt {
     fn drop(&mut self) {
         let now = Instant::now();
-        self.completion.control().sides[self.side as usize].end(now, self.done);
+        self.completion.control().end(self.side, self.at, now, self.done);
+        tracing::debug!(
+            side = ?self.side,
+            seconds = now.duration_since(self.at).as_secs_f64(),
+            done = self.done,
+            "shard ended"
+        );
     }
 }
 
 /// Where a shard request's ops run: what to ask the server, and the guards that count it.
 pub(crate) struct Placed {
     pub deferral: Deferral,
-    /// Counts the stream against the client's room while it may arrive un-reduced.
-    pub tentative: Option<Active>,
     /// The adapted split's account of the shard.
     pub dealt: Option<Dealt>,
 }
@@ -221,7 +146,6 @@ impl Completion {
     ) -> Self {
         Self {
             placement,
-            active: Default::default(),
             ops,
             schema,
             resources,
@@ -263,44 +187,47 @@ impl Completion {
         }
     }
 
-    /// What to ask of the server for the shard at `position`: the deferral, a guard that
-    /// counts the shard against this client's room while it may arrive un-reduced (until
-    /// its stream shows it did not, or, when it did, until it ends), and, when adapting, the
-    /// split's account of it.
+    /// What to ask of the server for the shard at `position`: the deferral and, when
+    /// adapting, the split's account of it.
     pub(crate) fn deferral_for(self: &Arc<Self>, position: u64) -> Placed {
         if self.ops.is_empty() {
             return Placed {
                 deferral: Deferral::Never,
-                tentative: None,
                 dealt: None,
             };
         }
-        // Two streams per core: one being completed, one arriving behind it.
-        let room = self.active.load(Ordering::Relaxed) < 2 * self.placement.cores.max(1);
-        let dealt = self.placement.adaptive.then(|| Dealt {
-            completion: Arc::clone(self),
-            side: self.control().deal(Instant::now()),
-            done: false,
-        });
+        let dealt = self.placement.adaptive.then(|| self.deal(position));
         let clients = match &dealt {
             Some(d) => d.side == Side::Client,
             None => self.placement.is_clients(position) && self.consumer_waiting.load(Ordering::Relaxed),
         };
-        let deferral = match (clients, self.placement.adaptive, room) {
-            (true, ..) => Deferral::Always { from: 0 },
-            // Adapted: the server's shards come here while this client has room and the
-            // server's cores are taken.
-            (false, true, true) => Deferral::IfBusy { from: 0 },
-            (false, ..) => Deferral::Never,
+        let deferral = if clients {
+            Deferral::Always { from: 0 }
+        } else {
+            Deferral::Never
         };
-        let tentative = (deferral != Deferral::Never).then(|| {
-            self.active.fetch_add(1, Ordering::Relaxed);
-            Active(Arc::clone(self))
-        });
-        Placed {
-            deferral,
-            tentative,
-            dealt,
+        Placed { deferral, dealt }
+    }
+
+    /// The adapted split's choice for the shard at `position`, traced with its reason.
+    fn deal(self: &Arc<Self>, position: u64) -> Dealt {
+        let now = Instant::now();
+        let mut control = self.control();
+        let (side, reason) = control.deal(now);
+        tracing::debug!(
+            position,
+            ?side,
+            ?reason,
+            server_in_flight = control.sides[Side::Server as usize].in_flight,
+            client_in_flight = control.sides[Side::Client as usize].in_flight,
+            server_latency_s = control.server_latency().map(|l| l.as_secs_f64()),
+            "shard dealt"
+        );
+        Dealt {
+            completion: Arc::clone(self),
+            side,
+            at: now,
+            done: false,
         }
     }
 
@@ -363,19 +290,8 @@ impl Completion {
     }
 }
 
-/// A stream that may arrive, or arrives, un-reduced (see [`Completion::deferral_for`]).
-pub(crate) struct Active(Arc<Completion>);
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::time::Duration;
 
     use super::*;
 
@@ -428,78 +344,5 @@ mod tests {
         assert_eq!(deferred(&completion), 0, "not waiting: every shard on the server");
         completion.set_consumer_waiting(true);
         assert_eq!(deferred(&completion), 10, "waiting again: the split's half");
-    }
-
-    /// Two ends serving shards one at a time in the order dealt, `server` and `client` apart;
-    /// `window` shards in flight; returns the share of the second half of `shards` dealt to
-    /// the server (once the rates are known).
-    fn simulate(server: Duration, client: Duration, window: usize, shards: usize) -> f64 {
-        let start = Instant::now();
-        let mut control = Control::default();
-        let service = [server, client];
-        // Each end's queue: when the shard at its head is done.
-        let mut queues: [VecDeque<()>; 2] = Default::default();
-        let mut busy_until = [start; 2];
-        let mut now = start;
-        let (mut dealt, mut late_server) = (0, 0);
-        while dealt < shards || queues.iter().any(|q| !q.is_empty()) {
-            while dealt < shards && queues.iter().map(VecDeque::len).sum::<usize>() < window {
-                let side = control.deal(now);
-                if queues[side as usize].is_empty() {
-                    busy_until[side as usize] = now + service[side as usize];
-                }
-                queues[side as usize].push_back(());
-                dealt += 1;
-                if side == Side::Server && dealt > shards / 2 {
-                    late_server += 1;
-                }
-            }
-            // The next end to finish a shard.
-            let side = (0..2)
-                .filter(|&s| !queues[s].is_empty())
-                .min_by_key(|&s| busy_until[s])
-                .expect("a shard in flight");
-            now = busy_until[side];
-            queues[side].pop_front();
-            control.sides[side].end(now, true);
-            busy_until[side] = now + service[side];
-        }
-        late_server as f64 / (shards - shards / 2) as f64
-    }
-
-    #[test]
-    fn adapting_deals_shards_by_the_rate_each_end_delivers() {
-        let ms = Duration::from_millis;
-        // Equal ends: half each.
-        let late = simulate(ms(10), ms(10), 16, 400);
-        assert!((late - 0.5).abs() < 0.05, "equal ends: {late}");
-        // A server twice as fast (or a trainer's cores half taken): two thirds to the server.
-        let late = simulate(ms(10), ms(20), 16, 400);
-        assert!((late - 2.0 / 3.0).abs() < 0.05, "server twice as fast: {late}");
-        // A server shared by three trainers delivers a third as fast: a quarter to it.
-        let late = simulate(ms(30), ms(10), 16, 400);
-        assert!((late - 0.25).abs() < 0.05, "a shared server: {late}");
-    }
-
-    #[test]
-    fn until_both_ends_finish_a_shard_they_take_turns() {
-        let mut control = Control::default();
-        let now = Instant::now();
-        let sides: Vec<Side> = (0..6).map(|_| control.deal(now)).collect();
-        assert_eq!(
-            sides,
-            [
-                Side::Server,
-                Side::Client,
-                Side::Server,
-                Side::Client,
-                Side::Server,
-                Side::Client
-            ]
-        );
-        assert_eq!(control.sides[0].in_flight, 3);
-        // A shard that did not finish (a failed stream) is no rate.
-        control.sides[0].end(now + Duration::from_millis(5), false);
-        assert_eq!(control.sides[0].rate(now + Duration::from_millis(5)), None);
     }
 }

@@ -17,15 +17,16 @@
 //! with a seed the delivered sequence is reproducible.
 //!
 //! Layers, each importing only those above it: `error`; `connect` (options, message sizes);
-//! `fleet` (connections, ranking of holders); `completion` and `tune` (the shared
-//! completion and the streams-in-flight tuner); `stream` (shard streams, holding the
-//! fleet); `client` ([`PushdownClient`]); `steps` and `plan` (client ops, costed
-//! placement); `order` (the sample order: pure, no I/O, no runtime); `loader` and `run` on
+//! `fleet` (connections, ranking of holders); `control` (the adaptive split's control loop:
+//! pure, no I/O); `completion` and `tune` (the shared completion and the streams-in-flight
+//! tuner); `stream` (shard streams, holding the fleet); `client` ([`PushdownClient`]);
+//! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime); `loader` and `run` on
 //! top. This root only documents and re-exports.
 
 mod client;
 mod completion;
 mod connect;
+mod control;
 mod error;
 mod fleet;
 mod loader;

@@ -131,12 +131,11 @@ pub enum Push {
     /// The first `first` ops on the server for `server_fraction` of the shards; the other
     /// shards arrive un-reduced and this client runs those ops. Not adapted.
     Split { first: usize, server_fraction: f64 },
-    /// The first `k` ops, each shard's placed when it is requested: on the end expected to
-    /// finish it first at the rates the server and this client have delivered shards so
-    /// far (a server shared with other trainers delivers fewer and gets fewer), and left to
-    /// this client by a server whose cores are taken while this client has room. On one
-    /// trainer it measures within a few percent of the planned split (benches/RESULTS.md,
-    /// "Split placement") with no plan.
+    /// The first `k` ops, each shard's placed when it is requested, with no plan: at most
+    /// two shards at once on the server (a shared server's cores are divided equally among
+    /// its trainers), none there while the server's shards lately took longer than this
+    /// client's queue would, and every other shard completed by this client. See
+    /// benches/RESULTS.md, "Split placement" and "One server core shared by 3 trainers".
     Adaptive(usize),
 }
 

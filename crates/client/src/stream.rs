@@ -517,19 +517,19 @@ impl EndpointRun {
                 });
             };
             // Where this shard's ops run is asked anew on each request (a resumed stream too).
-            let (deferral, tentative, mut dealt) = match &self.completion {
+            let (deferral, mut dealt) = match &self.completion {
                 Some(c) => {
                     let placed = c.deferral_for(self.position);
-                    (Some(placed.deferral), placed.tentative, placed.dealt)
+                    (Some(placed.deferral), placed.dealt)
                 }
-                None => (None, None, None),
+                None => (None, None),
             };
             let bytes = self.request(deferral);
             if !self.tried.contains(&node.url) {
                 self.tried.push(node.url.clone());
             }
             let before = self.delivered;
-            let outcome = self.fetch_from(&node, bytes, tentative, dealt.as_mut()).await;
+            let outcome = self.fetch_from(&node, bytes, dealt.as_mut()).await;
             let status = match outcome {
                 Ok(()) => return self.ended_cleanly(&node, dealt.as_mut()),
                 Err(Fetch::ConsumerGone) => return,
@@ -582,7 +582,6 @@ impl EndpointRun {
         &mut self,
         node: &Arc<Node>,
         bytes: bytes::Bytes,
-        tentative: Option<crate::completion::Active>,
         dealt: Option<&mut crate::completion::Dealt>,
     ) -> Result<(), Fetch> {
         let _busy = node.busy();
@@ -598,7 +597,6 @@ impl EndpointRun {
                 expect_trailer: self.expect_trailer,
                 stall: self.options.stall_timeout,
                 completion: self.completion.as_ref(),
-                tentative,
                 dealt,
             },
         )
@@ -714,8 +712,6 @@ struct Progress<'a> {
     /// Longest wait for the next message.
     stall: Duration,
     completion: Option<&'a Arc<Completion>>,
-    /// Counts this stream against the client's room while it may arrive un-reduced.
-    tentative: Option<crate::completion::Active>,
     /// The adapted split's account of the shard.
     dealt: Option<&'a mut crate::completion::Dealt>,
 }
@@ -735,8 +731,6 @@ async fn fetch(
     totals: &Arc<Mutex<StreamTotals>>,
     mut progress: Progress<'_>,
 ) -> Result<(), Fetch> {
-    // `progress.tentative` is held while this stream may arrive, or arrives, un-reduced: the
-    // client's room for more.
     if progress.done() {
         return Ok(());
     }
@@ -861,15 +855,11 @@ impl Progress<'_> {
 
     /// Accounts for where the stream's ops run (`from`: the first it left to this client).
     fn account_placement(&mut self, from: Option<usize>) {
-        match (from, self.completion) {
-            (None, _) => drop(self.tentative.take()),
-            (Some(_), Some(c)) => {
-                c.stream_started();
-                if let Some(d) = self.dealt.as_deref_mut() {
-                    d.left_to_client();
-                }
+        if let (Some(_), Some(c)) = (from, self.completion) {
+            c.stream_started();
+            if let Some(d) = self.dealt.as_deref_mut() {
+                d.left_to_client();
             }
-            (Some(_), None) => {}
         }
     }
 

@@ -1,0 +1,155 @@
+//! The adaptive split's control loop: which end runs a shard's fragment ops, decided when
+//! the shard is requested. Pure: the caller passes the time; no I/O, no runtime.
+//!
+//! A server is shared. It runs the streams it reduces side by side (its cores go round the
+//! streams computing now), so a shard's time there grows with every stream any trainer
+//! keeps on it, and a trainer consumes shards in order: one slow server shard at the head
+//! holds every shard behind it. The first version dealt each shard to the end whose rate
+//! promised to finish it first; on a server shared by three trainers each piled shards
+//! there as fast as the server's rate seemed to allow, every server shard slowed down, and
+//! the trainers' own cores idled behind them (measured: 0.82× the best static placement;
+//! 0.57× on a 16-core machine).
+//!
+//! The rule now: each shard goes to the end expected to finish it first, with each end's
+//! time measured as what it is, not as a rate:
+//! * **The server in rounds of [`SERVER_SHARDS`].** A shard there takes the latency the
+//!   server's shards have had lately (request to last row: it already counts every other
+//!   trainer's streams), once for each round of two shards this trainer has there ahead
+//!   of it. Two are enough to keep a server busy (one being reduced, one behind it; a lone
+//!   stream decodes on every free core), and every shard beyond them costs this trainer a
+//!   whole round, so a trainer keeps about two there while its own cores are as fast, and
+//!   a server's cores are divided about equally among the trainers sharing it, with no
+//!   trainer reacting to the others' rates. A server that measured slow (shared widely)
+//!   gets fewer; a fast one more.
+//! * **This client in order.** Its cores complete un-reduced shards in arrival order: the
+//!   shards it has in flight and this one, at the rate it has delivered them.
+//! * **Starting**, until both are measured: the server's first round, then this client.
+//!
+//! Which end runs a shard never changes its rows: the sequence is the fault-free static one.
+
+use std::time::{Duration, Instant};
+
+/// Shards a server is given per round (see the module docs).
+pub const SERVER_SHARDS: u64 = 2;
+
+/// Weight of the newest server latency in its running average: it follows load changes
+/// (trainers joining, leaving) within a few shards, while one slow shard moves it a third.
+const LATENCY_WEIGHT: f64 = 0.3;
+
+/// Which end a shard stream's ops run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Server = 0,
+    Client = 1,
+}
+
+/// The run-time split (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Control {
+    pub(crate) sides: [SideLoad; 2],
+    /// Running average of how long a server shard took, from request to last row.
+    server_latency: Option<Duration>,
+}
+
+/// One end's shards in flight and what it has delivered.
+#[derive(Debug, Default)]
+pub(crate) struct SideLoad {
+    pub(crate) in_flight: u64,
+    pub(crate) done: u64,
+    /// Time with shards in flight: closed periods, and the open one.
+    busy: Duration,
+    busy_since: Option<Instant>,
+}
+
+impl SideLoad {
+    fn start(&mut self, now: Instant) {
+        if self.in_flight == 0 {
+            self.busy_since = Some(now);
+        }
+        self.in_flight += 1;
+    }
+
+    fn end(&mut self, now: Instant, done: bool) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.done += u64::from(done);
+        if self.in_flight == 0
+            && let Some(since) = self.busy_since.take()
+        {
+            self.busy += now.duration_since(since);
+        }
+    }
+
+    /// Shards a second while it had any in flight; none until it has finished one.
+    pub(crate) fn rate(&self, now: Instant) -> Option<f64> {
+        let busy = self.busy
+            + self
+                .busy_since
+                .map_or_else(Default::default, |s| now.duration_since(s));
+        (self.done > 0).then(|| self.done as f64 / busy.as_secs_f64().max(1e-6))
+    }
+
+    /// Seconds from now until a shard given now would be done, its queue served in order.
+    fn finish(&self, rate: f64) -> f64 {
+        (self.in_flight + 1) as f64 / rate
+    }
+}
+
+/// Why [`Control::deal`] chose a side: for the trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Reason {
+    /// Before both ends are measured: the server's first round, then this client.
+    Starting,
+    /// Expected to finish first there: seconds from now on the server (its recent latency
+    /// for each round of [`SERVER_SHARDS`] ahead of the shard) and here (this client's queue
+    /// and the shard at its rate).
+    Sooner { server_s: f64, client_s: f64 },
+}
+
+impl Control {
+    /// The end the next shard goes to, counted in flight there from `now`.
+    pub(crate) fn deal(&mut self, now: Instant) -> (Side, Reason) {
+        let [server, client] = &self.sides;
+        let (side, reason) = match (self.server_latency, client.rate(now)) {
+            (Some(latency), Some(rate)) => {
+                let rounds = ((server.in_flight + 1) as f64 / SERVER_SHARDS as f64).ceil();
+                let (server_s, client_s) = (latency.as_secs_f64() * rounds, client.finish(rate));
+                let side = if server_s <= client_s {
+                    Side::Server
+                } else {
+                    Side::Client
+                };
+                (side, Reason::Sooner { server_s, client_s })
+            }
+            _ if server.in_flight < SERVER_SHARDS => (Side::Server, Reason::Starting),
+            _ => (Side::Client, Reason::Starting),
+        };
+        self.sides[side as usize].start(now);
+        (side, reason)
+    }
+
+    /// A shard dealt at `dealt` left `side` at `now`: delivered whole (`done`) or failed.
+    pub(crate) fn end(&mut self, side: Side, dealt: Instant, now: Instant, done: bool) {
+        self.sides[side as usize].end(now, done);
+        if side == Side::Server && done {
+            let latency = now.duration_since(dealt);
+            self.server_latency = Some(match self.server_latency {
+                None => latency,
+                Some(avg) => avg.mul_f64(1.0 - LATENCY_WEIGHT) + latency.mul_f64(LATENCY_WEIGHT),
+            });
+        }
+    }
+
+    /// A shard dealt to the server came back un-reduced: this client completes it.
+    pub(crate) fn moved_to_client(&mut self, now: Instant) {
+        self.sides[Side::Server as usize].end(now, false);
+        self.sides[Side::Client as usize].start(now);
+    }
+
+    /// The server latency the rule compares against, when one was measured.
+    pub(crate) fn server_latency(&self) -> Option<Duration> {
+        self.server_latency
+    }
+}
+
+#[cfg(test)]
+mod tests;

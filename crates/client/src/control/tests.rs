@@ -1,0 +1,420 @@
+//! The control loop against a simulated shared server: a discrete-event model of one
+//! server whose cores go round the streams it serves (processor sharing; one stream alone
+//! decodes on every core, as the server's does) and trainers that
+//! each complete un-reduced shards on a core of their own, in arrival order, and consume
+//! shards in sequence order through a window of streams in flight, as the loader does.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Seconds of work per shard.
+#[derive(Clone, Copy)]
+struct Costs {
+    /// The server reducing a shard (its ops).
+    server_ops: f64,
+    /// The server reading and sending any shard, reduced or not.
+    server_read: f64,
+    /// A trainer running a shard's ops.
+    client_ops: f64,
+    /// A trainer receiving any shard (and its own random steps).
+    client_read: f64,
+}
+
+const COSTS: Costs = Costs {
+    server_ops: 0.5,
+    server_read: 0.04,
+    client_ops: 0.5,
+    client_read: 0.03,
+};
+
+/// Streams in flight per trainer, and shards held (in flight or finished, not consumed).
+const WINDOW: usize = 16;
+const HELD: usize = 32;
+
+#[derive(Clone, Copy, Debug)]
+enum Policy {
+    Adaptive,
+    /// Every shard whose position the static split deals to the server.
+    Static(f64),
+}
+
+struct Trainer {
+    policy: Policy,
+    control: Control,
+    next: usize,
+    /// Shards requested and not yet complete: their side and when they were dealt.
+    in_flight: BTreeMap<usize, (Side, f64)>,
+    finished: BTreeSet<usize>,
+    consumed: usize,
+    /// This trainer's core: when it is free, and shards waiting for it.
+    core_free: f64,
+    queue: VecDeque<(usize, f64)>,
+    on_server: usize,
+    done_at: f64,
+    /// Server shards dealt in each window of [`WINDOW`] positions.
+    server_by_window: Vec<usize>,
+}
+
+struct Sim {
+    costs: Costs,
+    /// Server cores, and the work left of each stream on it: (trainer, position, side).
+    server_cores: f64,
+    server: Vec<(usize, usize, Side, f64)>,
+    trainers: Vec<Trainer>,
+    now: f64,
+    base: Instant,
+    shards: usize,
+}
+
+impl Sim {
+    fn new(costs: Costs, server_cores: f64, policies: &[Policy], shards: usize) -> Self {
+        let trainers = policies
+            .iter()
+            .map(|&policy| Trainer {
+                policy,
+                control: Control::default(),
+                next: 0,
+                in_flight: BTreeMap::new(),
+                finished: BTreeSet::new(),
+                consumed: 0,
+                core_free: 0.0,
+                queue: VecDeque::new(),
+                on_server: 0,
+                done_at: f64::NAN,
+                server_by_window: vec![0; shards.div_ceil(WINDOW)],
+            })
+            .collect();
+        Sim {
+            costs,
+            server_cores,
+            server: Vec::new(),
+            trainers,
+            now: 0.0,
+            base: Instant::now(),
+            shards,
+        }
+    }
+
+    fn at(&self, t: f64) -> Instant {
+        self.base + Duration::from_secs_f64(t)
+    }
+
+    /// Opens streams while trainer `k`'s window allows.
+    fn request(&mut self, k: usize) {
+        loop {
+            let now = self.at(self.now);
+            let t = &mut self.trainers[k];
+            let held = t.in_flight.len() + t.finished.len();
+            if t.next >= self.shards || t.in_flight.len() >= WINDOW || held >= HELD {
+                return;
+            }
+            let position = t.next;
+            t.next += 1;
+            let side = match t.policy {
+                Policy::Adaptive => t.control.deal(now).0,
+                Policy::Static(fraction) => {
+                    let placement = crate::completion::ShardPlacement {
+                        server_fraction: fraction,
+                        adaptive: false,
+                        cores: 1,
+                    };
+                    if placement.is_clients(position as u64) {
+                        Side::Client
+                    } else {
+                        Side::Server
+                    }
+                }
+            };
+            if side == Side::Server {
+                t.on_server += 1;
+                t.server_by_window[position / WINDOW] += 1;
+            }
+            t.in_flight.insert(position, (side, self.now));
+            let work = self.costs.server_read
+                + if side == Side::Server {
+                    self.costs.server_ops
+                } else {
+                    0.0
+                };
+            self.server.push((k, position, side, work));
+        }
+    }
+
+    /// Seconds until the server's next stream is sent, and which.
+    fn server_next(&self) -> Option<(f64, usize)> {
+        let share = self.server_cores / self.server.len() as f64;
+        self.server
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.3 / share, i))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
+    fn advance_server(&mut self, dt: f64) {
+        if self.server.is_empty() {
+            return;
+        }
+        let share = self.server_cores / self.server.len() as f64;
+        for s in &mut self.server {
+            s.3 -= dt * share;
+        }
+    }
+
+    /// The trainer whose core finishes a shard next.
+    fn client_next(&self) -> Option<(f64, usize)> {
+        self.trainers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.queue.is_empty())
+            .map(|(k, t)| (t.core_free, k))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
+    fn run(mut self) -> Outcome {
+        for k in 0..self.trainers.len() {
+            self.request(k);
+        }
+        loop {
+            let server = self.server_next().map(|(dt, i)| (self.now + dt, i));
+            let client = self.client_next();
+            let server_first = match (server, client) {
+                (Some((ts, _)), Some((tc, _))) => ts < tc,
+                (s, _) => s.is_some(),
+            };
+            match (server, client) {
+                (Some((ts, i)), _) if server_first => {
+                    self.advance_server(ts - self.now);
+                    self.now = ts;
+                    let (k, position, side, _) = self.server.swap_remove(i);
+                    self.arrive(k, position, side);
+                }
+                (_, Some((tc, k))) => {
+                    self.advance_server(tc - self.now);
+                    self.now = tc;
+                    self.complete(k);
+                }
+                _ => break,
+            }
+        }
+        Outcome::of(&self)
+    }
+
+    /// Shard `position` of trainer `k` was sent: a reduced one is delivered as it is
+    /// received (its receiving takes the trainer's core that long from what it is
+    /// completing); an un-reduced one waits for the core, in arrival order.
+    fn arrive(&mut self, k: usize, position: usize, side: Side) {
+        let t = &mut self.trainers[k];
+        if side == Side::Server {
+            if !t.queue.is_empty() {
+                t.core_free += self.costs.client_read;
+            }
+            self.deliver(k, position);
+        } else {
+            let work = self.costs.client_read + self.costs.client_ops;
+            if t.queue.is_empty() {
+                t.core_free = t.core_free.max(self.now) + work;
+            }
+            t.queue.push_back((position, work));
+        }
+    }
+
+    /// Trainer `k`'s core finished the shard at its queue's head.
+    fn complete(&mut self, k: usize) {
+        let t = &mut self.trainers[k];
+        let (position, _) = t.queue.pop_front().expect("a shard on the core");
+        if let Some(&(_, work)) = t.queue.front() {
+            t.core_free = self.now + work;
+        }
+        self.deliver(k, position);
+    }
+
+    /// Every row of trainer `k`'s shard `position` is delivered.
+    fn deliver(&mut self, k: usize, position: usize) {
+        let now = self.at(self.now);
+        let base = self.base;
+        let t = &mut self.trainers[k];
+        let (side, dealt) = t.in_flight.remove(&position).expect("in flight");
+        if let Policy::Adaptive = t.policy {
+            t.control
+                .end(side, base + Duration::from_secs_f64(dealt), now, true);
+        }
+        t.finished.insert(position);
+        while t.finished.remove(&t.consumed) {
+            t.consumed += 1;
+        }
+        if t.consumed == self.shards {
+            t.done_at = self.now;
+        }
+        self.request(k);
+    }
+}
+
+#[derive(Debug)]
+struct Outcome {
+    /// Shards a second, all trainers, over the time until the last finished.
+    total: f64,
+    /// Each trainer's share of its shards reduced by the server.
+    server_share: Vec<f64>,
+    /// Per trainer, the server's shards in each window of positions after the first quarter.
+    late_windows: Vec<Vec<usize>>,
+}
+
+impl Outcome {
+    fn of(sim: &Sim) -> Self {
+        let end = sim.trainers.iter().map(|t| t.done_at).fold(0.0, f64::max);
+        assert!(end.is_finite() && end > 0.0, "every trainer finished");
+        let quarter = sim.shards.div_ceil(WINDOW) / 4;
+        Outcome {
+            total: (sim.trainers.len() * sim.shards) as f64 / end,
+            server_share: sim
+                .trainers
+                .iter()
+                .map(|t| t.on_server as f64 / sim.shards as f64)
+                .collect(),
+            late_windows: sim
+                .trainers
+                .iter()
+                .map(|t| t.server_by_window[quarter..t.server_by_window.len() - 1].to_vec())
+                .collect(),
+        }
+    }
+}
+
+fn run(costs: Costs, server_cores: f64, trainers: usize, policy: Policy) -> Outcome {
+    Sim::new(costs, server_cores, &vec![policy; trainers], 256).run()
+}
+
+/// The best static placement chosen with hindsight: whole placements and quarter splits.
+fn best_static(costs: Costs, server_cores: f64, trainers: usize) -> (f64, f64) {
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+        .into_iter()
+        .map(|f| (run(costs, server_cores, trainers, Policy::Static(f)).total, f))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("placements")
+}
+
+#[test]
+fn three_trainers_divide_a_shared_server_and_keep_their_own_cores_busy() {
+    let adaptive = run(COSTS, 1.0, 3, Policy::Adaptive);
+    let (best, fraction) = best_static(COSTS, 1.0, 3);
+    // Each trainer, planning alone with ends of equal speed, splits half and half.
+    let alone = run(COSTS, 1.0, 3, Policy::Static(0.5)).total;
+    assert!(
+        adaptive.total >= 0.95 * best,
+        "adaptive {:.3} shards/s against the best static ({fraction} on the server) {best:.3}",
+        adaptive.total
+    );
+    assert!(
+        adaptive.total >= 1.3 * alone,
+        "adaptive {:.3} against the plan made alone {alone:.3}",
+        adaptive.total
+    );
+    // Four cores of equal speed, less the server reading every shard: the bound.
+    let bound = 4.0 / (COSTS.client_ops + COSTS.client_read + COSTS.server_read);
+    assert!(
+        adaptive.total >= 0.85 * bound,
+        "{adaptive:?} against the bound {bound:.3}"
+    );
+    // Divided equally: every trainer's server share within a fifth of the others'.
+    let mean = adaptive.server_share.iter().sum::<f64>() / 3.0;
+    for share in &adaptive.server_share {
+        assert!((share - mean).abs() <= 0.2 * mean, "{adaptive:?}");
+    }
+}
+
+#[test]
+fn the_split_settles_without_oscillating() {
+    let adaptive = run(COSTS, 1.0, 3, Policy::Adaptive);
+    // After the first quarter, every window of 16 positions gives the server about the same
+    // number of shards: no swings between the ends as trainers react to each other.
+    for windows in &adaptive.late_windows {
+        let (lo, hi) = (windows.iter().min().unwrap(), windows.iter().max().unwrap());
+        assert!(hi - lo <= 2, "server shards per window of {WINDOW}: {windows:?}");
+    }
+}
+
+#[test]
+fn a_lone_trainer_uses_both_ends() {
+    // (costs, server cores, what, the share of the best static placement it must reach)
+    for (costs, server_cores, what, floor) in [
+        (COSTS, 1.0, "equal ends", 0.95),
+        // The shards this client keeps come in order with the server's: while a slow one is
+        // completed here the faster end runs ahead until the window of held shards is full.
+        (COSTS, 4.0, "a server of four cores", 0.85),
+        (
+            Costs {
+                client_ops: 2.0,
+                ..COSTS
+            },
+            1.0,
+            "a trainer a quarter as fast",
+            0.9,
+        ),
+    ] {
+        let adaptive = run(costs, server_cores, 1, Policy::Adaptive);
+        let (best, fraction) = best_static(costs, server_cores, 1);
+        assert!(
+            adaptive.total >= floor * best,
+            "{what}: adaptive {:.3} against static {fraction} {best:.3}",
+            adaptive.total
+        );
+    }
+}
+
+#[test]
+fn a_widely_shared_server_gets_what_it_can_finish_in_time() {
+    // Eight trainers on one server core: the server's share of each trainer is small, and
+    // its shards must not hold up the trainers' own.
+    let adaptive = run(COSTS, 1.0, 8, Policy::Adaptive);
+    let (best, fraction) = best_static(COSTS, 1.0, 8);
+    assert!(
+        adaptive.total >= 0.95 * best,
+        "adaptive {:.3} against static {fraction} {best:.3}",
+        adaptive.total
+    );
+}
+
+#[test]
+fn until_both_ends_are_measured_the_server_gets_its_first_round() {
+    let mut control = Control::default();
+    let now = Instant::now();
+    let sides: Vec<Side> = (0..4).map(|_| control.deal(now).0).collect();
+    use Side::{Client, Server};
+    assert_eq!(sides, [Server, Server, Client, Client]);
+    assert_eq!(control.sides[0].in_flight, SERVER_SHARDS);
+    // A shard that did not finish (a failed stream) is no latency.
+    control.end(Server, now, now + Duration::from_millis(5), false);
+    assert_eq!(control.server_latency(), None);
+    assert_eq!(control.deal(now).0, Server, "its place is free again");
+}
+
+#[test]
+fn each_end_is_given_what_it_would_finish_first() {
+    let mut control = Control::default();
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let sides: Vec<Side> = (0..3).map(|_| control.deal(t0).0).collect();
+    assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
+    // This client finishes a shard a second; the server took 10 s each.
+    control.end(Side::Client, t0, t0 + s(1), true);
+    control.end(Side::Server, t0, t0 + s(10), true);
+    control.end(Side::Server, t0, t0 + s(10), true);
+    assert_eq!(control.server_latency(), Some(s(10)));
+    let now = t0 + s(10);
+    let (side, reason) = control.deal(now);
+    assert_eq!(side, Side::Client);
+    assert_eq!(
+        reason,
+        Reason::Sooner {
+            server_s: 10.0,
+            client_s: 1.0
+        }
+    );
+    // Ten shards queued here take as long as one round there: the next two go there, and
+    // the next round's only once this client's queue is two rounds long.
+    let sides: Vec<Side> = (0..30).map(|_| control.deal(now).0).collect();
+    let server: Vec<usize> = (0..30).filter(|&i| sides[i] == Side::Server).collect();
+    assert_eq!(server, [8, 9, 20, 21], "{sides:?}");
+}
