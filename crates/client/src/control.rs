@@ -97,6 +97,9 @@ impl SideLoad {
 /// Why [`Control::deal`] chose a side: for the trace.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Reason {
+    /// The server had none of this trainer's shards: one always goes there, so its
+    /// latency stays measured (a server once slow is not left idle for good).
+    Probe,
     /// Before both ends are measured: the server's first round, then this client.
     Starting,
     /// Expected to finish first there: seconds from now on the server (its recent latency
@@ -110,6 +113,8 @@ impl Control {
     pub(crate) fn deal(&mut self, now: Instant) -> (Side, Reason) {
         let [server, client] = &self.sides;
         let (side, reason) = match (self.server_latency, client.rate(now)) {
+            // One shard always on the server: its share, and a latency kept current.
+            _ if server.in_flight == 0 => (Side::Server, Reason::Probe),
             (Some(latency), Some(rate)) => {
                 let rounds = ((server.in_flight + 1) as f64 / SERVER_SHARDS as f64).ceil();
                 let (server_s, client_s) = (latency.as_secs_f64() * rounds, client.finish(rate));

@@ -397,9 +397,9 @@ fn each_end_is_given_what_it_would_finish_first() {
     let s = Duration::from_secs;
     let sides: Vec<Side> = (0..3).map(|_| control.deal(t0).0).collect();
     assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
-    // This client finishes a shard a second; the server took 10 s each.
+    // This client finishes a shard a second; the server took 10 s for one, and has the
+    // other still.
     control.end(Side::Client, t0, t0 + s(1), true);
-    control.end(Side::Server, t0, t0 + s(10), true);
     control.end(Side::Server, t0, t0 + s(10), true);
     assert_eq!(control.server_latency(), Some(s(10)));
     let now = t0 + s(10);
@@ -412,9 +412,28 @@ fn each_end_is_given_what_it_would_finish_first() {
             client_s: 1.0
         }
     );
-    // Ten shards queued here take as long as one round there: the next two go there, and
-    // the next round's only once this client's queue is two rounds long.
+    // A round there (10 s) is ten shards here: the server's second slot goes when this
+    // client's queue and the shard take 10 s, the next round's two at 20 s.
     let sides: Vec<Side> = (0..30).map(|_| control.deal(now).0).collect();
     let server: Vec<usize> = (0..30).filter(|&i| sides[i] == Side::Server).collect();
-    assert_eq!(server, [8, 9, 20, 21], "{sides:?}");
+    assert_eq!(server, [8, 19, 20], "{sides:?}");
+}
+
+#[test]
+fn a_server_with_none_of_the_shards_always_gets_one() {
+    let mut control = Control::default();
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let sides: Vec<Side> = (0..3).map(|_| control.deal(t0).0).collect();
+    assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
+    // Once very slow (100 s a shard, this client 1 s): the server still gets one shard at
+    // a time, so its latency is measured again when its load falls.
+    control.end(Side::Client, t0, t0 + s(1), true);
+    control.end(Side::Server, t0, t0 + s(100), true);
+    control.end(Side::Server, t0, t0 + s(100), true);
+    let now = t0 + s(100);
+    assert_eq!(control.deal(now), (Side::Server, Reason::Probe));
+    assert_eq!(control.deal(now).0, Side::Client);
+    control.end(Side::Server, now, now + s(1), true);
+    assert!(control.server_latency().unwrap() < s(100), "measured again");
 }
