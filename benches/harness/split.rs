@@ -4,9 +4,10 @@
 //! placements run at one core's decoding speed; a split decodes on both at once.
 //!
 //! Cells: the op wholly on the server, wholly on the trainer, the planner's choice (its
-//! split), and adaptive placement (each shard to the end expected to finish it first, at the
-//! rates both ends delivered so far; no plan). Each cell runs `pushdown run` over
-//! `PUSHDOWN_EPOCHS` epochs (default 8), again until ≥ 1.5 s; the best of the reps.
+//! split), and adaptive placement (each shard to the end expected to finish it first, the
+//! server timed by its recent latency, the trainer by its queue; no plan). Each cell runs
+//! `pushdown run` over `PUSHDOWN_EPOCHS` epochs (default 8), again until ≥ 1.5 s; the best
+//! of the reps.
 
 use std::time::Instant;
 
@@ -106,8 +107,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             Some(costed.chosen.estimated_rows_per_s),
         ),
         (
-            "adaptive (each shard to the end expected to finish it first, at the rates measured so far)"
-                .into(),
+            "adaptive (each shard to the end expected to finish it first, as measured so far)".into(),
             Push::Adaptive(1),
             None,
         ),
