@@ -28,7 +28,7 @@ use pushdown_client::{Link, LoaderOptions, LoaderSource, Prepared, PushdownClien
 use pushdown_protocol::Compression;
 
 use crate::process::{ServerProcess, cpu_seconds};
-use crate::{Datasets, Options, link, machine};
+use crate::{Datasets, Options, bounded, link, machine, row};
 
 const CPU_SQL: &str = "SELECT id, label, decode_resize(image, 64, 64) AS pixels FROM images";
 const LINK_SQL: &str = "SELECT id, label, image FROM images";
@@ -256,7 +256,11 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         let mut base: Option<Run> = None;
         for n in [1usize, 2, 4] {
             eprintln!("fleet: {title}: {n} server(s)");
-            let r = best(&images, n, rate, sql, reps).await?;
+            let r = bounded(
+                &format!("fleet {title}, {n} server(s)"),
+                best(&images, n, rate, sql, reps),
+            )
+            .await?;
             let b = base.get_or_insert_with(|| r.clone()).clone();
             let speedup = r.rate() / b.rate();
             let link = match rate {
@@ -266,13 +270,16 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 ),
                 None => "–".into(),
             };
-            out += &format!(
-                "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {:.0}% | {link} | {} |\n",
-                r.rate(),
-                100.0 * speedup / n as f64,
-                100.0 * r.server_cpu / (r.elapsed * n as f64),
-                100.0 * r.trainer_cpu / r.elapsed,
-                if r.ids == b.ids { "yes" } else { "**no**" },
+            row(
+                &mut out,
+                format!(
+                    "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {:.0}% | {link} | {} |\n",
+                    r.rate(),
+                    100.0 * speedup / n as f64,
+                    100.0 * r.server_cpu / (r.elapsed * n as f64),
+                    100.0 * r.trainer_cpu / r.elapsed,
+                    if r.ids == b.ids { "yes" } else { "**no**" },
+                ),
             );
         }
         out += "\n";
@@ -280,10 +287,17 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
 
     out += "### Recovery (3 link-bound servers; the fault a third of the way through the fault-free run's time)\n\n";
     out += "| fault | wall s | extra s over fault-free | extra s the lost link explains | longest wait for a batch after the fault | rows | sequence = fault-free |\n|---|---:|---:|---:|---:|---:|---|\n";
-    let clean = best(&images, 3, Some(LINK_RATE_BITS), LINK_SQL, reps).await?;
-    out += &format!(
-        "| none | {:.2} | – | – | – | {} | – |\n",
-        clean.elapsed, clean.rows
+    let clean = bounded(
+        "fleet recovery, fault-free",
+        best(&images, 3, Some(LINK_RATE_BITS), LINK_SQL, reps),
+    )
+    .await?;
+    row(
+        &mut out,
+        format!(
+            "| none | {:.2} | – | – | – | {} | – |\n",
+            clean.elapsed, clean.rows
+        ),
     );
     // After the fault, the last two thirds of the bytes cross two links instead of three:
     // T/3 longer, with no time lost to recovering at all.
@@ -293,10 +307,13 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         ("SIGSTOP one server (stall timeout 2 s)", Fault::Stall(at)),
     ] {
         eprintln!("fleet: recovery: {name}");
-        let fleet = Fleet::start(&images, 3, Some(LINK_RATE_BITS)).await?;
-        let r = run(&fleet, LINK_SQL, fault).await?;
+        let r = bounded(&format!("fleet recovery, {name}"), async {
+            let fleet = Fleet::start(&images, 3, Some(LINK_RATE_BITS)).await?;
+            run(&fleet, LINK_SQL, fault).await
+        })
+        .await?;
         let (_, gap) = r.after_fault.unwrap_or((0.0, 0.0));
-        out += &format!(
+        let line = format!(
             "| {name} | {:.2} | {:+.2} | {:+.2} | {gap:.2} s | {} | {} |\n",
             r.elapsed,
             r.elapsed - clean.elapsed,
@@ -304,6 +321,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             r.rows,
             if r.ids == clean.ids { "yes" } else { "**no**" },
         );
+        row(&mut out, line);
     }
     out += "\n";
 
@@ -315,13 +333,17 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         eprintln!("fleet: {k} trainer(s) sharing one server core");
         let cpu0 = fleet.cpu();
         let start = Instant::now();
-        let runs = futures::future::try_join_all((0..k).map(|_| run(&fleet, CPU_SQL, Fault::None))).await?;
+        let runs = bounded(
+            &format!("fleet, {k} trainer(s) sharing one server core"),
+            futures::future::try_join_all((0..k).map(|_| run(&fleet, CPU_SQL, Fault::None))),
+        )
+        .await?;
         let wall = start.elapsed().as_secs_f64();
         let rows: u64 = runs.iter().map(|r| r.rows).sum();
         let (slow, fast) = runs.iter().fold((f64::MAX, 0f64), |(lo, hi), r| {
             (lo.min(r.rate()), hi.max(r.rate()))
         });
-        out += &format!(
+        let line = format!(
             "| {k} | {:.0} | {slow:.0}–{fast:.0} | {:.0}% | {} |\n",
             rows as f64 / wall,
             100.0 * (fleet.cpu() - cpu0) / wall,
@@ -331,6 +353,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 "**no**"
             },
         );
+        row(&mut out, line);
     }
     out += "\n";
     Ok(out)

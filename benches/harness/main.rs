@@ -264,6 +264,22 @@ pub fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// `cell` within `PUSHDOWN_CELL_SECONDS` (default 180), else an error naming `what`: a suite
+/// never hangs on one cell (what the cell started is dropped, its processes killed).
+pub async fn bounded<T>(what: &str, cell: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let limit = Duration::from_secs(env_or("PUSHDOWN_CELL_SECONDS", 180) as u64);
+    tokio::time::timeout(limit, cell)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} did not finish in {limit:?} (PUSHDOWN_CELL_SECONDS)"))?
+}
+
+/// Appends a table row to `out` and prints it at once: a suite's table shows as its cells
+/// complete.
+pub fn row(out: &mut String, line: String) {
+    eprintln!("  {}", line.trim_end());
+    out.push_str(&line);
+}
+
 /// The machine's cores (not `available_parallelism`: the harness pins itself to one).
 fn cores() -> usize {
     std::fs::read_to_string("/proc/cpuinfo")
