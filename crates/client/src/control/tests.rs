@@ -390,16 +390,22 @@ fn until_both_ends_are_measured_the_server_gets_its_first_round() {
     assert_eq!(control.deal(now).0, Server, "its place is free again");
 }
 
-#[test]
-fn each_end_is_given_what_it_would_finish_first() {
+/// The server's first round and one shard here dealt at the returned time, this client
+/// having finished its shard in a second: its rate is one shard a second.
+fn measured_client() -> (Control, Instant) {
     let mut control = Control::default();
     let t0 = Instant::now();
-    let s = Duration::from_secs;
     let sides: Vec<Side> = (0..3).map(|_| control.deal(t0).0).collect();
     assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
-    // This client finishes a shard a second; the server took 10 s for one, and has the
-    // other still.
-    control.end(Side::Client, t0, t0 + s(1), true);
+    control.end(Side::Client, t0, t0 + Duration::from_secs(1), true);
+    (control, t0)
+}
+
+#[test]
+fn each_end_is_given_what_it_would_finish_first() {
+    let (mut control, t0) = measured_client();
+    let s = Duration::from_secs;
+    // The server took 10 s for one shard, and has the other still.
     control.end(Side::Server, t0, t0 + s(10), true);
     assert_eq!(control.server_latency(), Some(s(10)));
     let now = t0 + s(10);
@@ -421,14 +427,10 @@ fn each_end_is_given_what_it_would_finish_first() {
 
 #[test]
 fn a_server_with_none_of_the_shards_always_gets_one() {
-    let mut control = Control::default();
-    let t0 = Instant::now();
+    let (mut control, t0) = measured_client();
     let s = Duration::from_secs;
-    let sides: Vec<Side> = (0..3).map(|_| control.deal(t0).0).collect();
-    assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
     // Once very slow (100 s a shard, this client 1 s): the server still gets one shard at
     // a time, so its latency is measured again when its load falls.
-    control.end(Side::Client, t0, t0 + s(1), true);
     control.end(Side::Server, t0, t0 + s(100), true);
     control.end(Side::Server, t0, t0 + s(100), true);
     let now = t0 + s(100);
