@@ -375,3 +375,97 @@ async fn flight_sql_clients_list_query_and_prepare_but_never_write() {
         .expect_err("file table");
     assert!(e.to_string().contains("unknown dataset"), "{e}");
 }
+
+/// The Flight SQL front end decodes each message once and answers by its command: a
+/// malformed command is the caller's error, a command it does not serve is `Unimplemented`
+/// naming it, an action it does not serve likewise, and a `DoPut` that is not a parameter
+/// binding is refused as a write; none of them reach the `pushdown` protocol's handlers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flight_sql_messages_are_decoded_once_and_refused_by_name() {
+    use arrow_flight::sql::{Any, CommandGetPrimaryKeys, CommandStatementUpdate, ProstMessageExt};
+    use arrow_flight::{Action, FlightData, FlightDescriptor};
+    use prost::Message;
+    use tonic::Code;
+
+    let fx = fixture(None).await;
+    let mut raw = pushdown_tests::raw_client(fx.running.url()).await;
+
+    // A Flight SQL type whose value is not that message.
+    let garbage = Any {
+        type_url: CommandGetTables::type_url().into(),
+        value: vec![0xff; 7].into(),
+    };
+    let status = raw
+        .get_flight_info(FlightDescriptor::new_cmd(garbage.encode_to_vec()))
+        .await
+        .expect_err("garbage command");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(
+        status.message().contains("malformed Flight SQL command"),
+        "{status}"
+    );
+
+    let keys = CommandGetPrimaryKeys {
+        table: "images".into(),
+        ..Default::default()
+    };
+    let status = raw
+        .get_flight_info(FlightDescriptor::new_cmd(keys.as_any().encode_to_vec()))
+        .await
+        .expect_err("primary keys");
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+    assert!(status.message().contains("CommandGetPrimaryKeys"), "{status}");
+    let status = raw
+        .do_get(Ticket::new(keys.as_any().encode_to_vec()))
+        .await
+        .expect_err("primary keys ticket");
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+
+    let status = raw
+        .do_action(Action::new("BeginTransaction", Vec::new()))
+        .await
+        .expect_err("transaction");
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+    assert!(status.message().contains("BeginTransaction"), "{status}");
+    // A known action whose body is another message.
+    let status = raw
+        .do_action(Action::new(
+            "CreatePreparedStatement",
+            keys.as_any().encode_to_vec(),
+        ))
+        .await
+        .expect_err("wrong body");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(
+        status.message().contains("ActionCreatePreparedStatementRequest"),
+        "{status}"
+    );
+
+    let update = CommandStatementUpdate {
+        query: "DELETE FROM images".into(),
+        ..Default::default()
+    };
+    let put = FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_cmd(update.as_any().encode_to_vec())),
+        ..Default::default()
+    };
+    let status = raw
+        .do_put(futures::stream::iter([put]))
+        .await
+        .expect_err("update");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("only answers queries"), "{status}");
+    let ours = FlightData {
+        flight_descriptor: Some(FlightDescriptor::new_path(vec!["images".into()])),
+        ..Default::default()
+    };
+    let status = raw
+        .do_put(futures::stream::iter([ours]))
+        .await
+        .expect_err("a put of ours");
+    assert!(status.message().contains("only answers queries"), "{status}");
+
+    // The server still answers.
+    let mut sql = flight_sql(&fx, None).await;
+    assert!(!tables(&mut sql).await.is_empty());
+}

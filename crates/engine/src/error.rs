@@ -67,7 +67,16 @@ pub enum ServerError {
     Deadline(std::time::Duration),
 
     #[error("{0} is not supported by pushdown servers")]
-    Unsupported(&'static str),
+    Unsupported(std::borrow::Cow<'static, str>),
+
+    /// A protocol message from the caller that does not decode (a Flight SQL command, an
+    /// action's body).
+    #[error("malformed {what}: {source}")]
+    BadMessage {
+        what: &'static str,
+        #[source]
+        source: arrow::error::ArrowError,
+    },
 
     #[error("query failed: {0}")]
     Query(#[source] DataFusionError),
@@ -310,6 +319,7 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
         Err(
             ServerError::BadTicket(_)
             | ServerError::BadCommand(_)
+            | ServerError::BadMessage { .. }
             | ServerError::BadRequest(_)
             | ServerError::BadQuery(_)
             | ServerError::NotReadOnly(_)

@@ -1,9 +1,12 @@
 //! Flight SQL on the Flight port: SQL clients (ADBC, JDBC, pyarrow's Flight SQL users) run
 //! queries over datasets and views unmodified.
 //!
-//! Every Flight SQL message is a protobuf `Any` whose type names the Flight SQL protocol;
-//! [`PushdownService`](crate::PushdownService) hands those (and only those) to this front end, everything else keeps
-//! its own meaning. What this front end answers:
+//! Every Flight SQL message is a protobuf `Any` whose type names the Flight SQL protocol.
+//! [`PushdownService`](crate::PushdownService) asks [`FlightSql::command`] whether a
+//! descriptor or ticket is one: the bytes are decoded once into arrow-flight's
+//! [`Command`] and each RPC's handler here `match`es it (actions by their kind); everything
+//! else keeps the `pushdown` protocol's meaning. This module depends on the shared
+//! [`Context`], never on the service type. What this front end answers:
 //!
 //! * statement queries: planned exactly like a SQL command, so the answer has one endpoint
 //!   per shard and its tickets are ordinary `pushdown` tickets (read by `DoGet` as any other);
@@ -17,51 +20,53 @@
 //!
 //! The server is read-only: updates, ingestion, Substrait plans and transactions are refused.
 
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
-use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo,
-    CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
-    CommandStatementIngest, CommandStatementQuery, CommandStatementSubstraitPlan, CommandStatementUpdate,
-    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+    ActionCreatePreparedStatementResult, Any, Command, CommandPreparedStatementQuery,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, SqlSupportedTransaction,
 };
 use arrow_flight::{
-    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, PutResult, SchemaAsIpc,
+    Ticket,
 };
 use bytes::Bytes;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use pushdown_protocol::{Query, ScanRequest};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::context::Context;
 use pushdown_engine::allow::{CATALOG, SCHEMA};
 use pushdown_engine::error::{Result, ServerError};
 use pushdown_engine::prepared::{PreparedStatement, rewrite_placeholders};
 
+mod params;
+
 /// The Flight SQL front end of a [`PushdownService`](crate::PushdownService).
 #[derive(Debug, Clone)]
-pub struct FlightSql {
+pub(crate) struct FlightSql {
     ctx: Context,
 }
 
 /// The prefix of every Flight SQL message's type.
 const FLIGHT_SQL_TYPE: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 
+const CREATE_PREPARED_STATEMENT: &str = "CreatePreparedStatement";
+const CLOSE_PREPARED_STATEMENT: &str = "ClosePreparedStatement";
+
 /// Flight SQL's actions (everything else is one of ours).
 const ACTIONS: [&str; 8] = [
-    "CreatePreparedStatement",
-    "ClosePreparedStatement",
+    CREATE_PREPARED_STATEMENT,
+    CLOSE_PREPARED_STATEMENT,
     "CreatePreparedSubstraitPlan",
     "BeginTransaction",
     "EndTransaction",
@@ -70,13 +75,8 @@ const ACTIONS: [&str; 8] = [
     "CancelQuery",
 ];
 
-/// Whether `bytes` (a command or a ticket) is a Flight SQL message.
-pub fn is_flight_sql(bytes: &[u8]) -> bool {
-    Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE))
-}
-
 /// Whether an action is a Flight SQL one.
-pub fn is_flight_sql_action(kind: &str) -> bool {
+pub(crate) fn is_action(kind: &str) -> bool {
     ACTIONS.contains(&kind)
 }
 
@@ -176,7 +176,7 @@ impl FlightSql {
     fn batch_stream(
         schema: SchemaRef,
         batch: std::result::Result<RecordBatch, FlightError>,
-    ) -> Result<DoGetResponse, Status> {
+    ) -> Result<Response<Stream<FlightData>>, Status> {
         let batch = batch.map_err(Status::from)?;
         let stream = FlightDataEncoderBuilder::new()
             .with_schema(schema)
@@ -208,118 +208,6 @@ impl FlightSql {
     }
 }
 
-/// The one row of parameters that `messages` (a DoPut: schema, then record batches) bind.
-///
-/// Each message is checked, then decoded with any panic of Arrow's IPC decoder contained and
-/// turned into the caller's error: arrow-rs builds arrays before validating them and panics
-/// on some malformed headers (a field longer than its buffers; found by the mutation test in
-/// tests/tests/security.rs), and these bytes come from the client.
-fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>> {
-    let malformed = |why: String| ServerError::BadRequest(format!("parameters: {why}"));
-    let mut schema: Option<SchemaRef> = None;
-    let mut params: Option<RecordBatch> = None;
-    for data in messages.iter().filter(|d| !d.data_header.is_empty()) {
-        check_param_message(data).map_err(|e| malformed(e.to_string()))?;
-        let decoded = std::panic::catch_unwind(|| -> std::result::Result<_, String> {
-            match &schema {
-                None => Schema::try_from(data)
-                    .map(|s| (Some(Arc::new(s)), None))
-                    .map_err(|e| e.to_string()),
-                Some(schema) => {
-                    arrow_flight::utils::flight_data_to_arrow_batch(data, Arc::clone(schema), &HashMap::new())
-                        .map(|b| (None, Some(b)))
-                        .map_err(|e| e.to_string())
-                }
-            }
-        })
-        .unwrap_or_else(|_| Err("malformed Arrow IPC".into()))
-        .map_err(malformed)?;
-        match decoded {
-            (Some(s), _) => schema = Some(s),
-            (_, Some(batch)) if batch.num_rows() == 0 => {}
-            (_, Some(batch)) => {
-                if params.is_some() {
-                    return Err(ServerError::BadQuery(
-                        "a query binds one row of parameters; run it once per row".into(),
-                    ));
-                }
-                params = Some(batch);
-            }
-            (None, None) => {}
-        }
-    }
-    Ok(params)
-}
-
-/// The most messages a parameter binding may take (schema, one batch, a few empty ones).
-const MAX_PARAM_MESSAGES: usize = 16;
-
-/// A parameter message is checked before Arrow decodes it: a schema or an uncompressed
-/// record batch whose body is exactly what its header says. Compressed bodies are refused:
-/// decompression allocates whatever length a body claims.
-fn check_param_message(data: &FlightData) -> std::result::Result<(), FlightError> {
-    use arrow::ipc::MessageHeader;
-    if data.data_header.is_empty() {
-        return Ok(());
-    }
-    let message = arrow::ipc::root_as_message(&data.data_header)
-        .map_err(|e| FlightError::protocol(format!("parameter message: {e}")))?;
-    match message.header_type() {
-        MessageHeader::Schema => Ok(()),
-        MessageHeader::RecordBatch => {
-            let batch = message
-                .header_as_record_batch()
-                .ok_or_else(|| FlightError::protocol("parameter message: no record batch"))?;
-            if batch.compression().is_some() {
-                return Err(FlightError::protocol("parameters must be sent uncompressed"));
-            }
-            let body = data.data_body.len();
-            if usize::try_from(message.bodyLength()).ok() != Some(body) {
-                return Err(FlightError::protocol(
-                    "parameter message: body length differs from its header",
-                ));
-            }
-            // arrow-rs slices each buffer as the header says and panics past the body's end.
-            let inside = |offset: i64, length: i64| {
-                let (Ok(offset), Ok(length)) = (usize::try_from(offset), usize::try_from(length)) else {
-                    return false;
-                };
-                offset.checked_add(length).is_some_and(|end| end <= body)
-            };
-            if !batch
-                .buffers()
-                .is_some_and(|buffers| buffers.iter().all(|b| inside(b.offset(), b.length())))
-            {
-                return Err(FlightError::protocol(
-                    "parameter message: a buffer lies outside the body",
-                ));
-            }
-            Ok(())
-        }
-        other => Err(FlightError::protocol(format!(
-            "parameters are a schema and a record batch, not {other:?}"
-        ))),
-    }
-}
-
-/// The parameters of a prepared query, `$1`… in order, typed where the query implies a type.
-fn parameter_schema(types: &HashMap<String, Option<DataType>>) -> Schema {
-    let mut params: Vec<(usize, DataType)> = types
-        .iter()
-        .filter_map(|(name, ty)| {
-            let n = name.strip_prefix('$')?.parse().ok()?;
-            Some((n, ty.clone().unwrap_or(DataType::Null)))
-        })
-        .collect();
-    params.sort_by_key(|(n, _)| *n);
-    Schema::new(
-        params
-            .into_iter()
-            .map(|(n, ty)| Field::new(format!("${n}"), ty, true))
-            .collect::<Vec<_>>(),
-    )
-}
-
 fn schema_bytes(schema: &Schema) -> Result<Bytes> {
     let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
         .try_into()
@@ -327,238 +215,259 @@ fn schema_bytes(schema: &Schema) -> Result<Bytes> {
     Ok(bytes)
 }
 
-type DoGetResponse = Response<<FlightSql as FlightService>::DoGetStream>;
+/// The stream a Flight SQL answer sends.
+pub(crate) type Stream<T> = BoxStream<'static, std::result::Result<T, Status>>;
 
-#[tonic::async_trait]
-impl FlightSqlService for FlightSql {
-    type FlightService = FlightSql;
+/// One item as a stream.
+fn once<T: Send + 'static>(item: T) -> Response<Stream<T>> {
+    Response::new(futures::stream::iter([Ok(item)]).boxed())
+}
 
-    async fn get_flight_info_statement(
-        &self,
-        query: CommandStatementQuery,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        self.statement_info(query.query, request).await
-    }
-
-    async fn get_flight_info_prepared_statement(
-        &self,
-        query: CommandPreparedStatementQuery,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let sql = PreparedStatement::decode(&query.prepared_statement_handle)
-            .and_then(|p| p.bound_sql())
-            .map_err(|e| self.ctx.fail("flight_sql_statement", e))?;
-        self.statement_info(sql, request).await
-    }
-
-    async fn get_flight_info_substrait_plan(
-        &self,
-        _query: CommandStatementSubstraitPlan,
-        _request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        Err(Status::unimplemented("Substrait plans: send SQL"))
-    }
-
-    async fn get_flight_info_catalogs(
-        &self,
-        query: CommandGetCatalogs,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        self.command_info(&query, &schema, request)
-    }
-
-    async fn get_flight_info_schemas(
-        &self,
-        query: CommandGetDbSchemas,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        self.command_info(&query, &schema, request)
-    }
-
-    async fn get_flight_info_tables(
-        &self,
-        query: CommandGetTables,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        self.command_info(&query, &schema, request)
-    }
-
-    async fn get_flight_info_table_types(
-        &self,
-        query: CommandGetTableTypes,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        self.command_info(&query, &schema, request)
-    }
-
-    async fn get_flight_info_sql_info(
-        &self,
-        query: CommandGetSqlInfo,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(sql_info()?).schema();
-        self.command_info(&query, &schema, request)
-    }
-
-    async fn do_get_statement(
-        &self,
-        _ticket: TicketStatementQuery,
-        _request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        Err(crate::status::status(ServerError::BadRequest(
-            "this server's statement tickets are the endpoints' own: read those".into(),
-        )))
-    }
-
-    async fn do_get_catalogs(
-        &self,
-        query: CommandGetCatalogs,
-        request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        self.authenticated(&request)?;
-        let mut builder = query.into_builder();
-        builder.append(CATALOG);
-        let schema = builder.schema();
-        Self::batch_stream(schema, builder.build())
-    }
-
-    async fn do_get_schemas(
-        &self,
-        query: CommandGetDbSchemas,
-        request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        self.authenticated(&request)?;
-        let mut builder = query.into_builder();
-        builder.append(CATALOG, SCHEMA);
-        let schema = builder.schema();
-        Self::batch_stream(schema, builder.build())
-    }
-
-    async fn do_get_tables(
-        &self,
-        query: CommandGetTables,
-        request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        let tables = self
-            .run("flight_sql_metadata", &request, |grant| self.tables(grant))
-            .await?;
-        let mut builder = query.into_builder();
-        for (name, kind, schema) in tables {
-            builder
-                .append(CATALOG, SCHEMA, name, kind, &schema)
-                .map_err(Status::from)?;
+/// The dispatch: each RPC decodes its Flight SQL message once and `match`es the command.
+impl FlightSql {
+    /// `bytes` (a descriptor's command or a ticket) as a Flight SQL command, decoded once:
+    /// `None` when they are not Flight SQL (they are then the `pushdown` protocol's).
+    pub(crate) fn command(&self, bytes: &[u8]) -> Option<Result<Command, Status>> {
+        let any = Any::decode(bytes).ok()?;
+        if !any.type_url.starts_with(FLIGHT_SQL_TYPE) {
+            return None;
         }
-        let schema = builder.schema();
-        Self::batch_stream(schema, builder.build())
+        Some(Command::try_from(any).map_err(|source| {
+            self.ctx.fail(
+                "flight_sql",
+                ServerError::BadMessage {
+                    what: "Flight SQL command",
+                    source,
+                },
+            )
+        }))
     }
 
-    async fn do_get_table_types(
+    /// A command's `FlightInfo` (GetFlightInfo, PollFlightInfo and GetSchema).
+    pub(crate) async fn flight_info(
         &self,
-        query: CommandGetTableTypes,
+        command: Command,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        match command {
+            Command::CommandStatementQuery(query) => self.statement_info(query.query, request).await,
+            Command::CommandPreparedStatementQuery(query) => {
+                let sql = PreparedStatement::decode(&query.prepared_statement_handle)
+                    .and_then(|p| p.bound_sql())
+                    .map_err(|e| self.ctx.fail("flight_sql_statement", e))?;
+                self.statement_info(sql, request).await
+            }
+            Command::CommandGetCatalogs(query) => {
+                let schema = query.into_builder().schema();
+                self.command_info(&query, &schema, request)
+            }
+            Command::CommandGetDbSchemas(query) => {
+                let schema = query.clone().into_builder().schema();
+                self.command_info(&query, &schema, request)
+            }
+            Command::CommandGetTables(query) => {
+                let schema = query.clone().into_builder().schema();
+                self.command_info(&query, &schema, request)
+            }
+            Command::CommandGetTableTypes(query) => {
+                let schema = query.into_builder().schema();
+                self.command_info(&query, &schema, request)
+            }
+            Command::CommandGetSqlInfo(query) => {
+                let schema = query.clone().into_builder(sql_info()?).schema();
+                self.command_info(&query, &schema, request)
+            }
+            other => Err(self.unsupported("flight_sql_info", &other)),
+        }
+    }
+
+    /// A Flight SQL ticket's stream: the metadata commands' answers. Statement tickets are
+    /// the endpoints' own `pushdown` tickets and never reach here.
+    pub(crate) async fn do_get(
+        &self,
+        command: Command,
         request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        self.authenticated(&request)?;
-        let mut builder = query.into_builder();
-        builder.append("TABLE");
-        builder.append("VIEW");
-        let schema = builder.schema();
-        Self::batch_stream(schema, builder.build())
+    ) -> Result<Response<Stream<FlightData>>, Status> {
+        let (schema, batch) = match command {
+            Command::CommandGetCatalogs(query) => {
+                self.authenticated(&request)?;
+                let mut builder = query.into_builder();
+                builder.append(CATALOG);
+                (builder.schema(), builder.build())
+            }
+            Command::CommandGetDbSchemas(query) => {
+                self.authenticated(&request)?;
+                let mut builder = query.into_builder();
+                builder.append(CATALOG, SCHEMA);
+                (builder.schema(), builder.build())
+            }
+            Command::CommandGetTables(query) => {
+                let tables = self
+                    .run("flight_sql_metadata", &request, |grant| self.tables(grant))
+                    .await?;
+                let mut builder = query.into_builder();
+                for (name, kind, schema) in tables {
+                    builder
+                        .append(CATALOG, SCHEMA, name, kind, &schema)
+                        .map_err(Status::from)?;
+                }
+                (builder.schema(), builder.build())
+            }
+            Command::CommandGetTableTypes(query) => {
+                self.authenticated(&request)?;
+                let mut builder = query.into_builder();
+                builder.append("TABLE");
+                builder.append("VIEW");
+                (builder.schema(), builder.build())
+            }
+            Command::CommandGetSqlInfo(query) => {
+                self.authenticated(&request)?;
+                let builder = query.into_builder(sql_info()?);
+                (builder.schema(), builder.build())
+            }
+            Command::TicketStatementQuery(_) => {
+                return Err(self.ctx.fail(
+                    "flight_sql_metadata",
+                    ServerError::BadRequest(
+                        "this server's statement tickets are the endpoints' own: read those".into(),
+                    ),
+                ));
+            }
+            other => return Err(self.unsupported("flight_sql_metadata", &other)),
+        };
+        Self::batch_stream(schema, batch)
     }
 
-    async fn do_get_sql_info(
+    /// A `DoPut`: only binding a prepared statement's parameters; updates, ingestion and
+    /// plans are refused (read-only). The first message's descriptor names the command.
+    pub(crate) async fn do_put(
         &self,
-        query: CommandGetSqlInfo,
-        request: Request<Ticket>,
-    ) -> Result<DoGetResponse, Status> {
-        self.authenticated(&request)?;
-        let builder = query.into_builder(sql_info()?);
-        let schema = builder.schema();
-        Self::batch_stream(schema, builder.build())
-    }
-
-    async fn do_put_statement_update(
-        &self,
-        _query: CommandStatementUpdate,
-        _request: Request<PeekableFlightDataStream>,
-    ) -> Result<i64, Status> {
-        Err(Self::read_only("updates"))
-    }
-
-    async fn do_put_statement_ingest(
-        &self,
-        _query: CommandStatementIngest,
-        _request: Request<PeekableFlightDataStream>,
-    ) -> Result<i64, Status> {
-        Err(Self::read_only("ingestion"))
-    }
-
-    async fn do_put_prepared_statement_update(
-        &self,
-        _query: CommandPreparedStatementUpdate,
-        _request: Request<PeekableFlightDataStream>,
-    ) -> Result<i64, Status> {
-        Err(Self::read_only("updates"))
-    }
-
-    async fn do_put_substrait_plan(
-        &self,
-        _query: CommandStatementSubstraitPlan,
-        _request: Request<PeekableFlightDataStream>,
-    ) -> Result<i64, Status> {
-        Err(Self::read_only("Substrait plans"))
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Stream<PutResult>>, Status> {
+        const METHOD: &str = "flight_sql_bind";
+        // Authenticated first; the grant is checked when the bound statement is planned.
+        self.ctx.caller(&request).map_err(|e| self.ctx.fail(METHOD, e))?;
+        let mut incoming = request.into_inner();
+        let first = match incoming.next().await {
+            Some(Ok(first)) => first,
+            Some(Err(e)) => return Err(e),
+            None => {
+                let missing = ServerError::BadRequest("DoPut: no messages".into());
+                return Err(self.ctx.fail(METHOD, missing));
+            }
+        };
+        let cmd = first
+            .flight_descriptor
+            .as_ref()
+            .map(|d| d.cmd.clone())
+            .unwrap_or_default();
+        let Some(command) = self.command(&cmd) else {
+            let ours = ServerError::NotReadOnly("DoPut: this server only answers queries".into());
+            return Err(self.ctx.fail(METHOD, ours));
+        };
+        let bound = match command? {
+            Command::CommandPreparedStatementQuery(query) => {
+                let result = self.ctx.contained(self.bind(query, first, incoming)).await;
+                self.ctx.finish(METHOD, result)?
+            }
+            Command::CommandStatementUpdate(_) | Command::CommandPreparedStatementUpdate(_) => {
+                return Err(Self::read_only("updates"));
+            }
+            Command::CommandStatementIngest(_) => return Err(Self::read_only("ingestion")),
+            Command::CommandStatementSubstraitPlan(_) => return Err(Self::read_only("Substrait plans")),
+            other => return Err(self.unsupported(METHOD, &other)),
+        };
+        // Flight SQL sends this result bare, not as an `Any`.
+        Ok(once(PutResult {
+            app_metadata: bound.encode_to_vec().into(),
+        }))
     }
 
     /// Binds parameters: the answer is a new handle carrying the statement and the values.
-    async fn do_put_prepared_statement_query(
+    async fn bind(
         &self,
         query: CommandPreparedStatementQuery,
-        request: Request<PeekableFlightDataStream>,
-    ) -> Result<DoPutPreparedStatementResult, Status> {
-        // Authenticated here; the grant is checked when the bound statement is planned.
-        self.ctx
-            .caller(&request)
-            .map_err(|e| self.ctx.fail("flight_sql_bind", e))?;
-        let work = async {
-            let prepared = PreparedStatement::decode(&query.prepared_statement_handle)?;
-            // At most a few messages (schema, one batch), then decoded one by one.
-            let mut incoming = request.into_inner();
-            let mut messages = Vec::new();
-            while let Some(data) = incoming.next().await {
-                let data = data.map_err(|e| ServerError::BadRequest(format!("parameters: {e}")))?;
-                if messages.len() == MAX_PARAM_MESSAGES {
-                    return Err(ServerError::BadRequest("parameters: too many messages".into()));
-                }
-                messages.push(data);
+        first: FlightData,
+        mut rest: Streaming<FlightData>,
+    ) -> Result<DoPutPreparedStatementResult> {
+        let prepared = PreparedStatement::decode(&query.prepared_statement_handle)?;
+        // At most a few messages (schema, one batch), then decoded one by one.
+        let mut messages = vec![first];
+        while let Some(data) = rest.next().await {
+            let data = data.map_err(|e| ServerError::BadRequest(format!("parameters: {e}")))?;
+            if messages.len() == params::MAX_PARAM_MESSAGES {
+                return Err(ServerError::BadRequest("parameters: too many messages".into()));
             }
-            let params = decode_params(&messages)?;
-            let bound = match params {
-                Some(params) => PreparedStatement::bind(prepared.sql, &params)?,
-                None => PreparedStatement {
-                    sql: prepared.sql,
-                    params: None,
-                },
-            };
-            // Bad values fail now, not at execution.
-            bound.bound_sql()?;
-            Ok(DoPutPreparedStatementResult {
-                prepared_statement_handle: Some(bound.encode()),
-            })
+            messages.push(data);
+        }
+        let bound = match params::decode_params(&messages)? {
+            Some(params) => PreparedStatement::bind(prepared.sql, &params)?,
+            None => PreparedStatement {
+                sql: prepared.sql,
+                params: None,
+            },
         };
-        let result = self.ctx.contained(work).await;
-        self.ctx.finish("flight_sql_bind", result)
+        // Bad values fail now, not at execution.
+        bound.bound_sql()?;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(bound.encode()),
+        })
     }
 
-    async fn do_action_create_prepared_statement(
+    /// A Flight SQL action: creating and closing prepared statements; transactions,
+    /// savepoints, cancellation and Substrait plans are refused.
+    pub(crate) async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Stream<arrow_flight::Result>>, Status> {
+        match request.get_ref().r#type.as_str() {
+            CREATE_PREPARED_STATEMENT => {
+                let query: ActionCreatePreparedStatementRequest = self.unpack(&request)?;
+                let result = self.prepare(query, &request).await?;
+                Ok(once(arrow_flight::Result::new(result.as_any().encode_to_vec())))
+            }
+            CLOSE_PREPARED_STATEMENT => {
+                let _: ActionClosePreparedStatementRequest = self.unpack(&request)?;
+                // Handles hold no server state: nothing to free.
+                self.run("flight_sql_close", &request, |_| async { Ok(()) })
+                    .await?;
+                Ok(Response::new(futures::stream::empty().boxed()))
+            }
+            other => Err(self.ctx.fail(
+                "flight_sql_action",
+                ServerError::Unsupported(format!("the Flight SQL action {other}").into()),
+            )),
+        }
+    }
+
+    /// An action's body as the Flight SQL message its kind names.
+    fn unpack<M: ProstMessageExt + Default>(&self, request: &Request<Action>) -> Result<M, Status> {
+        let malformed = |source| ServerError::BadMessage {
+            what: "Flight SQL action",
+            source,
+        };
+        let message = Any::decode(&*request.get_ref().body)
+            .map_err(|e| malformed(arrow::error::ArrowError::ParseError(e.to_string())))
+            .and_then(|any| any.unpack::<M>().map_err(malformed))
+            .and_then(|m| {
+                m.ok_or_else(|| {
+                    ServerError::BadRequest(format!(
+                        "the action {} takes a {}",
+                        request.get_ref().r#type,
+                        M::type_url().trim_start_matches(FLIGHT_SQL_TYPE)
+                    ))
+                })
+            });
+        message.map_err(|e| self.ctx.fail("flight_sql_action", e))
+    }
+
+    /// `CreatePreparedStatement`: the handle, the answer's schema and the parameters'.
+    async fn prepare(
         &self,
         query: ActionCreatePreparedStatementRequest,
-        request: Request<Action>,
+        request: &Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        self.run("flight_sql_prepare", &request, |grant| async move {
+        self.run("flight_sql_prepare", request, |grant| async move {
             let sql = rewrite_placeholders(&query.query, |_| Ok(None))?;
             let state = self.ctx.state();
             let statement = Query::Sql(sql.clone());
@@ -572,20 +481,16 @@ impl FlightSqlService for FlightSql {
             Ok(ActionCreatePreparedStatementResult {
                 prepared_statement_handle: PreparedStatement { sql, params: None }.encode(),
                 dataset_schema: schema_bytes(&schema)?,
-                parameter_schema: schema_bytes(&parameter_schema(&types))?,
+                parameter_schema: schema_bytes(&params::parameter_schema(&types))?,
             })
         })
         .await
     }
 
-    async fn do_action_close_prepared_statement(
-        &self,
-        _query: ActionClosePreparedStatementRequest,
-        request: Request<Action>,
-    ) -> Result<(), Status> {
-        // Handles hold no server state: nothing to free.
-        self.run("flight_sql_close", &request, |_| async { Ok(()) }).await
+    /// A Flight SQL command this server does not answer (keys, type info, Substrait).
+    fn unsupported(&self, method: &'static str, command: &Command) -> Status {
+        let name = command.type_url().trim_start_matches(FLIGHT_SQL_TYPE);
+        let what = format!("the Flight SQL command {name}");
+        self.ctx.fail(method, ServerError::Unsupported(what.into()))
     }
-
-    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }

@@ -7,7 +7,7 @@
 //!                   │ DoGet: ticket → batches → encode     CPU runtime, metrics
 //!                   │   (codec governor) → Flight data
 //!                   │ DoAction: typed actions
-//!                   └ FlightSql: SQL clients (ADBC, JDBC)
+//!                   └ Flight SQL (decoded once, matched by command): ADBC, JDBC
 //! ```
 //!
 //! A client sends `GetFlightInfo` with a `ScanRequest` (or SQL); the reply has one endpoint
@@ -40,7 +40,6 @@ mod service;
 mod state;
 mod status;
 
-pub use flight_sql::FlightSql;
 pub use http::serve_metrics;
 pub use pushdown_engine::{
     CacheConfig, CacheMode, Caller, Catalog, Compression, DataFile, Dataset, DatasetResources, Grant,

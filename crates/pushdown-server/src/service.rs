@@ -7,6 +7,7 @@ use std::time::Instant;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::Command;
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest,
     HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
@@ -22,6 +23,7 @@ use tracing::Instrument;
 
 use crate::codec::{Encoder, Governor};
 use crate::context::Context;
+use crate::flight_sql::FlightSql;
 use crate::state::State;
 use pushdown_engine::auth::{Caller, Grant};
 use pushdown_engine::catalog::panic_message;
@@ -45,8 +47,15 @@ impl PushdownService {
         Self { state, ctx }
     }
 
-    fn sql(&self) -> crate::flight_sql::FlightSql {
-        crate::flight_sql::FlightSql::new(self.ctx.clone())
+    fn sql(&self) -> FlightSql {
+        FlightSql::new(self.ctx.clone())
+    }
+
+    /// A descriptor's Flight SQL command, decoded once (`None`: not Flight SQL).
+    fn sql_command(&self, descriptor: &FlightDescriptor) -> Option<Result<Command, Status>> {
+        (descriptor.r#type == DescriptorType::Cmd as i32)
+            .then(|| self.sql().command(&descriptor.cmd))
+            .flatten()
     }
 
     /// A descriptor as a request: a command (ScanRequest or SQL) or a path `[dataset]`.
@@ -382,10 +391,6 @@ impl PushdownService {
     }
 }
 
-fn is_flight_sql_descriptor(descriptor: &FlightDescriptor) -> bool {
-    descriptor.r#type == DescriptorType::Cmd as i32 && crate::flight_sql::is_flight_sql(&descriptor.cmd)
-}
-
 /// How long a handshake waits for its credentials.
 const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -648,8 +653,8 @@ impl FlightService for PushdownService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        if is_flight_sql_descriptor(request.get_ref()) {
-            return FlightService::get_flight_info(&self.sql(), request).await;
+        if let Some(command) = self.sql_command(request.get_ref()) {
+            return self.sql().flight_info(command?, request).await;
         }
         let caller = self
             .ctx
@@ -668,11 +673,9 @@ impl FlightService for PushdownService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
         // Planning is quick: the answer is always complete.
-        if is_flight_sql_descriptor(request.get_ref()) {
+        if let Some(command) = self.sql_command(request.get_ref()) {
             let descriptor = request.get_ref().clone();
-            let info = FlightService::get_flight_info(&self.sql(), request)
-                .await?
-                .into_inner();
+            let info = self.sql().flight_info(command?, request).await?.into_inner();
             return Ok(Response::new(
                 PollInfo::new().with_info(info).with_descriptor(descriptor),
             ));
@@ -695,10 +698,8 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
-        if is_flight_sql_descriptor(request.get_ref()) {
-            let info = FlightService::get_flight_info(&self.sql(), request)
-                .await?
-                .into_inner();
+        if let Some(command) = self.sql_command(request.get_ref()) {
+            let info = self.sql().flight_info(command?, request).await?.into_inner();
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
         let caller = self
@@ -714,8 +715,8 @@ impl FlightService for PushdownService {
 
     #[tracing::instrument(skip_all)]
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        if crate::flight_sql::is_flight_sql(&request.get_ref().ticket) {
-            return FlightService::do_get(&self.sql(), request).await;
+        if let Some(command) = self.sql().command(&request.get_ref().ticket) {
+            return self.sql().do_get(command?, request).await;
         }
         let caller = self
             .ctx
@@ -738,7 +739,7 @@ impl FlightService for PushdownService {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        FlightService::do_put(&self.sql(), request).await
+        self.sql().do_put(request).await
     }
 
     async fn do_exchange(
@@ -747,13 +748,13 @@ impl FlightService for PushdownService {
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
         Err(self
             .ctx
-            .fail("do_exchange", ServerError::Unsupported("DoExchange")))
+            .fail("do_exchange", ServerError::Unsupported("DoExchange".into())))
     }
 
     #[tracing::instrument(skip_all, fields(action = %request.get_ref().r#type))]
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
-        if crate::flight_sql::is_flight_sql_action(&request.get_ref().r#type) {
-            return FlightService::do_action(&self.sql(), request).await;
+        if crate::flight_sql::is_action(&request.get_ref().r#type) {
+            return self.sql().do_action(request).await;
         }
         let caller = self
             .ctx

@@ -21,6 +21,7 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::NoResource(_) => (Code::NotFound, false),
         ServerError::BadTicket(_) => (Code::InvalidArgument, false),
         ServerError::BadCommand(_) => (Code::InvalidArgument, false),
+        ServerError::BadMessage { .. } => (Code::InvalidArgument, false),
         ServerError::BadRequest(_) => (Code::InvalidArgument, false),
         ServerError::BadQuery(_) => (Code::InvalidArgument, false),
         ServerError::NotReadOnly(_) => (Code::InvalidArgument, false),
