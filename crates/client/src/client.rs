@@ -260,10 +260,10 @@ impl PushdownClient {
             })
             .await
             .unwrap_or_else(|_| {
-                Err(ClientError::Invalid(format!(
-                    "{} gave no scaling signal in {SCALING_TIMEOUT:?}",
-                    node.url
-                )))
+                Err(ClientError::Timeout {
+                    what: format!("{}'s scaling signal", node.url),
+                    after: SCALING_TIMEOUT,
+                })
             });
             (node.url.clone(), signal)
         }))
@@ -285,7 +285,7 @@ impl PushdownClient {
         let ticket = endpoint
             .ticket
             .as_ref()
-            .ok_or_else(|| ClientError::Invalid("an endpoint has no ticket".into()))?;
+            .ok_or_else(|| ClientError::reply("planning", "an endpoint has no ticket"))?;
         let holders = Fleet::ranked(&self.fleet.holders(endpoint)?, 0);
         // A holder without the shard's file at its version is passed over for the next.
         let results = fleet::first_answer(

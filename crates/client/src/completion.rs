@@ -182,7 +182,10 @@ impl Completion {
         match batch.schema_ref().metadata().get(DEFERRED_FROM_KEY) {
             None => Ok(None),
             Some(v) => v.parse().map(Some).map_err(|_| {
-                ClientError::Invalid(format!("bad `{DEFERRED_FROM_KEY}` in a stream's schema: {v:?}"))
+                ClientError::reply(
+                    "a deferred stream",
+                    format!("bad `{DEFERRED_FROM_KEY}` in its schema: {v:?}"),
+                )
             }),
         }
     }
@@ -240,10 +243,13 @@ impl Completion {
     pub fn complete(&self, batch: RecordBatch, from: usize) -> Result<RecordBatch> {
         let start = Instant::now();
         let calls = self.ops.get(from..).ok_or_else(|| {
-            ClientError::Invalid(format!(
-                "a server left ops {from}.. to this client, but the fragment has {}",
-                self.ops.len()
-            ))
+            ClientError::reply(
+                "a deferred stream",
+                format!(
+                    "the server left ops {from}.. to this client, but the fragment has {}",
+                    self.ops.len()
+                ),
+            )
         })?;
         let rows = batch.num_rows() as u64;
         // The stream's schema metadata is the server's note, not part of the rows.
@@ -267,10 +273,10 @@ impl Completion {
             .iter()
             .map(|f| {
                 out.column_by_name(f.name()).cloned().ok_or_else(|| {
-                    ClientError::Invalid(format!(
-                        "a deferred stream's rows lack column `{}` after its ops ran",
-                        f.name()
-                    ))
+                    ClientError::reply(
+                        "a deferred stream",
+                        format!("its rows lack column `{}` after its ops ran", f.name()),
+                    )
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -60,8 +60,21 @@ pub enum ClientError {
         sent: u64,
         received: u64,
     },
-    #[error("servers disagree about `{file}`: {detail}")]
-    ServersDisagree { file: String, detail: String },
+    #[error("servers disagree about {about}: {detail}")]
+    ServersDisagree { about: String, detail: String },
+    /// No server could be asked, or none answered.
+    #[error("{0}")]
+    NoAnswer(String),
+    /// An answer that did not come in time (a server that stopped answering).
+    #[error("{what}: no answer in {after:?}")]
+    Timeout {
+        what: String,
+        after: std::time::Duration,
+    },
+    /// What the query was planned on changed (its schema, its files' versions): plan or
+    /// restore again as the message says.
+    #[error("{0}")]
+    Changed(String),
     #[error(
         "server {server} is unreachable ({reason}) and no other server offers {}: planning \
          without it would leave them out",
@@ -89,10 +102,20 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing the output file.
+    #[error("writing the output: {0}")]
+    Output(#[source] parquet::errors::ParquetError),
+    /// A client task (a loader worker, a batch's completion) panicked or was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
     /// The loader was shut down, or its consumer went away.
     #[error("{0}")]
     Closed(&'static str),
-    /// The caller's arguments or options.
+    /// The caller's arguments, options or saved state.
     #[error("{0}")]
     Invalid(String),
 }

@@ -156,7 +156,7 @@ where
             }
         }
     }
-    Err(last.unwrap_or_else(|| ClientError::Invalid(none.to_owned())))
+    Err(last.unwrap_or_else(|| ClientError::NoAnswer(none.to_owned())))
 }
 
 /// One server as the client sees it.
@@ -459,7 +459,7 @@ async fn resolve(url: &str, name: &str) -> Result<Vec<String>> {
 /// (dataset, file, row group) order, located on every server that offered it.
 pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo> {
     let Some((first_node, first)) = answers.first() else {
-        return Err(ClientError::Invalid("no server answered".into()));
+        return Err(ClientError::NoAnswer("no server answered".into()));
     };
     let schema = first.clone().try_decode_schema()?;
     if answers.len() > 1 && !row_wise(first) {
@@ -503,7 +503,7 @@ fn same_scans(answers: &[(Arc<Node>, FlightInfo)], first_node: &Node, first: &Fl
     let scans = |info: &FlightInfo| plan_estimate(info).map(|e| (e.rows_upper_bound, e.bytes_to_scan));
     if let Some((node, _)) = answers.iter().find(|(_, info)| scans(info) != scans(first)) {
         return Err(ClientError::ServersDisagree {
-            file: "the datasets the query reads".into(),
+            about: "the datasets the query reads".into(),
             detail: format!(
                 "{} and {} hold different files of them, and a query that is not row-wise \
                  (an aggregate, join, sort, limit or volatile function) runs whole on one server",
@@ -545,16 +545,22 @@ impl Shards {
         info: &FlightInfo,
     ) -> Result<()> {
         if info.clone().try_decode_schema()? != *schema {
-            return Err(ClientError::Invalid(format!(
-                "servers {} and {} answer the query with different schemas",
-                first_node.url, node.url
-            )));
+            return Err(ClientError::ServersDisagree {
+                about: "the query's schema".into(),
+                detail: format!(
+                    "{} and {} answer with different schemas",
+                    first_node.url, node.url
+                ),
+            });
         }
         if !row_wise(info) {
-            return Err(ClientError::Invalid(format!(
-                "server {} does not shard the query row-wise while {} does (different versions?)",
-                node.url, first_node.url
-            )));
+            return Err(ClientError::ServersDisagree {
+                about: "how the query shards".into(),
+                detail: format!(
+                    "{} does not shard it row-wise while {} does (different versions?)",
+                    node.url, first_node.url
+                ),
+            });
         }
         let pruned = plan_estimate(info).map_or(0, |e| e.row_groups_pruned);
         self.pruned = self.pruned.max(pruned);
@@ -574,10 +580,10 @@ impl Shards {
             .and_then(|t| ShardTicket::decode(&t.ticket).ok())
             .and_then(|t| t.shard)
             .ok_or_else(|| {
-                ClientError::Invalid(format!(
-                    "server {} sent an endpoint that is not a shard",
-                    node.url
-                ))
+                ClientError::reply(
+                    "planning",
+                    format!("{} sent an endpoint that is not a shard", node.url),
+                )
             })?;
         let key = (ticket.dataset.clone(), ticket.file.clone());
         let (version, owner, cuts) = self
@@ -586,7 +592,7 @@ impl Shards {
             .or_insert_with(|| (ticket.version.clone(), node.url.clone(), Cuts::new()));
         if *version != ticket.version {
             return Err(ClientError::ServersDisagree {
-                file: format!("{}/{}", ticket.dataset, ticket.file),
+                about: format!("`{}/{}`", ticket.dataset, ticket.file),
                 detail: format!("{owner} has {version}, {} has {}", node.url, ticket.version),
             });
         }
@@ -651,7 +657,7 @@ fn disjoint(dataset: &str, file: &str, cuts: &Cuts) -> Result<()> {
     for (start, stop) in cuts.keys() {
         if *start < end {
             return Err(ClientError::ServersDisagree {
-                file: format!("{dataset}/{file}"),
+                about: format!("`{dataset}/{file}`"),
                 detail: "servers cut it into different shards (give them the same shard settings)".into(),
             });
         }

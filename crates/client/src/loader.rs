@@ -415,7 +415,7 @@ impl Shared {
     async fn replan(&self, previous: &Shards) -> Result<Shards> {
         let info = self.client.plan(&self.request).await?;
         if info.schema != previous.info.schema {
-            return Err(ClientError::Invalid(
+            return Err(ClientError::Changed(
                 "the dataset's schema changed since the query was planned: prepare it again".into(),
             ));
         }
@@ -733,7 +733,7 @@ impl Loader {
             if self.prepared.version() != state.version {
                 let replanned = self.block_on_replan()?;
                 if replanned.version() != state.version {
-                    return Err(ClientError::Invalid(format!(
+                    return Err(ClientError::Changed(format!(
                         "the dataset changed since the state was saved in epoch {}: its shards were \
                          version {:016x}, the servers now list version {:016x}; resuming mid-epoch \
                          needs the same files, so restore at the start of an epoch",
@@ -1632,7 +1632,10 @@ async fn send_next<T>(
         return Err(ClientError::Closed("the loader's consumer is gone"));
     };
     if let Some(joined) = in_flight.next().await {
-        let batch = joined.map_err(|e| ClientError::Invalid(format!("a loader worker failed: {e}")))??;
+        let batch = joined.map_err(|source| ClientError::Task {
+            what: "a loader worker",
+            source,
+        })??;
         room.send(Ok(batch));
     }
     Ok(())

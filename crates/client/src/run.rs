@@ -165,7 +165,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let totals = Arc::new(Mutex::new(StreamTotals::default()));
     let (prepared, delivered) = read_epochs(prepared, loader.epochs as u64, &totals, &mut writer).await?;
     if let Some(w) = writer {
-        w.close().map_err(parquet_error)?;
+        w.close().map_err(ClientError::Output)?;
     }
     let totals = *totals.lock().unwrap_or_else(|p| p.into_inner());
     let elapsed = start.elapsed();
@@ -199,7 +199,7 @@ fn parquet_writer(
             let props = parquet::file::properties::WriterProperties::builder()
                 .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
                 .build();
-            let writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(parquet_error)?;
+            let writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(ClientError::Output)?;
             Ok(Some(writer))
         }
         None => Ok(None),
@@ -241,7 +241,7 @@ async fn read_epochs(
             delivered.rows += batch.num_rows() as u64;
             delivered.batches += 1;
             if let Some(w) = writer.as_mut() {
-                w.write(&batch).map_err(parquet_error)?;
+                w.write(&batch).map_err(ClientError::Output)?;
             }
         }
         if epoch + 1 < epochs {
@@ -308,10 +308,6 @@ async fn server_cpu(client: &PushdownClient) -> Vec<(String, f64, u32)> {
         .into_iter()
         .filter_map(|(url, s)| s.ok().map(|s| (url, s.cpu_seconds, s.cores)))
         .collect()
-}
-
-fn parquet_error(e: parquet::errors::ParquetError) -> ClientError {
-    ClientError::Invalid(format!("writing the output: {e}"))
 }
 
 /// Human-readable byte counts (binary units).

@@ -426,11 +426,19 @@ async fn run_endpoint(
 ) {
     let index = segment.index;
     let Some(ticket) = segment.endpoint.ticket.clone() else {
-        return tx.fail(ClientError::Invalid(format!("endpoint {index} has no ticket")));
+        return tx.fail(ClientError::reply(
+            "planning",
+            format!("endpoint {index} has no ticket"),
+        ));
     };
     let holders = match fleet.holders(&segment.endpoint) {
         Ok(h) if !h.is_empty() => h,
-        Ok(_) => return tx.fail(ClientError::Invalid(format!("endpoint {index} has no server"))),
+        Ok(_) => {
+            return tx.fail(ClientError::reply(
+                "planning",
+                format!("endpoint {index} has no server"),
+            ));
+        }
         Err(e) => return tx.fail(e),
     };
     let decoded = ShardTicket::decode(&ticket.ticket).ok();
@@ -690,9 +698,10 @@ async fn complete(
     .await
     {
         Ok(done) => done.map_err(Fetch::Failed),
-        Err(e) => Err(Fetch::Failed(ClientError::Invalid(format!(
-            "completing a deferred batch: {e}"
-        )))),
+        Err(source) => Err(Fetch::Failed(ClientError::Task {
+            what: "completing a deferred batch",
+            source,
+        })),
     }
 }
 
