@@ -71,7 +71,7 @@ pub fn check(state: &SessionState, query: &Query, max_bytes: usize) -> Result<Ch
                     .with_recursion_limit(SQL_RECURSION_LIMIT)
                     .try_with_sql(p)
                     .and_then(|mut parser| parser.parse_expr())
-                    .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {e}")))?;
+                    .map_err(|e| ServerError::bad_syntax(format!("predicate `{p}`"), e))?;
                 refuse_deep(expr.visit(&mut Depth(0)))?;
             }
             Ok(CheckedQuery {

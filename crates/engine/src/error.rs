@@ -24,6 +24,16 @@ pub enum ServerError {
     #[error("invalid query: {0}")]
     BadQuery(String),
 
+    /// A part of the caller's query (a predicate, a parameter's value, a view's statement,
+    /// a catalog file) that does not parse or plan; `reason` is the cause's own words.
+    #[error("invalid query: {what}: {reason}")]
+    BadPart {
+        what: String,
+        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     #[error("only read-only SELECT queries over the catalog are accepted: {0}")]
     NotReadOnly(String),
 
@@ -93,6 +103,15 @@ pub enum ServerError {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// The server's own step `what` failed with `source` (a UDF missing from its session, a
+    /// tokenizer that does not serialize).
+    #[error("internal error: {what}: {source}")]
+    Failed {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// Arrow refused to encode what the server built (a schema, a batch, IPC options).
     #[error("internal error: {what}: {source}")]
     Encode {
@@ -122,6 +141,38 @@ impl ServerError {
     /// Arrow failed `what`: the server's own failure.
     pub fn encode(what: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Self {
         move |source| ServerError::Encode { what, source }
+    }
+
+    /// DataFusion refused `what`, a part of the caller's query: named by its root cause.
+    pub fn bad_part(what: impl Into<String>, source: DataFusionError) -> Self {
+        ServerError::BadPart {
+            what: what.into(),
+            reason: source.find_root().message().into_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// `what`, the caller's text, does not parse.
+    pub fn bad_syntax(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ServerError::BadPart {
+            what: what.into(),
+            reason: source.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The server's own step `what` failed.
+    pub fn failed(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ServerError::Failed {
+            what: what.into(),
+            source: source.into(),
+        }
     }
 }
 
@@ -322,6 +373,7 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::BadMessage { .. }
             | ServerError::BadRequest(_)
             | ServerError::BadQuery(_)
+            | ServerError::BadPart { .. }
             | ServerError::NotReadOnly(_)
             | ServerError::BadValue { .. }
             | ServerError::Unsupported(_),
@@ -338,8 +390,46 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::Storage(_)
             | ServerError::StorageDenied(_)
             | ServerError::Internal(_)
+            | ServerError::Failed { .. }
             | ServerError::Encode { .. }
             | ServerError::Task { .. },
         ) => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// A refused part of a query names the part and DataFusion's root cause, keeps the whole
+    /// error as its source, and is the caller's error; a failed step of the server's own is
+    /// the server's.
+    #[test]
+    fn refused_parts_keep_their_cause() {
+        let root = DataFusionError::Plan("no field named `nope`".into());
+        let e = ServerError::bad_part(
+            "predicate `nope > 1`",
+            DataFusionError::Context("parsing".into(), Box::new(root)),
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid query: predicate `nope > 1`: no field named `nope`"
+        );
+        assert!(
+            e.source().is_some_and(|s| s.to_string().contains("parsing")),
+            "{:?}",
+            e.source()
+        );
+        assert_eq!(outcome(&Err::<(), _>(e)), "invalid");
+
+        let failed = ServerError::failed("serializing the tokenizer", std::io::Error::other("full"));
+        assert_eq!(
+            failed.to_string(),
+            "internal error: serializing the tokenizer: full"
+        );
+        assert!(failed.source().is_some());
+        assert_eq!(outcome(&Err::<(), _>(failed)), "error");
     }
 }

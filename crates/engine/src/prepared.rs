@@ -126,7 +126,7 @@ impl PreparedStatement {
                 .try_with_sql(text)
                 .and_then(|mut p| p.parse_expr())
                 .map(Some)
-                .map_err(|e| ServerError::BadQuery(format!("parameter ${n}: {e}")))
+                .map_err(|e| ServerError::bad_syntax(format!("parameter ${n}"), e))
         })
     }
 }

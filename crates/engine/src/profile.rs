@@ -245,7 +245,7 @@ fn predicate(table: &DataFrame, f: &Fragment) -> Result<Expr> {
     Ok(match &f.predicate {
         Some(p) => table
             .parse_sql_expr(p)
-            .map_err(|e| ServerError::BadQuery(format!("predicate `{p}`: {}", e.find_root().message())))?,
+            .map_err(|e| ServerError::bad_part(format!("predicate `{p}`"), e))?,
         None => lit(true),
     })
 }

@@ -374,9 +374,11 @@ impl Engine {
             let statement = view.checked.statement().cloned().ok_or_else(|| {
                 ServerError::Internal(format!("view `{}` without its parsed statement", view.name))
             })?;
-            let plan = ctx.state().statement_to_plan(statement).await.map_err(|e| {
-                ServerError::BadQuery(format!("view `{}`: {}", view.name, e.find_root().message()))
-            })?;
+            let plan = ctx
+                .state()
+                .statement_to_plan(statement)
+                .await
+                .map_err(|e| ServerError::bad_part(format!("view `{}`", view.name), e))?;
             let provider = datafusion::catalog::view::ViewTable::new(plan, Some(view.sql.clone()));
             ctx.register_table(view.name.as_str(), Arc::new(provider))?;
         }
@@ -1037,9 +1039,9 @@ pub async fn checked_dataframe(
 async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFrame> {
     let mut df = ctx.table(f.dataset.as_str()).await?;
     if let Some(predicate) = &f.predicate {
-        let expr = df.parse_sql_expr(predicate).map_err(|e| {
-            ServerError::BadQuery(format!("predicate `{predicate}`: {}", e.find_root().message()))
-        })?;
+        let expr = df
+            .parse_sql_expr(predicate)
+            .map_err(|e| ServerError::bad_part(format!("predicate `{predicate}`"), e))?;
         if !is_row_wise_expr(&expr) {
             return Err(ServerError::BadQuery(format!(
                 "predicate `{predicate}` must be evaluable one row at a time (no subqueries or aggregates)"
@@ -1075,7 +1077,7 @@ fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
         })?;
     let udf = ctx
         .udf(op.name())
-        .map_err(|e| ServerError::Internal(format!("op `{}` is not registered: {e}", op.name())))?;
+        .map_err(|e| ServerError::failed(format!("op `{}` is not registered", op.name()), e))?;
     let args = std::iter::once(datafusion::prelude::ident(&call.input))
         .chain(call.params.iter().map(|p| match p {
             Value::Int(i) => datafusion::prelude::lit(*i),

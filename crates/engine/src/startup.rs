@@ -1,5 +1,6 @@
-//! Why a server could not start: the operator's configuration (a data root, a catalog file,
-//! a cache directory, a certificate, a port) named with its cause. A request's errors are
+//! Why a server could not start, or stopped serving: the operator's configuration (a data
+//! root, a catalog file, a cache directory, a certificate, a port) or the transport, named
+//! with its cause. A request's errors are
 //! [`ServerError`]s, mapped to gRPC statuses; these never reach a client.
 
 use std::net::SocketAddr;
@@ -67,6 +68,11 @@ pub enum StartupError {
     /// engine names no transport).
     #[error("TLS certificate or key: {0}")]
     Tls(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// The transport failed while serving, or the serving task ended abnormally (boxed: the
+    /// engine names no transport).
+    #[error("serving: {0}")]
+    Serve(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     #[error("binding {addr}: {source}")]
     Bind {

@@ -394,7 +394,7 @@ impl FlightSql {
         // At most a few messages (schema, one batch), then decoded one by one.
         let mut messages = vec![first];
         while let Some(data) = rest.next().await {
-            let data = data.map_err(|e| ServerError::BadRequest(format!("parameters: {e}")))?;
+            let data = data.map_err(|e| ServerError::bad_syntax("parameters", e))?;
             if messages.len() == params::MAX_PARAM_MESSAGES {
                 return Err(ServerError::BadRequest("parameters: too many messages".into()));
             }

@@ -9,7 +9,7 @@ use object_store::ObjectStore;
 use pushdown_engine::error::Result;
 use pushdown_engine::{
     CacheUse, Catalog, Grant, InstrumentedStore, Metrics, Node, NodeBuilder, Planned, ServerConfig,
-    ServerError, StartupError, TicketStream, Tokens, Views,
+    StartupError, TicketStream, Tokens, Views,
 };
 use pushdown_task::Task;
 use tokio::net::TcpListener;
@@ -193,7 +193,7 @@ impl Server {
         self,
         listener: TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
-    ) -> Result<()> {
+    ) -> Result<(), StartupError> {
         // No Nagle: a stream's last frames and trailers (and every small response) would wait
         // for the peer's delayed ACK, ~40 ms per request. The builder's `tcp_nodelay` covers
         // only listeners tonic binds itself, so it is set on the accepted sockets here.
@@ -206,7 +206,7 @@ impl Server {
         if let Some(tls) = &self.tls {
             builder = builder
                 .tls_config(tls.config())
-                .map_err(|e| ServerError::BadRequest(format!("TLS certificate or key: {e}")))?;
+                .map_err(|e| StartupError::Tls(Box::new(e)))?;
         }
         builder
             // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
@@ -217,7 +217,7 @@ impl Server {
             .add_service(self.service())
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
-            .map_err(|e| ServerError::Internal(format!("transport: {e}")))
+            .map_err(|e| StartupError::Serve(Box::new(e)))
     }
 
     /// Binds `addr` and serves in the background (tests, the demo).
@@ -247,7 +247,7 @@ pub struct RunningServer {
     scheme: &'static str,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     /// Aborted when dropped: a server dropped without `shutdown` stops at once.
-    task: Option<Task<Result<()>>>,
+    task: Option<Task<Result<(), StartupError>>>,
 }
 
 impl RunningServer {
@@ -261,14 +261,12 @@ impl RunningServer {
     }
 
     /// Stops accepting, waits for the server to wind down.
-    pub async fn shutdown(mut self) -> Result<()> {
+    pub async fn shutdown(mut self) -> Result<(), StartupError> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         match self.task.take() {
-            Some(task) => task
-                .await
-                .map_err(|e| ServerError::Internal(format!("server task: {e}")))?,
+            Some(task) => task.await.map_err(|e| StartupError::Serve(Box::new(e)))?,
             None => Ok(()),
         }
     }

@@ -385,7 +385,7 @@ impl PushdownService {
             }
             Some(Ok(t)) => t
                 .to_string(false)
-                .map_err(|e| ServerError::Internal(format!("serializing the tokenizer: {e}")))?,
+                .map_err(|e| ServerError::failed("serializing the tokenizer", e))?,
         };
         Ok(vec![arrow_flight::Result::new(json)])
     }

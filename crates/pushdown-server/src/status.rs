@@ -24,6 +24,7 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::BadMessage { .. } => (Code::InvalidArgument, false),
         ServerError::BadRequest(_) => (Code::InvalidArgument, false),
         ServerError::BadQuery(_) => (Code::InvalidArgument, false),
+        ServerError::BadPart { .. } => (Code::InvalidArgument, false),
         ServerError::NotReadOnly(_) => (Code::InvalidArgument, false),
         ServerError::Unsupported(_) => (Code::Unimplemented, false),
         ServerError::Overloaded(_) => (Code::ResourceExhausted, false),
@@ -34,6 +35,7 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::Storage(_) => (Code::Unavailable, true),
         ServerError::StorageDenied(_) => (Code::FailedPrecondition, true),
         ServerError::Internal(_) => (Code::Internal, true),
+        ServerError::Failed { .. } => (Code::Internal, true),
         ServerError::Encode { .. } => (Code::Internal, true),
         ServerError::Task { .. } => (Code::Internal, true),
         ServerError::Unauthenticated(_) => (Code::Unauthenticated, false),
@@ -46,9 +48,10 @@ pub(crate) fn status(e: ServerError) -> Status {
     }
     let message = match &e {
         // Internal details stay in the server log; the caller gets what it can act on.
-        ServerError::Internal(_) | ServerError::Encode { .. } | ServerError::Task { .. } => {
-            "internal error (see server log)".to_string()
-        }
+        ServerError::Internal(_)
+        | ServerError::Failed { .. }
+        | ServerError::Encode { .. }
+        | ServerError::Task { .. } => "internal error (see server log)".to_string(),
         // The store's own words may carry its layout or credentials' ids: the operator
         // reads them in the log, the caller gets what to do.
         ServerError::StorageDenied(_) => {
