@@ -16,8 +16,12 @@
 //! server never panics on input and stays up.
 //!
 //! Modules: [`server`](Server) (builder, socket, TLS) over the service, which uses `state`
-//! (the node and the front end's own admission and link memory), `codec` (IPC encoding,
-//! the codec governor), `status` (errors to gRPC statuses) and `flight_sql`. Nothing here
+//! (the node and the front end's own admission and link memory), `context` (what every
+//! handler shares: authentication, accounting, contained panics, planning), `doget` (a
+//! `DoGet` stream's stages after the engine's ticket stream: the encoding sink with its
+//! codec governor, the trailer, the outcome), `codec` (IPC encoding, the governor),
+//! `status` (errors to gRPC statuses) and `flight_sql` (Flight SQL, decoded once and
+//! matched by command). Nothing here
 //! is imported by the engine: the dependency points one way.
 //!
 //! ```no_run
@@ -33,6 +37,7 @@
 
 mod codec;
 mod context;
+mod doget;
 mod flight_sql;
 mod http;
 mod server;

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::flight_descriptor::DescriptorType;
@@ -12,24 +11,18 @@ use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest,
     HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
-use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
-use pushdown_protocol::{
-    ActionKind, ClientReport, Compression, CountReply, Fragment, Query, ScanRequest, ShardTicket,
-};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use pushdown_protocol::{ActionKind, ClientReport, CountReply, Fragment, Query, ScanRequest, ShardTicket};
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::Instrument;
 
-use crate::codec::{Encoder, Governor};
 use crate::context::Context;
+use crate::doget::DoGet;
 use crate::flight_sql::FlightSql;
 use crate::state::State;
 use pushdown_engine::auth::{Caller, Grant};
-use pushdown_engine::catalog::panic_message;
 use pushdown_engine::error::{Result, ServerError};
-use pushdown_engine::query::{Opened, Shape};
-use pushdown_engine::ticket::{CacheUse, Placement, TicketStream};
+use pushdown_engine::query::Shape;
 
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 
@@ -137,25 +130,16 @@ impl PushdownService {
             .as_ref()
             .map(|s| format!(" over `{}/{}`", s.dataset, s.file))
             .unwrap_or_default();
-        let (tx, rx) = mpsc::channel(2);
-        let producer = produce(
-            Arc::clone(&self.state),
+        let opened = DoGet {
+            state: Arc::clone(&self.state),
             ticket,
-            (opened, placement),
-            Arc::clone(&caller.grant),
-            (permit, peer),
-            tx.clone(),
-        );
-        let metrics = Arc::clone(&node.metrics);
-        let guard = node
-            .cpu
-            .spawn(run_producer(producer, metrics, shard_name, tx).instrument(span));
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
-            // The stream owns the producer: dropping it (client gone) aborts the query.
-            let _owner = &guard;
-            item
-        });
-        Ok(stream.boxed())
+            opened,
+            placement,
+            grant: Arc::clone(&caller.grant),
+            permit,
+            peer,
+        };
+        Ok(opened.spawn(span, shard_name))
     }
 
     async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
@@ -397,149 +381,6 @@ const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Rows the `profile` action samples.
 const PROFILE_ROWS: usize = 256;
 
-/// Runs a DoGet stream's `producer` to its end, recording how the stream ended; a failure
-/// (or a panic, named with `shard_name`) is sent to the client as the stream's last item.
-async fn run_producer(
-    producer: impl std::future::Future<Output = Result<bool>>,
-    metrics: Arc<pushdown_engine::metrics::Metrics>,
-    shard_name: String,
-    tx: mpsc::Sender<Result<FlightData, Status>>,
-) {
-    let mut outcome = StreamOutcome::start(Arc::clone(&metrics));
-    // A panic in a kernel or decoder must end this stream with an error, never
-    // silently: a stream that just stopped would look complete to the client.
-    let result = std::panic::AssertUnwindSafe(producer).catch_unwind().await;
-    let status = match result {
-        Ok(Ok(completed)) => {
-            outcome.outcome = if completed { "ok" } else { "cancelled" };
-            return;
-        }
-        Ok(Err(e)) => crate::status::status(e),
-        Err(panic) => {
-            metrics.panics_contained.inc();
-            let what = panic_message(panic.as_ref());
-            crate::status::status(ServerError::Internal(format!(
-                "stream{shard_name} panicked: {what}"
-            )))
-        }
-    };
-    outcome.outcome = match status.code() {
-        tonic::Code::DeadlineExceeded => "deadline",
-        _ => "error",
-    };
-    // The receiver may be gone (client disconnected): nothing to tell then.
-    let _ = tx.send(Err(status)).await;
-}
-
-/// Streams an opened ticket's batches (the node's [`TicketStream`]) to `tx` as Flight data,
-/// each encoded with the codec its governor chooses; the statistics trailer last, when the
-/// ticket asks for it. Returns whether the client took the whole stream.
-async fn produce(
-    state: Arc<State>,
-    ticket: ShardTicket,
-    (opened, placement): (Opened, Placement),
-    grant: Arc<Grant>,
-    (_permit, peer): (OwnedSemaphorePermit, Option<std::net::IpAddr>),
-    tx: mpsc::Sender<Result<FlightData, Status>>,
-) -> Result<bool> {
-    let node = &state.node;
-    let deadline = node.config.request_timeout;
-    // An adaptive stream starts from what the last one to this peer learnt of the link.
-    let learnt = peer.and_then(|p| pushdown_engine::catalog::lock(&state.links).get(&p).copied());
-    let mut governor = Governor::resume(ticket.request.compression, learnt);
-    let mut encoder =
-        Encoder::new(node.config.max_flight_data_bytes).map_err(ServerError::encode("IPC options"))?;
-    let mut bytes_sent = 0u64;
-    let stream_all = async {
-        let mut batches = node
-            .batches(&ticket, opened, placement, &grant, CacheUse::Read)
-            .await?;
-        let completed = send_all(
-            &mut batches,
-            &mut encoder,
-            &mut governor,
-            &tx,
-            (&node.metrics, &mut bytes_sent),
-        )
-        .await?;
-        Ok::<_, ServerError>((completed, batches))
-    };
-    let ended = tokio::time::timeout(deadline, stream_all).await;
-    if let (Some(peer), Some(memory)) = (peer, governor.memory()) {
-        let mut links = pushdown_engine::catalog::lock(&state.links);
-        // Bounded: a server with this many peers forgets them all and learns again.
-        if links.len() >= MAX_PEERS_REMEMBERED && !links.contains_key(&peer) {
-            links.clear();
-        }
-        links.insert(peer, memory);
-    }
-    let (completed, batches) = match ended {
-        Ok(result) => result?,
-        Err(_) => return Err(ServerError::Deadline(deadline)),
-    };
-    let stats = batches.finish(completed, bytes_sent);
-    tracing::debug!(?stats, link_bytes_per_s = ?governor.link(), "stream finished");
-    if completed && ticket.request.stats {
-        let _ = tx
-            .send(Ok(FlightData::new().with_app_metadata(stats.encode())))
-            .await;
-    }
-    Ok(completed)
-}
-
-/// Sends the schema and every batch of `batches`, encoded, counting the bytes put on the
-/// wire. `false`: the client went away.
-async fn send_all(
-    batches: &mut TicketStream,
-    encoder: &mut Encoder,
-    governor: &mut Governor,
-    tx: &mpsc::Sender<Result<FlightData, Status>>,
-    (metrics, bytes_sent): (&pushdown_engine::Metrics, &mut u64),
-) -> Result<bool> {
-    let schema_message = encoder.schema(batches.schema());
-    *bytes_sent += schema_message.data_header.len() as u64;
-    if tx.send(Ok(schema_message)).await.is_err() {
-        return Ok(false);
-    }
-    while let Some(batch) = batches.next().await {
-        let batch = batch?;
-        let codec = governor.codec();
-        let messages = encoder
-            .batch(&batch, codec)
-            .map_err(ServerError::encode("encoding a batch"))?;
-        let producing = batches.wait_for_client();
-        let wire: u64 = messages
-            .iter()
-            .map(|m| (m.data_header.len() + m.data_body.len()) as u64)
-            .sum();
-        // What the batch would have been uncompressed (its buffers: what IPC copies).
-        let raw = if codec == Compression::None {
-            wire
-        } else {
-            batch
-                .columns()
-                .iter()
-                .map(|c| c.get_buffer_memory_size() as u64)
-                .sum()
-        };
-        let sending_since = Instant::now();
-        for data in messages {
-            *bytes_sent += (data.data_header.len() + data.data_body.len()) as u64;
-            if tx.send(Ok(data)).await.is_err() {
-                tracing::debug!("client went away; stopping the stream");
-                return Ok(false);
-            }
-        }
-        batches.resume();
-        governor.observe(producing, sending_since.elapsed(), raw, wire);
-        metrics.record_batch(codec);
-    }
-    Ok(true)
-}
-
-/// Peers whose links adaptive streams remember (see [`crate::codec::LinkMemory`]).
-const MAX_PEERS_REMEMBERED: usize = 4096;
-
 /// A dataset's version as `ListFlights` and the `refresh` action report it.
 fn dataset_version(d: &pushdown_engine::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
     pushdown_protocol::DatasetVersion {
@@ -547,31 +388,6 @@ fn dataset_version(d: &pushdown_engine::catalog::Dataset) -> pushdown_protocol::
         version: d.version(),
         files: d.files.len() as u64,
         broken_files: d.broken.len() as u64,
-    }
-}
-
-/// Accounts for one DoGet stream however it ends: finished, failed, or dropped mid-way
-/// (a client that went away aborts the producer, so only a drop guard sees that).
-struct StreamOutcome {
-    metrics: Arc<pushdown_engine::metrics::Metrics>,
-    outcome: &'static str,
-}
-
-impl StreamOutcome {
-    fn start(metrics: Arc<pushdown_engine::metrics::Metrics>) -> Self {
-        metrics.active_streams.inc();
-        Self {
-            metrics,
-            outcome: "cancelled",
-        }
-    }
-}
-
-impl Drop for StreamOutcome {
-    fn drop(&mut self) {
-        // The outcome first: whoever sees the gauge drop also sees how the stream ended.
-        self.metrics.record_request("do_get", self.outcome);
-        self.metrics.active_streams.dec();
     }
 }
 
