@@ -12,11 +12,17 @@ use pushdown_protocol::{ActionKind, CountReply, ScanRequest};
 
 use crate::connect::ConnectOptions;
 use crate::error::{ClientError, Result};
-use crate::fleet::{self, Failure, Fleet};
+use crate::fleet::{self, Fleet};
+use crate::retry::{self, Attempts, Failure, Policy, Verdict};
 use crate::stream::{ShardStream, StreamOptions};
 
-/// Times planning asks a server again after a transient failure.
-const PLAN_RETRIES: u32 = 3;
+/// Planning asks a server again after a transient failure, 3 times, backing off from 100 ms.
+const PLAN_RETRY: Policy = Policy {
+    max_retries: 3,
+    backoff: Duration::from_millis(100),
+    pass_elsewhere: false,
+    once: false,
+};
 
 /// Connections to the pushdown servers of a fleet (one or more), each holding some of the
 /// datasets' files.
@@ -61,7 +67,7 @@ impl PushdownClient {
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let nodes = Fleet::ranked(&self.fleet.nodes(), 0);
-        fleet::first_answer(nodes, &[], "no server to ask", |node| f(node.flight.clone())).await
+        retry::first_answer(nodes, false, "no server to ask", |node| f(node.flight.clone())).await
     }
 
     /// Plans a request on every server and merges their answers: one endpoint per shard, in
@@ -75,20 +81,18 @@ impl PushdownClient {
         let replies = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
             let descriptor = descriptor.clone();
             async move {
-                let mut attempt = 0;
+                // This server's own answer: retried on it alone.
+                let mut attempts = Attempts::new(vec![Arc::clone(&node)], 0, PLAN_RETRY);
                 loop {
                     match node.flight.clone().get_flight_info(descriptor.clone()).await {
                         Ok(info) => {
                             node.succeeded();
                             return Ok((Arc::clone(&node), info.into_inner()));
                         }
-                        Err(status)
-                            if attempt < PLAN_RETRIES && Failure::of(status.code()) == Failure::Transient =>
-                        {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(100) * attempt).await;
-                        }
-                        Err(status) => return Err((node, status)),
+                        Err(status) => match attempts.failed(&node, status).await {
+                            Verdict::Fail(status) => return Err((node, status)),
+                            Verdict::Next | Verdict::Retry => {}
+                        },
                     }
                 }
             }
@@ -104,7 +108,6 @@ impl PushdownClient {
             match reply {
                 Ok(answer) => answers.push(answer),
                 Err((node, status)) if Failure::of(status.code()) == Failure::Transient => {
-                    node.failed(Duration::from_millis(100));
                     unreachable.push((node, status));
                 }
                 Err((node, status)) => return Err(ClientError::server(&node.url, status)),
@@ -288,15 +291,10 @@ impl PushdownClient {
             .ok_or_else(|| ClientError::reply("planning", "an endpoint has no ticket"))?;
         let holders = Fleet::ranked(&self.fleet.holders(endpoint)?, 0);
         // A holder without the shard's file at its version is passed over for the next.
-        let results = fleet::first_answer(
-            holders,
-            &[Failure::Elsewhere],
-            "no server holds the shard",
-            |node| {
-                let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
-                async move { node.action(action).await }
-            },
-        )
+        let results = retry::first_answer(holders, true, "no server holds the shard", |node| {
+            let action = Action::new(ActionKind::Count.name(), ticket.ticket.clone());
+            async move { node.action(action).await }
+        })
         .await?;
         let body = results
             .first()

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightEndpoint, FlightInfo, Location};
 use pushdown_protocol::{PlanEstimate, ShardTicket};
-use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -84,80 +83,6 @@ pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// ever (the deadlock at more than 4 streams). Memory stays bounded by the streams in flight
 /// × [`STREAM_WINDOW`], which the loader bounds.
 pub(crate) const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
-
-/// What a failed call says about trying again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// The server or the network (unavailable, reset, deadline, overloaded): retry, on
-    /// another holder first.
-    Transient,
-    /// This server cannot serve it (no such file, another version of it): ask another
-    /// holder, never this one again for it.
-    Elsewhere,
-    /// The request or the data (a bad value, corrupt data, a refused query): the same on
-    /// every server and every retry.
-    Final,
-}
-
-impl Failure {
-    pub(crate) fn of(code: Code) -> Self {
-        match code {
-            Code::Unavailable
-            | Code::Unknown
-            | Code::Cancelled
-            | Code::ResourceExhausted
-            | Code::Aborted
-            | Code::DeadlineExceeded
-            | Code::Internal => Failure::Transient,
-            Code::NotFound | Code::FailedPrecondition => Failure::Elsewhere,
-            Code::Ok
-            | Code::InvalidArgument
-            | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::OutOfRange
-            | Code::Unimplemented
-            | Code::DataLoss
-            | Code::Unauthenticated => Failure::Final,
-        }
-    }
-}
-
-/// Asks `nodes` in turn (ranked: best first) until one answers: the one loop for every call
-/// that any server, or any holder of a shard, may answer. A transient failure rests the node
-/// and moves on; another failure moves on when `passes` names its kind (a holder without the
-/// file); any other failure is the answer. When every node failed, the last failure; with no
-/// node at all, `none`.
-pub(crate) async fn first_answer<T, F, Fut>(
-    nodes: Vec<Arc<Node>>,
-    passes: &[Failure],
-    none: &str,
-    ask: F,
-) -> Result<T>
-where
-    F: Fn(Arc<Node>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    let mut last = None;
-    for node in nodes {
-        match ask(Arc::clone(&node)).await {
-            Ok(v) => {
-                node.succeeded();
-                return Ok(v);
-            }
-            Err(status) => {
-                let failure = Failure::of(status.code());
-                if failure == Failure::Transient {
-                    tracing::warn!(server = %node.url, %status, "server did not answer; trying the next");
-                    node.failed(Duration::from_millis(100));
-                } else if !passes.contains(&failure) {
-                    return Err(ClientError::server(&node.url, status));
-                }
-                last = Some(ClientError::server(&node.url, status));
-            }
-        }
-    }
-    Err(last.unwrap_or_else(|| ClientError::NoAnswer(none.to_owned())))
-}
 
 /// One server as the client sees it.
 #[derive(Debug)]
@@ -676,16 +601,6 @@ mod tests {
         assert_eq!(http_url("grpc+tcp://h:1").unwrap(), "http://h:1");
         assert_eq!(http_url("http://h:1").unwrap(), "http://h:1");
         assert!(http_url("h:1").is_err());
-    }
-
-    #[test]
-    fn failures_are_sorted_by_what_a_retry_can_change() {
-        assert_eq!(Failure::of(Code::Unavailable), Failure::Transient);
-        assert_eq!(Failure::of(Code::DeadlineExceeded), Failure::Transient);
-        assert_eq!(Failure::of(Code::FailedPrecondition), Failure::Elsewhere);
-        assert_eq!(Failure::of(Code::NotFound), Failure::Elsewhere);
-        assert_eq!(Failure::of(Code::InvalidArgument), Failure::Final);
-        assert_eq!(Failure::of(Code::DataLoss), Failure::Final);
     }
 
     #[tokio::test]

@@ -17,7 +17,8 @@
 //! with a seed the delivered sequence is reproducible.
 //!
 //! Layers, each importing only those above it: `error`; `connect` (options, message sizes);
-//! `fleet` (connections, ranking of holders); `control` (the adaptive split's control loop:
+//! `fleet` (connections, ranking of holders); `retry` (the one retry loop of every call to
+//! a holder: planning, a call any server may answer, a shard's stream); `control` (the adaptive split's control loop:
 //! pure, no I/O); `completion` and `tune` (the shared completion and the streams-in-flight
 //! tuner); `stream` (shard streams, holding the fleet); `client` ([`PushdownClient`]);
 //! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime); `loader` and `run` on
@@ -32,6 +33,7 @@ mod fleet;
 mod loader;
 mod order;
 mod plan;
+mod retry;
 pub mod run;
 mod steps;
 mod stream;

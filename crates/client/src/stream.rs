@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 
 use crate::completion::Completion;
 use crate::error::{ClientError, Result};
-use crate::fleet::{Failure, Fleet, Node};
+use crate::fleet::{Fleet, Node};
+use crate::retry::{Attempts, Failure, Policy, Verdict};
 
 /// How a [`ShardStream`] fans out.
 #[derive(Debug, Clone)]
@@ -459,7 +460,16 @@ async fn run_endpoint(
         index,
         position: segment.position,
         ticket,
-        holders,
+        attempts: Attempts::new(
+            holders,
+            index,
+            Policy {
+                max_retries: options.max_retries,
+                backoff: options.retry_backoff,
+                pass_elsewhere: true,
+                once: false,
+            },
+        ),
         tx,
         totals,
         completion,
@@ -468,10 +478,6 @@ async fn run_endpoint(
         resumable,
         delivered: segment.skip,
         end: segment.take.map(|t| segment.skip + t),
-        attempts: 0,
-        tried: Vec::new(),
-        refused: Vec::new(),
-        backoff: options.retry_backoff,
         options,
     }
     .run()
@@ -485,7 +491,8 @@ struct EndpointRun {
     /// The segment's [`Segment::position`]: where its ops run.
     position: u64,
     ticket: Ticket,
-    holders: Vec<Arc<Node>>,
+    /// The holders asked, and how the failures went.
+    attempts: Attempts,
     tx: Buffer,
     totals: Arc<Mutex<StreamTotals>>,
     completion: Option<Arc<Completion>>,
@@ -498,13 +505,6 @@ struct EndpointRun {
     delivered: u64,
     /// Where to stop.
     end: Option<u64>,
-    /// Consecutive failures, against `max_retries`.
-    attempts: usize,
-    /// The servers asked, each once, in the order first asked.
-    tried: Vec<String>,
-    /// Servers that refused this shard, and why: never asked again for it.
-    refused: Vec<(String, String)>,
-    backoff: Duration,
     options: StreamOptions,
 }
 
@@ -513,15 +513,11 @@ impl EndpointRun {
     /// consumer is gone.
     async fn run(mut self) {
         loop {
-            let Some(node) = self.next_holder() else {
+            let Some(node) = self.attempts.next() else {
                 return self.tx.fail(ClientError::NoServer {
                     endpoint: self.index,
                     shard: self.shard.clone(),
-                    refusals: self
-                        .refused
-                        .iter()
-                        .map(|(u, why)| format!("{u}: {why}"))
-                        .collect(),
+                    refusals: self.attempts.refusals(),
                 });
             };
             // Where this shard's ops run is asked anew on each request (a resumed stream too).
@@ -533,9 +529,6 @@ impl EndpointRun {
                 None => (None, None),
             };
             let bytes = self.request(deferral);
-            if !self.tried.contains(&node.url) {
-                self.tried.push(node.url.clone());
-            }
             let before = self.delivered;
             let outcome = self.fetch_from(&node, bytes, dealt.as_mut()).await;
             let status = match outcome {
@@ -544,29 +537,11 @@ impl EndpointRun {
                 Err(Fetch::Failed(e)) => return self.tx.fail(e),
                 Err(Fetch::Status(status)) => status,
             };
-            match Failure::of(status.code()) {
-                Failure::Final => return self.give_up(status),
-                Failure::Elsewhere => {
-                    tracing::warn!(shard = self.shard, server = %node.url, %status, "server cannot serve the shard; asking another");
-                    self.refused.push((node.url.clone(), status.message().to_owned()));
-                    continue;
-                }
-                Failure::Transient => {}
-            }
             // `dealt` stays held through any backoff: it is dropped as this iteration ends.
-            if !self.resume_after_failure(&node, status, before).await {
+            if !self.after_failure(&node, status, before).await {
                 return;
             }
         }
-    }
-
-    /// The holder to ask next: the first ranked that has not refused the shard.
-    fn next_holder(&self) -> Option<Arc<Node>> {
-        let candidates: Vec<_> = Fleet::ranked(&self.holders, self.index)
-            .into_iter()
-            .filter(|n| !self.refused.iter().any(|(url, _)| *url == n.url))
-            .collect();
-        candidates.first().cloned()
     }
 
     /// The ticket to send: the decoded one told the rows to skip and where the ops run, when
@@ -633,18 +608,19 @@ impl EndpointRun {
         self.tx.fail(ClientError::Stream {
             endpoint: self.index,
             shard: self.shard.clone(),
-            attempts: self.attempts + 1,
-            servers: std::mem::take(&mut self.tried),
+            attempts: self.attempts.retries() + 1,
+            servers: self.attempts.take_tried(),
             status: Box::new(status),
         });
     }
 
-    /// After a transient failure on `node` (`before`: the rows delivered when it was asked):
-    /// rests the server, counts the retry and backs off when no other holder works. `false`
-    /// when the shard's error was sent instead (not resumable, or out of retries).
-    async fn resume_after_failure(&mut self, node: &Node, status: tonic::Status, before: u64) -> bool {
-        node.failed(self.options.retry_backoff);
-        if self.resumable.is_none() && self.delivered > 0 {
+    /// After `node` failed with `status` (`before`: the rows delivered when it was asked):
+    /// what the retry policy says, and whether the stream can resume. `false` when the
+    /// shard's error was sent instead (final, not resumable, or out of retries).
+    async fn after_failure(&mut self, node: &Node, status: tonic::Status, before: u64) -> bool {
+        if Failure::of(status.code()) == Failure::Transient && self.resumable.is_none() && self.delivered > 0
+        {
+            node.failed(self.options.retry_backoff);
             self.tx.fail(ClientError::NotResumable {
                 delivered: self.delivered,
                 status: Box::new(status),
@@ -652,26 +628,24 @@ impl EndpointRun {
             return false;
         }
         if self.delivered > before {
-            // Progress was made: the budget is for consecutive failures.
-            self.attempts = 0;
-            self.backoff = self.options.retry_backoff;
+            self.attempts.progressed();
         }
-        if self.attempts >= self.options.max_retries {
-            self.give_up(status);
-            return false;
+        match self.attempts.failed(node, status).await {
+            Verdict::Fail(status) => {
+                self.give_up(status);
+                false
+            }
+            Verdict::Next => true,
+            Verdict::Retry => {
+                self.totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
+                tracing::debug!(
+                    shard = self.shard,
+                    delivered = self.delivered,
+                    "resuming the stream"
+                );
+                true
+            }
         }
-        self.attempts += 1;
-        self.totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
-        tracing::warn!(shard = self.shard, server = %node.url, attempt = self.attempts, delivered = self.delivered, %status, "stream failed; resuming");
-        // Straight to another working holder; wait only when every holder has failed lately.
-        let another = Fleet::ranked(&self.holders, self.index)
-            .first()
-            .is_some_and(|n| n.url != node.url && !self.refused.iter().any(|(u, _)| *u == n.url));
-        if !another || self.attempts > self.holders.len() {
-            tokio::time::sleep(jittered(self.backoff)).await;
-            self.backoff = self.backoff.saturating_mul(2);
-        }
-        true
     }
 }
 
@@ -703,12 +677,6 @@ async fn complete(
             source,
         })),
     }
-}
-
-/// A wait in [d/2, d]: retries of many streams do not arrive together.
-fn jittered(d: Duration) -> Duration {
-    use rand::Rng;
-    d.mul_f64(rand::rng().random_range(0.5..=1.0))
 }
 
 /// Rows of an endpoint delivered so far (counting skipped ones), where to stop, and what the
