@@ -694,7 +694,11 @@ mod golden {
     }
 
     fn cases() -> Vec<PathBuf> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("explain");
+        // Where cargo runs the test from now (it sets the variable for every test run), not
+        // where the binary was built: a binary built in another checkout still reads these.
+        let manifest =
+            std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+        let dir = Path::new(&manifest).join("explain");
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| e.expect("dir entry").path())
