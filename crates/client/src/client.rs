@@ -22,6 +22,7 @@ const PLAN_RETRY: Policy = Policy {
     backoff: Duration::from_millis(100),
     pass_elsewhere: false,
     once: false,
+    rest_each_failure: false,
 };
 
 /// Connections to the pushdown servers of a fleet (one or more), each holding some of the

@@ -197,7 +197,7 @@ impl Node {
         )
     }
 
-    fn resting(&self, now: Instant) -> bool {
+    pub(crate) fn resting(&self, now: Instant) -> bool {
         self.resting_until
             .lock()
             .unwrap_or_else(|p| p.into_inner())

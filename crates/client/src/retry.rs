@@ -64,6 +64,9 @@ pub(crate) struct Policy {
     /// Each holder is asked at most once (a call any server may answer: the first to answer
     /// wins, and none is waited for).
     pub(crate) once: bool,
+    /// A transient failure rests the server at once (other calls rank it last meanwhile);
+    /// otherwise only when the call gives up on it (planning, which asks every server).
+    pub(crate) rest_each_failure: bool,
 }
 
 impl Policy {
@@ -74,6 +77,7 @@ impl Policy {
             backoff: Duration::from_millis(100),
             pass_elsewhere,
             once: true,
+            rest_each_failure: true,
         }
     }
 }
@@ -157,8 +161,11 @@ impl Attempts {
             }
             Failure::Elsewhere => Verdict::Fail(status),
             Failure::Transient => {
-                node.failed(self.policy.backoff);
-                if self.retries >= self.policy.max_retries {
+                let out_of_retries = self.retries >= self.policy.max_retries;
+                if self.policy.rest_each_failure || out_of_retries {
+                    node.failed(self.policy.backoff);
+                }
+                if out_of_retries {
                     return Verdict::Fail(status);
                 }
                 self.retries += 1;
@@ -313,6 +320,7 @@ mod tests {
             backoff: Duration::from_millis(1),
             pass_elsewhere: true,
             once: false,
+            rest_each_failure: true,
         };
         let mut attempts = Attempts::new(nodes.clone(), 0, policy);
         let first = attempts.next().expect("a holder");
@@ -359,6 +367,7 @@ mod tests {
             backoff: Duration::from_millis(1),
             pass_elsewhere: true,
             once: false,
+            rest_each_failure: true,
         };
         let mut attempts = Attempts::new(nodes, 0, policy);
         let mut verdicts = Vec::new();
@@ -374,5 +383,47 @@ mod tests {
         assert_eq!(verdicts, [true, true, true, false]);
         assert_eq!(attempts.retries(), 2);
         assert_eq!(attempts.take_tried().len(), 1);
+    }
+
+    /// Planning asks every server and retries each on its own: a server it retries is not
+    /// rested (ranked last by other calls) until planning gives up on it.
+    #[tokio::test]
+    async fn a_server_is_rested_when_the_call_gives_up_unless_each_failure_rests_it() {
+        let nodes = lazy_nodes(1).await;
+        let policy = Policy {
+            max_retries: 1,
+            backoff: Duration::from_secs(10),
+            pass_elsewhere: false,
+            once: true,
+            rest_each_failure: false,
+        };
+        let mut attempts = Attempts::new(nodes.clone(), 0, policy);
+        let node = attempts.next().unwrap();
+        assert!(matches!(
+            attempts.failed(&node, unavailable()).await,
+            Verdict::Next
+        ));
+        assert!(!node.resting(std::time::Instant::now()), "retried, not rested");
+        assert!(matches!(
+            attempts.failed(&node, unavailable()).await,
+            Verdict::Fail(_)
+        ));
+        assert!(node.resting(std::time::Instant::now()), "given up on: rested");
+
+        let nodes = lazy_nodes(1).await;
+        let mut attempts = Attempts::new(
+            nodes,
+            0,
+            Policy {
+                rest_each_failure: true,
+                ..policy
+            },
+        );
+        let node = attempts.next().unwrap();
+        assert!(matches!(
+            attempts.failed(&node, unavailable()).await,
+            Verdict::Next
+        ));
+        assert!(node.resting(std::time::Instant::now()), "rested at once");
     }
 }

@@ -21,6 +21,7 @@ use crate::completion::Completion;
 use crate::error::{ClientError, Result};
 use crate::fleet::{Fleet, Node};
 use crate::retry::{Attempts, Failure, Policy, Verdict};
+use tracing::Instrument;
 
 /// How a [`ShardStream`] fans out.
 #[derive(Debug, Clone)]
@@ -456,6 +457,8 @@ async fn run_endpoint(
     // (or a ticket of another server) only runs again from the start, while nothing was
     // delivered.
     let resumable = decoded.filter(|t| t.shard.is_some());
+    // The retry loop's warnings name the shard through this span.
+    let span = tracing::info_span!("shard", endpoint = index, shard = %shard);
     EndpointRun {
         index,
         position: segment.position,
@@ -468,6 +471,7 @@ async fn run_endpoint(
                 backoff: options.retry_backoff,
                 pass_elsewhere: true,
                 once: false,
+                rest_each_failure: true,
             },
         ),
         tx,
@@ -481,6 +485,7 @@ async fn run_endpoint(
         options,
     }
     .run()
+    .instrument(span)
     .await
 }
 
@@ -627,7 +632,8 @@ impl EndpointRun {
             });
             return false;
         }
-        if self.delivered > before {
+        if Failure::of(status.code()) == Failure::Transient && self.delivered > before {
+            // Progress was made: the retry budget is for consecutive failures.
             self.attempts.progressed();
         }
         match self.attempts.failed(node, status).await {

@@ -24,8 +24,8 @@ pub enum ServerError {
     #[error("invalid query: {0}")]
     BadQuery(String),
 
-    /// A part of the caller's query (a predicate, a parameter's value, a view's statement,
-    /// a catalog file) that does not parse or plan; `reason` is the cause's own words.
+    /// A part of the caller's query (a predicate, a parameter's value, a view's statement)
+    /// that does not parse or plan; `reason` is the cause's own words.
     #[error("invalid query: {what}: {reason}")]
     BadPart {
         what: String,
@@ -85,7 +85,7 @@ pub enum ServerError {
     BadMessage {
         what: &'static str,
         #[source]
-        source: arrow::error::ArrowError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     #[error("query failed: {0}")]

@@ -60,8 +60,8 @@ pub(crate) struct FlightSql {
 /// The prefix of every Flight SQL message's type.
 const FLIGHT_SQL_TYPE: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 
-const CREATE_PREPARED_STATEMENT: &str = "CreatePreparedStatement";
-const CLOSE_PREPARED_STATEMENT: &str = "ClosePreparedStatement";
+pub(crate) const CREATE_PREPARED_STATEMENT: &str = "CreatePreparedStatement";
+pub(crate) const CLOSE_PREPARED_STATEMENT: &str = "ClosePreparedStatement";
 
 /// Flight SQL's actions (everything else is one of ours).
 const ACTIONS: [&str; 8] = [
@@ -237,7 +237,7 @@ impl FlightSql {
                 "flight_sql",
                 ServerError::BadMessage {
                     what: "Flight SQL command",
-                    source,
+                    source: Box::new(source),
                 },
             )
         }))
@@ -394,7 +394,7 @@ impl FlightSql {
         // At most a few messages (schema, one batch), then decoded one by one.
         let mut messages = vec![first];
         while let Some(data) = rest.next().await {
-            let data = data.map_err(|e| ServerError::bad_syntax("parameters", e))?;
+            let data = data.map_err(|e| ServerError::BadRequest(format!("parameters: {e}")))?;
             if messages.len() == params::MAX_PARAM_MESSAGES {
                 return Err(ServerError::BadRequest("parameters: too many messages".into()));
             }
@@ -442,13 +442,13 @@ impl FlightSql {
 
     /// An action's body as the Flight SQL message its kind names.
     fn unpack<M: ProstMessageExt + Default>(&self, request: &Request<Action>) -> Result<M, Status> {
-        let malformed = |source| ServerError::BadMessage {
+        let malformed = |source: Box<dyn std::error::Error + Send + Sync>| ServerError::BadMessage {
             what: "Flight SQL action",
             source,
         };
         let message = Any::decode(&*request.get_ref().body)
-            .map_err(|e| malformed(arrow::error::ArrowError::ParseError(e.to_string())))
-            .and_then(|any| any.unpack::<M>().map_err(malformed))
+            .map_err(|e| malformed(Box::new(e)))
+            .and_then(|any| any.unpack::<M>().map_err(|e| malformed(Box::new(e))))
             .and_then(|m| {
                 m.ok_or_else(|| {
                     ServerError::BadRequest(format!(

@@ -130,7 +130,7 @@ impl PushdownService {
             .as_ref()
             .map(|s| format!(" over `{}/{}`", s.dataset, s.file))
             .unwrap_or_default();
-        let opened = DoGet {
+        let stream = DoGet {
             state: Arc::clone(&self.state),
             ticket,
             opened,
@@ -139,7 +139,7 @@ impl PushdownService {
             permit,
             peer,
         };
-        Ok(opened.spawn(span, shard_name))
+        Ok(stream.spawn(span, shard_name))
     }
 
     async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
@@ -600,7 +600,11 @@ impl FlightService for PushdownService {
                 description: a.description().into(),
             })
         });
-        let sql = ["CreatePreparedStatement", "ClosePreparedStatement"].map(|name| {
+        let sql = [
+            crate::flight_sql::CREATE_PREPARED_STATEMENT,
+            crate::flight_sql::CLOSE_PREPARED_STATEMENT,
+        ]
+        .map(|name| {
             Ok(ActionType {
                 r#type: name.into(),
                 description: "Flight SQL prepared statements (stateless handles)".into(),
