@@ -2,7 +2,7 @@
 the plain client (pyarrow.flight reading a query's endpoints in order) and `pushdown run`,
 each binary against its own server over loopback, the two alternated, best of N.
 
-    python benches/python/ab_binaries.py OLD_BIN NEW_BIN DATA_ROOT [REPS]
+    .venv/bin/python benches/python/ab_binaries.py OLD_BIN NEW_BIN DATA_ROOT [REPS]
 
 DATA_ROOT needs `clicks` and `images` (e.g. `pushdown gen clicks --rows 1500000 --out D`,
 `pushdown gen images --rows 3000 --out D`). Prints a Markdown table of seconds and ratios.

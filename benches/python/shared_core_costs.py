@@ -2,27 +2,20 @@
 (planning, shard counts) as the intercept of the server's CPU against rows, and the CPU per
 row and context switches with 1 to 16 trainers (2 streams each) on the core at once.
 
-    python benches/python/shared_core_costs.py PUSHDOWN_BIN DATA_ROOT
+    .venv/bin/python benches/python/shared_core_costs.py PUSHDOWN_BIN DATA_ROOT
 
 DATA_ROOT needs `img2048` and `img8192` (`pushdown gen images --rows N --name imgN --out D`).
 The server runs on CPU 0 with one CPU thread and no cache; the trainers (`pushdown run`)
 on CPU 1. Linux only (/proc).
 """
 import glob
-import socket
 import subprocess
 import sys
 import time
 
+from ab_binaries import free_port  # this folder is on sys.path when run as a script
+
 SQL = "SELECT id, label, decode_resize(image, 64, 64) AS pixels FROM img{n}"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cpu_seconds(pid):

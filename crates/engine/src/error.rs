@@ -362,12 +362,17 @@ pub fn redact_paths(message: &str) -> String {
 pub fn outcome(result: &Result<impl Sized>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(
+        Err(e) => e.outcome(),
+    }
+}
+
+impl ServerError {
+    /// This failure's label in the requests-by-outcome metric.
+    pub fn outcome(&self) -> &'static str {
+        match self {
             ServerError::UnknownDataset { .. }
             | ServerError::UnknownShard { .. }
-            | ServerError::NoResource(_),
-        ) => "not_found",
-        Err(
+            | ServerError::NoResource(_) => "not_found",
             ServerError::BadTicket(_)
             | ServerError::BadCommand(_)
             | ServerError::BadMessage { .. }
@@ -376,14 +381,12 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::BadPart { .. }
             | ServerError::NotReadOnly(_)
             | ServerError::BadValue { .. }
-            | ServerError::Unsupported(_),
-        ) => "invalid",
-        Err(ServerError::FileChanged { .. }) => "changed",
-        Err(ServerError::Unauthenticated(_)) => "unauthenticated",
-        Err(ServerError::PermissionDenied(_)) => "denied",
-        Err(ServerError::Overloaded(_)) => "overloaded",
-        Err(ServerError::Deadline(_)) => "deadline",
-        Err(
+            | ServerError::Unsupported(_) => "invalid",
+            ServerError::FileChanged { .. } => "changed",
+            ServerError::Unauthenticated(_) => "unauthenticated",
+            ServerError::PermissionDenied(_) => "denied",
+            ServerError::Overloaded(_) => "overloaded",
+            ServerError::Deadline(_) => "deadline",
             ServerError::CorruptFile { .. }
             | ServerError::CorruptData(_)
             | ServerError::Query(_)
@@ -392,8 +395,8 @@ pub fn outcome(result: &Result<impl Sized>) -> &'static str {
             | ServerError::Internal(_)
             | ServerError::Failed { .. }
             | ServerError::Encode { .. }
-            | ServerError::Task { .. },
-        ) => "error",
+            | ServerError::Task { .. } => "error",
+        }
     }
 }
 

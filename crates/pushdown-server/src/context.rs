@@ -42,12 +42,8 @@ impl Context {
     }
 
     pub(crate) fn fail(&self, method: &'static str, error: ServerError) -> Status {
-        let result: Result<()> = Err(error);
-        self.state.node.metrics.record_request(method, outcome(&result));
-        match result {
-            Err(e) => crate::status::status(e),
-            Ok(()) => Status::internal("unreachable"),
-        }
+        self.state.node.metrics.record_request(method, error.outcome());
+        crate::status::status(error)
     }
 
     /// Who sent `request`: anyone on a server without tokens, else the holder of the bearer
