@@ -75,11 +75,10 @@ struct Fleet {
 
 impl Fleet {
     async fn start(data: &std::path::Path, n: usize, rate: Option<u64>) -> Result<Self> {
-        let cores = crate::cores();
         let mut servers = Vec::new();
         let mut links = Vec::new();
         for i in 0..n {
-            let cpu = (i % cores).to_string();
+            let cpu = crate::far_cpu(i).to_string();
             let server = ServerProcess::start(data, "127.0.0.1:0", 1, None, Some(&cpu))?;
             if let Some(rate) = rate {
                 links.push(link::Link::proxy(rate, server.addr).await?);
@@ -232,11 +231,13 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     out += "## A fleet of servers: scaling and recovery\n\n";
     out += &format!(
         "Command: `{command}`  \nMachine: {}. Servers: `harness serve` processes with one CPU \
-         thread each, pinned round-robin to the {cores} cores (the trainer shares them); the \
+         thread each, pinned round-robin to the {cores} cores, the trainer's (CPU {}) last: a \
+         server shares it only where the machine has fewer cores than servers + 1; the \
          trainer reads the loader's sequence (rank 0 of 1, batch 256, uncompressed streams) with \
          two shard streams in flight per server.  \nData: images, {rows} rows. Best of {reps} \
          run(s) per cell.\n\n",
-        machine()
+        machine(),
+        crate::HARNESS_CPU
     );
 
     for (title, sql, rate) in [

@@ -280,6 +280,25 @@ pub fn row(out: &mut String, line: String) {
     out.push_str(&line);
 }
 
+/// The harness's own CPU (its loader, pacing proxies and in-process contenders).
+pub const HARNESS_CPU: usize = 1;
+
+/// The `i`-th CPU a suite gives its far processes (servers, trainer processes): 0, then 2,
+/// 3, … and the harness's own CPU last, so that where the machine has the cores none of them
+/// shares a core with the harness; on 2 cores, CPU 0 then 1 as before. Wraps past the last.
+pub fn far_cpu(i: usize) -> usize {
+    far_cpu_of(i, cores())
+}
+
+fn far_cpu_of(i: usize, cores: usize) -> usize {
+    match i % cores.max(1) {
+        0 => 0,
+        k if cores > 2 && k == cores - 1 => HARNESS_CPU,
+        k if cores > 2 => k + 1,
+        k => k,
+    }
+}
+
 /// The machine's cores (not `available_parallelism`: the harness pins itself to one).
 fn cores() -> usize {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -332,14 +351,16 @@ fn main() -> Result<()> {
         Command::Feed { options } => ("feed", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0.
-    let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) && process::pin_self("1");
+    let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+        && process::pin_self(&HARNESS_CPU.to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        // The feed suite reads images alone: the others are not generated for it.
-        let data = datasets(&options, (suite == "feed").then_some(Kind::Images))?;
+        // These suites read images alone: the others are not generated for them.
+        let images_only = matches!(suite, "feed" | "fleet" | "shared");
+        let data = datasets(&options, images_only.then_some(Kind::Images))?;
         let command = format!(
             "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
             if options.quick { " --quick" } else { "" }
@@ -435,4 +456,24 @@ fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()
         std::future::pending::<()>().await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn far_processes_take_the_harness_core_last() {
+        let order = |cores| {
+            (0..cores + 1)
+                .map(|i| super::far_cpu_of(i, cores))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(2), [0, 1, 0]);
+        assert_eq!(order(4), [0, 2, 3, 1, 0]);
+        let sixteen = order(16);
+        assert_eq!(&sixteen[..4], [0, 2, 3, 4]);
+        assert_eq!(sixteen[15], super::HARNESS_CPU);
+        let mut distinct = sixteen[..16].to_vec();
+        distinct.sort_unstable();
+        assert_eq!(distinct, (0..16).collect::<Vec<_>>());
+    }
 }

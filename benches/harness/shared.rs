@@ -1,7 +1,7 @@
 //! One server core shared by several trainers, the normal deployment: a `harness serve`
 //! process with one thread pinned to CPU 0, and `PUSHDOWN_TRAINERS` (default 3) `pushdown
-//! run` processes started together, each pinned to a core of its own (CPUs 1, 2, …, wrapping
-//! when the machine has fewer), over a 1 Gbit/s link. Each trainer plans alone, so a static
+//! run` processes started together, each pinned to a core of its own (CPUs 2, 3, …, the
+//! harness's own CPU 1 last, wrapping when the machine has fewer), over a 1 Gbit/s link. Each trainer plans alone, so a static
 //! plan assumes the server's core is its own.
 //!
 //! Cells: the static plan each trainer made alone (`--placement costed`), adaptive placement,
@@ -65,8 +65,12 @@ enum Shape {
 impl Shape {
     fn new(trainers: usize) -> Self {
         let cores = crate::cores();
+        // The server on CPU 0, trainer k on the (k+1)-th far CPU: the harness's own core (its
+        // pacing proxy) goes to a trainer only where the machine has no other.
         let spare = cores.saturating_sub(1).max(1);
-        let cpus: Vec<String> = (0..trainers).map(|k| (1 + k % spare).to_string()).collect();
+        let cpus: Vec<String> = (0..trainers)
+            .map(|k| crate::far_cpu(1 + k % spare).to_string())
+            .collect();
         if cores > trainers {
             return Shape::Pinned { cpus };
         }
