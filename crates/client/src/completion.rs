@@ -15,7 +15,7 @@ use arrow::record_batch::RecordBatch;
 use pushdown_ops::{Call, Calls, Context, Resources};
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral};
 
-use crate::control::{Control, Side};
+use crate::control::{Control, Deal, Side};
 use crate::error::{ClientError, Result};
 
 /// Where each shard's fragment ops run.
@@ -97,18 +97,16 @@ pub struct CompletionTotals {
 /// the client when the server leaves it un-reduced).
 pub(crate) struct Dealt {
     completion: Arc<Completion>,
-    side: Side,
-    at: Instant,
+    deal: Deal,
     done: bool,
 }
 
 impl Dealt {
     /// The server left the shard to this client (a server that defers whatever it is asked).
     pub(crate) fn left_to_client(&mut self) {
-        if self.side == Side::Server {
-            self.completion.control().moved_to_client(Instant::now());
-            self.side = Side::Client;
-        }
+        self.completion
+            .control()
+            .moved_to_client(&mut self.deal, Instant::now());
     }
 
     /// Every row of the shard was delivered.
@@ -120,10 +118,10 @@ impl Dealt {
 impl Drop for Dealt {
     fn drop(&mut self) {
         let now = Instant::now();
-        self.completion.control().end(self.side, self.at, now, self.done);
+        self.completion.control().end(&self.deal, now, self.done);
         tracing::debug!(
-            side = ?self.side,
-            seconds = now.duration_since(self.at).as_secs_f64(),
+            side = ?self.deal.side,
+            seconds = now.duration_since(self.deal.at).as_secs_f64(),
             done = self.done,
             "shard ended"
         );
@@ -201,7 +199,7 @@ impl Completion {
         }
         let dealt = self.placement.adaptive.then(|| self.deal(position));
         let clients = match &dealt {
-            Some(d) => d.side == Side::Client,
+            Some(d) => d.deal.side == Side::Client,
             None => self.placement.is_clients(position) && self.consumer_waiting.load(Ordering::Relaxed),
         };
         let deferral = if clients {
@@ -216,10 +214,10 @@ impl Completion {
     fn deal(self: &Arc<Self>, position: u64) -> Dealt {
         let now = Instant::now();
         let mut control = self.control();
-        let (side, reason) = control.deal(now);
+        let (deal, reason) = control.deal(now);
         tracing::debug!(
             position,
-            ?side,
+            side = ?deal.side,
             ?reason,
             server_in_flight = control.sides[Side::Server as usize].in_flight,
             client_in_flight = control.sides[Side::Client as usize].in_flight,
@@ -228,8 +226,7 @@ impl Completion {
         );
         Dealt {
             completion: Arc::clone(self),
-            side,
-            at: now,
+            deal,
             done: false,
         }
     }

@@ -43,11 +43,21 @@ pub(crate) enum Side {
     Client = 1,
 }
 
+/// A shard as dealt: the end, when, and (on the server) the rounds of this trainer's shards
+/// there it was dealt into, itself included: its latency there covers that many rounds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deal {
+    pub(crate) side: Side,
+    pub(crate) at: Instant,
+    rounds: u64,
+}
+
 /// The run-time split (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Control {
     pub(crate) sides: [SideLoad; 2],
-    /// Running average of how long a server shard took, from request to last row.
+    /// Running average of how long a round of [`SERVER_SHARDS`] took on the server: a
+    /// shard's time from request to last row, over the rounds it was dealt into.
     server_latency: Option<Duration>,
 }
 
@@ -110,14 +120,14 @@ pub(crate) enum Reason {
 
 impl Control {
     /// The end the next shard goes to, counted in flight there from `now`.
-    pub(crate) fn deal(&mut self, now: Instant) -> (Side, Reason) {
+    pub(crate) fn deal(&mut self, now: Instant) -> (Deal, Reason) {
         let [server, client] = &self.sides;
+        let rounds = (server.in_flight + 1).div_ceil(SERVER_SHARDS);
         let (side, reason) = match (self.server_latency, client.rate(now)) {
             // One shard always on the server: its share, and a latency kept current.
             _ if server.in_flight == 0 => (Side::Server, Reason::Probe),
             (Some(latency), Some(rate)) => {
-                let rounds = ((server.in_flight + 1) as f64 / SERVER_SHARDS as f64).ceil();
-                let (server_s, client_s) = (latency.as_secs_f64() * rounds, client.finish(rate));
+                let (server_s, client_s) = (latency.as_secs_f64() * rounds as f64, client.finish(rate));
                 let side = if server_s <= client_s {
                     Side::Server
                 } else {
@@ -129,14 +139,25 @@ impl Control {
             _ => (Side::Client, Reason::Starting),
         };
         self.sides[side as usize].start(now);
-        (side, reason)
+        (
+            Deal {
+                side,
+                at: now,
+                rounds,
+            },
+            reason,
+        )
     }
 
-    /// A shard dealt at `dealt` left `side` at `now`: delivered whole (`done`) or failed.
-    pub(crate) fn end(&mut self, side: Side, dealt: Instant, now: Instant, done: bool) {
-        self.sides[side as usize].end(now, done);
-        if side == Side::Server && done {
-            let latency = now.duration_since(dealt);
+    /// A shard `deal`t left its side at `now`: delivered whole (`done`) or failed. A server
+    /// shard's latency is measured per round, as the rule uses it: one dealt behind this
+    /// trainer's own shards there waited for them, and that wait is not a slower server
+    /// (counted as such, a trainer that had opened a whole epoch's streams at once took the
+    /// server for several times slower and kept its next epoch to itself).
+    pub(crate) fn end(&mut self, deal: &Deal, now: Instant, done: bool) {
+        self.sides[deal.side as usize].end(now, done);
+        if deal.side == Side::Server && done {
+            let latency = now.duration_since(deal.at) / deal.rounds.max(1) as u32;
             self.server_latency = Some(match self.server_latency {
                 None => latency,
                 Some(avg) => avg.mul_f64(1.0 - LATENCY_WEIGHT) + latency.mul_f64(LATENCY_WEIGHT),
@@ -145,9 +166,12 @@ impl Control {
     }
 
     /// A shard dealt to the server came back un-reduced: this client completes it.
-    pub(crate) fn moved_to_client(&mut self, now: Instant) {
-        self.sides[Side::Server as usize].end(now, false);
-        self.sides[Side::Client as usize].start(now);
+    pub(crate) fn moved_to_client(&mut self, deal: &mut Deal, now: Instant) {
+        if deal.side == Side::Server {
+            self.sides[Side::Server as usize].end(now, false);
+            self.sides[Side::Client as usize].start(now);
+            deal.side = Side::Client;
+        }
     }
 
     /// The server latency the rule compares against, when one was measured.
