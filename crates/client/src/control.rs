@@ -14,8 +14,9 @@
 //! time measured as what it is, not as a rate:
 //! * **The server in rounds of [`SERVER_SHARDS`].** A shard there takes the latency the
 //!   server's shards have had lately (request to last row: it already counts every other
-//!   trainer's streams), once for each round of two shards this trainer has there ahead
-//!   of it. Two are enough to keep a server busy (one being reduced, one behind it; a lone
+//!   trainer's streams; one dealt behind this trainer's own shards there is measured per
+//!   round it was dealt into), once for each round of two shards this trainer has there
+//!   ahead of it. Two are enough to keep a server busy (one being reduced, one behind it; a lone
 //!   stream decodes on every free core), and every shard beyond them costs this trainer a
 //!   whole round, so a trainer keeps about two there while its own cores are as fast, and
 //!   a server's cores are divided about equally among the trainers sharing it, with no
