@@ -11,10 +11,10 @@
 # `PUSHDOWN_REPS` sets each suite's repetitions; the harness's own variables
 # (`PUSHDOWN_TRAINERS`, `PUSHDOWN_CELL_SECONDS`, …) pass through.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-dist=$(realpath "$1")
-out=$(realpath -m "${2:-benches/results/cores}")
+dist=$(realpath "$1") || exit 1
+out=$(realpath -m "${2:-$(dirname "$0")/results/cores}")
 shift $(($# < 2 ? $# : 2))
+cd "$(dirname "$0")/.."
 suites=${*:-shared fleet}
 mkdir -p "$out"
 data=${PUSHDOWN_CORES_DATA:-/tmp/pushdown-cores-data}
@@ -26,7 +26,7 @@ for exe in harness pushdown; do
       "$dist/$exe.xz" "$bin/$exe"
   else
     cp "$dist/$exe" "$bin/$exe"
-  fi
+  fi || { echo "no usable $exe in $dist" >&2; exit 1; }
   chmod +x "$bin/$exe"
 done
 {

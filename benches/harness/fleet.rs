@@ -262,12 +262,12 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
 
     for (title, sql, rate) in [
         (
-            "CPU-bound (`decode_resize` 64×64 on the servers, loopback, 4 epochs a run)",
+            format!("CPU-bound (`decode_resize` 64×64 on the servers, loopback, {CPU_EPOCHS} epochs a run)"),
             CPU_SQL,
             None,
         ),
         (
-            "Link-bound (JPEG bytes, each server behind its own 100 Mbit/s pacing proxy)",
+            "Link-bound (JPEG bytes, each server behind its own 100 Mbit/s pacing proxy)".to_owned(),
             LINK_SQL,
             Some(LINK_RATE_BITS),
         ),
@@ -346,7 +346,9 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     }
     out += "\n";
 
-    out += "### One server core shared by several trainers (CPU-bound query, 1 server, 1 thread; 4 epochs in all, divided among the trainers, one each past four)\n\n";
+    out += &format!(
+        "### One server core shared by several trainers (CPU-bound query, 1 server, 1 thread; {CPU_EPOCHS} epochs in all, divided among the trainers, one each past {CPU_EPOCHS})\n\n"
+    );
     out += "| trainers | samples/s, all trainers | of a lone trainer's | samples/s per trainer (slowest–fastest) | server CPU busy | server CPU ms per 1k samples | sequences = a lone trainer's |\n|---:|---:|---:|---:|---:|---:|---|\n";
     let fleet = Fleet::start(&images, 1, None).await?;
     // The same rows in every cell: `CPU_EPOCHS` epochs alone, divided among the trainers
@@ -377,7 +379,10 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             100.0 * total / lone_total,
             100.0 * server_cpu / wall,
             1e3 * server_cpu / rows.max(1) as f64 * 1e3,
-            if runs.iter().all(|r| alone.ids.starts_with(&r.ids)) {
+            if runs.iter().all(|r| {
+                let epochs = (CPU_EPOCHS / k as u64).max(1) as usize;
+                r.ids.len() == alone.ids.len() / CPU_EPOCHS as usize * epochs && alone.ids.starts_with(&r.ids)
+            }) {
                 "yes"
             } else {
                 "**no**"

@@ -95,8 +95,16 @@ impl Shape {
     fn describe(&self) -> String {
         match self {
             Shape::Pinned { cpus } => format!(
-                "the server pinned to CPU 0 with one thread; trainers (`pushdown run` processes, started together) on CPUs {}",
-                cpus.join(", ")
+                "the server pinned to CPU 0 with one thread; trainers (`pushdown run` processes, started together) on CPUs {}{}",
+                cpus.join(", "),
+                if cpus.contains(&crate::HARNESS_CPU.to_string()) {
+                    format!(
+                        " (CPU {} shared with the harness and its pacing proxy: the machine has no core to spare)",
+                        crate::HARNESS_CPU
+                    )
+                } else {
+                    String::new()
+                }
             ),
             Shape::Quota { server, trainers } => format!(
                 "**a simulated shape**: the server (one thread) and each of the {} trainers (`pushdown run` processes, started together) held to {:.2} of a core by a CFS quota of its own (cgroup cpu controller, 10 ms periods), unpinned: one server core shared by trainers with a core each, at {:.2}× the speed",

@@ -154,11 +154,15 @@ impl Control {
     /// shard's latency is measured per round, as the rule uses it: one dealt behind this
     /// trainer's own shards there waited for them, and that wait is not a slower server
     /// (counted as such, a trainer that had opened a whole epoch's streams at once took the
-    /// server for several times slower and kept its next epoch to itself).
+    /// server for several times slower and kept its next epoch to itself). Like the rule,
+    /// this assumes a server finishes a trainer's shards about in turn (a shard of one batch
+    /// is reduced in one go); where it shares its cores among them instead, the first of a
+    /// burst still reads slower than it is, and the estimate errs toward the trainer's cores.
     pub(crate) fn end(&mut self, deal: &Deal, now: Instant, done: bool) {
         self.sides[deal.side as usize].end(now, done);
         if deal.side == Side::Server && done {
-            let latency = now.duration_since(deal.at) / deal.rounds.max(1) as u32;
+            let rounds = u32::try_from(deal.rounds).unwrap_or(u32::MAX).max(1);
+            let latency = now.duration_since(deal.at) / rounds;
             self.server_latency = Some(match self.server_latency {
                 None => latency,
                 Some(avg) => avg.mul_f64(1.0 - LATENCY_WEIGHT) + latency.mul_f64(LATENCY_WEIGHT),

@@ -38,9 +38,10 @@ const HELD: usize = 32;
 enum Opening {
     /// One more each time one ends, up to [`WINDOW`] in flight and [`HELD`] held.
     Sliding,
-    /// As `pushdown run` reads epochs of [`WINDOW`] shards with `--concurrency` as large: a
-    /// whole epoch's streams at once, the next epoch's as soon as the consumer has taken the
-    /// first shard of this one (two epochs at most).
+    /// About as `pushdown run` reads epochs of [`WINDOW`] shards with `--concurrency` as
+    /// large: a whole epoch's streams at once, the next epoch's as soon as the consumer has
+    /// taken the first shard of this one (two epochs at most; `pushdown run` opens it a little
+    /// sooner, once this epoch's streams have all started and its first batch is read).
     Epochs,
 }
 
