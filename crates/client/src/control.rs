@@ -14,9 +14,8 @@
 //! time measured as what it is, not as a rate:
 //! * **The server in rounds of [`SERVER_SHARDS`].** A shard there takes the latency the
 //!   server's shards have had lately (request to last row: it already counts every other
-//!   trainer's streams; one dealt behind this trainer's own shards there is measured per
-//!   round it was dealt into), once for each round of two shards this trainer has there
-//!   ahead of it. Two are enough to keep a server busy (one being reduced, one behind it; a lone
+//!   trainer's streams), once for each round of two shards this trainer has there ahead of
+//!   it. Two are enough to keep a server busy (one being reduced, one behind it; a lone
 //!   stream decodes on every free core), and every shard beyond them costs this trainer a
 //!   whole round, so a trainer keeps about two there while its own cores are as fast, and
 //!   a server's cores are divided about equally among the trainers sharing it, with no
@@ -25,6 +24,18 @@
 //! * **This client in order.** Its cores complete un-reduced shards in arrival order: the
 //!   shards it has in flight and this one, at the rate it has delivered them.
 //! * **Starting**, until both are measured: the server's first round, then this client.
+//!
+//! The latency is a shard's whole wait, its own trainer's shards ahead of it included. A
+//! server serves streams about in turn (a 512-row shard is one batch, reduced in one go,
+//! the streams in the order they became ready): a burst of one trainer's shards is served
+//! back to back, ahead of the shards the other trainers request after it. Taken per round
+//! of the burst, that latency reads as a server as fast as if this trainer had it alone; each
+//! trainer then opened its next epoch's burst there and left the others waiting (in the
+//! simulation, three trainers fell from 1.10× to 0.76× the best static placement). Taken
+//! whole, a trainer that opens a burst at once overestimates the server by about the burst's
+//! rounds and keeps fewer shards there than it could: a lone trainer reading whole epochs at
+//! once reaches about 0.85× the best static split (0.82× on a 16-core machine), which is
+//! why the costed plan, not this loop, is the default.
 //!
 //! Which end runs a shard never changes its rows: the sequence is the fault-free static one.
 
@@ -44,21 +55,18 @@ pub(crate) enum Side {
     Client = 1,
 }
 
-/// A shard as dealt: the end, when, and (on the server) the rounds of this trainer's shards
-/// there it was dealt into, itself included: its latency there covers that many rounds.
+/// A shard as dealt: the end and when.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deal {
     pub(crate) side: Side,
     pub(crate) at: Instant,
-    rounds: u64,
 }
 
 /// The run-time split (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Control {
     pub(crate) sides: [SideLoad; 2],
-    /// Running average of how long a round of [`SERVER_SHARDS`] took on the server: a
-    /// shard's time from request to last row, over the rounds it was dealt into.
+    /// Running average of how long a server shard took, from request to last row.
     server_latency: Option<Duration>,
 }
 
@@ -140,29 +148,15 @@ impl Control {
             _ => (Side::Client, Reason::Starting),
         };
         self.sides[side as usize].start(now);
-        (
-            Deal {
-                side,
-                at: now,
-                rounds,
-            },
-            reason,
-        )
+        (Deal { side, at: now }, reason)
     }
 
     /// A shard `deal`t left its side at `now`: delivered whole (`done`) or failed. A server
-    /// shard's latency is measured per round, as the rule uses it: one dealt behind this
-    /// trainer's own shards there waited for them, and that wait is not a slower server
-    /// (counted as such, a trainer that had opened a whole epoch's streams at once took the
-    /// server for several times slower and kept its next epoch to itself). Like the rule,
-    /// this assumes a server finishes a trainer's shards about in turn (a shard of one batch
-    /// is reduced in one go); where it shares its cores among them instead, the first of a
-    /// burst still reads slower than it is, and the estimate errs toward the trainer's cores.
+    /// shard's latency is its whole wait (see the module docs).
     pub(crate) fn end(&mut self, deal: &Deal, now: Instant, done: bool) {
         self.sides[deal.side as usize].end(now, done);
         if deal.side == Side::Server && done {
-            let rounds = u32::try_from(deal.rounds).unwrap_or(u32::MAX).max(1);
-            let latency = now.duration_since(deal.at) / rounds;
+            let latency = now.duration_since(deal.at);
             self.server_latency = Some(match self.server_latency {
                 None => latency,
                 Some(avg) => avg.mul_f64(1.0 - LATENCY_WEIGHT) + latency.mul_f64(LATENCY_WEIGHT),

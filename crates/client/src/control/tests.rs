@@ -45,6 +45,16 @@ enum Opening {
     Epochs,
 }
 
+/// How the server's cores go round the streams it serves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Service {
+    /// Every stream a share of every core (a stream reduced a batch at a time among many).
+    Shared,
+    /// Each core one stream to its end, in the order they were opened (a shard of one batch
+    /// reduced in one go).
+    InTurn,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Policy {
     Adaptive,
@@ -72,6 +82,7 @@ struct Trainer {
 struct Sim {
     costs: Costs,
     opening: Opening,
+    service: Service,
     /// Server cores, and the work left of each stream on it: (trainer, position, side).
     server_cores: f64,
     server: Vec<(usize, usize, Side, f64)>,
@@ -82,7 +93,13 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(costs: Costs, server_cores: f64, policies: &[Policy], shards: usize, opening: Opening) -> Self {
+    fn new(
+        costs: Costs,
+        server_cores: f64,
+        policies: &[Policy],
+        shards: usize,
+        (opening, service): (Opening, Service),
+    ) -> Self {
         let trainers = policies
             .iter()
             .map(|&policy| Trainer {
@@ -102,6 +119,7 @@ impl Sim {
         Sim {
             costs,
             opening,
+            service,
             server_cores,
             server: Vec::new(),
             trainers,
@@ -169,8 +187,8 @@ impl Sim {
 
     /// Seconds until the server's next stream is sent, and which.
     fn server_next(&self) -> Option<(f64, usize)> {
-        let share = self.server_cores / self.server.len() as f64;
-        self.server
+        let (served, share) = self.served();
+        self.server[..served]
             .iter()
             .enumerate()
             .map(|(i, s)| (s.3 / share, i))
@@ -178,12 +196,19 @@ impl Sim {
     }
 
     fn advance_server(&mut self, dt: f64) {
-        if self.server.is_empty() {
-            return;
-        }
-        let share = self.server_cores / self.server.len() as f64;
-        for s in &mut self.server {
+        let (served, share) = self.served();
+        for s in &mut self.server[..served] {
             s.3 -= dt * share;
+        }
+    }
+
+    /// The streams at the head of the server's that are being served, and each one's share
+    /// of a core.
+    fn served(&self) -> (usize, f64) {
+        let n = self.server.len();
+        match self.service {
+            Service::Shared => (n, self.server_cores / n.max(1) as f64),
+            Service::InTurn => (n.min(self.server_cores.ceil() as usize), 1.0),
         }
     }
 
@@ -212,7 +237,7 @@ impl Sim {
                 (Some((ts, i)), _) if server_first => {
                     self.advance_server(ts - self.now);
                     self.now = ts;
-                    let (k, position, side, _) = self.server.swap_remove(i);
+                    let (k, position, side, _) = self.server.remove(i);
                     self.arrive(k, position, side);
                 }
                 (_, Some((tc, k))) => {
@@ -316,7 +341,17 @@ fn run_opening(
     policy: Policy,
     opening: Opening,
 ) -> Outcome {
-    Sim::new(costs, server_cores, &vec![policy; trainers], 256, opening).run()
+    run_served(costs, server_cores, trainers, policy, (opening, Service::Shared))
+}
+
+fn run_served(
+    costs: Costs,
+    server_cores: f64,
+    trainers: usize,
+    policy: Policy,
+    shape: (Opening, Service),
+) -> Outcome {
+    Sim::new(costs, server_cores, &vec![policy; trainers], 256, shape).run()
 }
 
 /// The best static placement chosen with hindsight: whole placements and quarter splits.
@@ -325,11 +360,20 @@ fn best_static(costs: Costs, server_cores: f64, trainers: usize) -> (f64, f64) {
 }
 
 fn best_static_opening(costs: Costs, server_cores: f64, trainers: usize, opening: Opening) -> (f64, f64) {
+    best_static_served(costs, server_cores, trainers, (opening, Service::Shared))
+}
+
+fn best_static_served(
+    costs: Costs,
+    server_cores: f64,
+    trainers: usize,
+    shape: (Opening, Service),
+) -> (f64, f64) {
     [0.0, 0.25, 0.5, 0.75, 1.0]
         .into_iter()
         .map(|f| {
             (
-                run_opening(costs, server_cores, trainers, Policy::Static(f), opening).total,
+                run_served(costs, server_cores, trainers, Policy::Static(f), shape).total,
                 f,
             )
         })
@@ -408,19 +452,44 @@ fn a_lone_trainer_uses_both_ends() {
 #[test]
 fn whole_epochs_opened_at_once_keep_both_ends_busy() {
     // `pushdown run` opens an epoch's sixteen streams at once: the shards this trainer keeps
-    // on the server then queue behind each other there, and their latency must not read as a
-    // slower server (found on 16 cores: a lone trainer's next epoch all on its own core,
-    // the server idle, 0.82× the plan made alone; 0.80× here before the latency was taken
-    // per round). A lone trainer's epochs still alternate between more and fewer shards on
-    // the server (each epoch is dealt while the last one's are queued at both ends).
-    for (trainers, what, floor) in [(1, "a lone trainer", 0.85), (3, "three trainers", 0.95)] {
-        let adaptive = run_opening(COSTS, 1.0, trainers, Policy::Adaptive, Opening::Epochs);
-        let (best, fraction) = best_static_opening(COSTS, 1.0, trainers, Opening::Epochs);
+    // on the server then queue behind each other there. A lone trainer overestimates the
+    // server by its burst's rounds and keeps too few there (0.82× the plan made alone on 16
+    // cores; the costed plan is the default for that reason); three share it as they should.
+    for service in [Service::Shared, Service::InTurn] {
+        for (trainers, what, floor) in [(1, "a lone trainer", 0.8), (3, "three trainers", 0.95)] {
+            let shape = (Opening::Epochs, service);
+            let adaptive = run_served(COSTS, 1.0, trainers, Policy::Adaptive, shape);
+            let (best, fraction) = best_static_served(COSTS, 1.0, trainers, shape);
+            assert!(
+                adaptive.total >= floor * best,
+                "{what}, {service:?}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
+                adaptive.total
+            );
+        }
+    }
+}
+
+#[test]
+fn a_server_serving_in_turn_is_shared_not_raced_for() {
+    // A server that reduces its streams one after another serves one trainer's burst ahead
+    // of what the others ask for after it: were that burst's latency read per round of it,
+    // each trainer would take the server for its own and pile its next burst there (0.76×
+    // and 0.84× the best static placement, epochs and a sliding window, three trainers).
+    for opening in [Opening::Sliding, Opening::Epochs] {
+        let shape = (opening, Service::InTurn);
+        let adaptive = run_served(COSTS, 1.0, 3, Policy::Adaptive, shape);
+        let (best, fraction) = best_static_served(COSTS, 1.0, 3, shape);
         assert!(
-            adaptive.total >= floor * best,
-            "{what}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
+            adaptive.total >= 0.95 * best,
+            "{opening:?}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
             adaptive.total
         );
+        for share in &adaptive.server_share {
+            assert!(
+                *share < 0.35,
+                "{opening:?}: no trainer takes the server: {adaptive:?}"
+            );
+        }
     }
 }
 
@@ -491,13 +560,14 @@ fn each_end_is_given_what_it_would_finish_first() {
 }
 
 #[test]
-fn a_shard_queued_behind_this_trainers_own_is_measured_per_round() {
+fn a_shard_queued_behind_this_trainers_own_counts_its_whole_wait() {
     let (mut control, [first, second], t0) = measured_client();
     let s = Duration::from_secs;
     control.end(&first, t0 + s(2), true);
     control.end(&second, t0 + s(2), true);
     assert_eq!(control.server_latency(), Some(s(2)));
-    // Six shards dealt together, three rounds of two: the last waited for the first four.
+    // Six shards dealt together: the last one's 6 s are what the server made it wait, this
+    // trainer's own shards ahead of it included (see the module docs for why not 2 s).
     let now = t0 + s(2);
     let mut deals = Vec::new();
     while deals.len() < 6 {
@@ -508,11 +578,8 @@ fn a_shard_queued_behind_this_trainers_own_is_measured_per_round() {
     }
     let last = deals.pop().expect("six");
     control.end(&last, now + s(6), true);
-    assert_eq!(
-        control.server_latency(),
-        Some(s(2)),
-        "three rounds of 2 s, not a 6 s server"
-    );
+    let expected = s(2).mul_f64(1.0 - LATENCY_WEIGHT) + s(6).mul_f64(LATENCY_WEIGHT);
+    assert_eq!(control.server_latency(), Some(expected));
 }
 
 #[test]
