@@ -2,8 +2,8 @@
 //! or stalled server costs a running epoch.
 //!
 //! * **CPU-bound**: every server decodes and resizes the JPEGs (`decode_resize`), one CPU
-//!   thread each, pinned round-robin to the machine's cores; no link shaping. Scaling is
-//!   bounded by the cores the machine has: the report says how many.
+//!   thread each, pinned to a physical core each where the machine has them; no link
+//!   shaping. Scaling is bounded by the cores the machine has: the report says how many.
 //! * **Link-bound**: every server behind its own pacing proxy (a storage host's own NIC), the
 //!   stream carrying the JPEG bytes (the decode placed in the trainer). Adding servers adds
 //!   links.
@@ -27,7 +27,7 @@ use futures::StreamExt;
 use pushdown_client::{Link, LoaderOptions, LoaderSource, Prepared, PushdownClient, StreamOptions};
 use pushdown_protocol::Compression;
 
-use crate::process::{ServerProcess, cpu_seconds};
+use crate::process::{ServerProcess, cpu_seconds, run_queue_seconds};
 use crate::{Datasets, Options, bounded, link, machine, row};
 
 const CPU_SQL: &str = "SELECT id, label, decode_resize(image, 64, 64) AS pixels FROM images";
@@ -49,6 +49,8 @@ struct Run {
     /// Seconds from the fault to the end, and the longest wait between batches after it.
     after_fault: Option<(f64, f64)>,
     server_cpu: f64,
+    /// Seconds the servers waited for their cores, in all.
+    server_waited: f64,
     /// This process: the loader, and the pacing proxies of link-bound runs.
     trainer_cpu: f64,
     link_bytes: u64,
@@ -112,6 +114,14 @@ impl Fleet {
             .sum()
     }
 
+    /// Seconds the servers waited for their cores (see [`run_queue_seconds`]).
+    fn waited(&self) -> f64 {
+        self.servers
+            .iter()
+            .map(|s| run_queue_seconds(&s.pid()).unwrap_or(f64::NAN))
+            .sum()
+    }
+
     fn link_bytes(&self) -> u64 {
         self.links.iter().filter_map(|l| l.bytes()).sum()
     }
@@ -157,6 +167,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
     let prepared = Prepared::new(client, LoaderSource::Sql(sql.into()), options).await?;
     let me = std::process::id().to_string();
     let (cpu0, bytes0, mine0) = (fleet.cpu(), fleet.link_bytes(), cpu_seconds(&me).unwrap_or(0.0));
+    let waited0 = fleet.waited();
     let totals = Arc::new(Mutex::new(Default::default()));
     let mut stream = prepared.epoch(0, 0, Arc::clone(&totals));
     let start = Instant::now();
@@ -217,6 +228,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
         ids,
         after_fault: fault_at.map(|t| (t.elapsed().as_secs_f64(), gap)),
         server_cpu: fleet.cpu() - cpu0,
+        server_waited: fleet.waited() - waited0,
         trainer_cpu: cpu_seconds(&me).unwrap_or(0.0) - mine0,
         link_bytes: fleet.link_bytes() - bytes0,
     })
@@ -251,12 +263,17 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     out += "## A fleet of servers: scaling and recovery\n\n";
     out += &format!(
         "Command: `{command}`  \nMachine: {}. Servers: `harness serve` processes with one CPU \
-         thread each, pinned round-robin to the {cores} cores, the trainer's (CPU {}) last: a \
-         server shares it only where the machine has fewer cores than servers + 1; the \
+         thread each, pinned to CPUs {} in turn (a physical core each before any SMT sibling, \
+         the trainer's CPU {} last: a server shares it only where the machine has fewer cores \
+         than servers + 1); the \
          trainer reads the loader's sequence (rank 0 of 1, batch 256, uncompressed streams) with \
          two shard streams in flight per server.  \nData: images, {rows} rows. Best of {reps} \
          run(s) per cell.\n\n",
         machine(),
+        (0..cores.min(4))
+            .map(|i| crate::far_cpu(i).to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         crate::HARNESS_CPU
     );
 
@@ -273,7 +290,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         ),
     ] {
         out += &format!("### {title}\n\n");
-        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | trainer CPU busy (of 1 core) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | servers waiting for their cores | trainer CPU busy (of 1 core) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         let mut base: Option<Run> = None;
         for n in [1usize, 2, 4] {
             eprintln!("fleet: {title}: {n} server(s)");
@@ -294,10 +311,11 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             row(
                 &mut out,
                 format!(
-                    "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {:.0}% | {link} | {} |\n",
+                    "| {n} | {:.0} | {speedup:.2}× | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {link} | {} |\n",
                     r.rate(),
                     100.0 * speedup / n as f64,
                     100.0 * r.server_cpu / (r.elapsed * n as f64),
+                    100.0 * r.server_waited / (r.elapsed * n as f64),
                     100.0 * r.trainer_cpu / r.elapsed,
                     if r.ids == b.ids { "yes" } else { "**no**" },
                 ),
@@ -349,7 +367,8 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     out += &format!(
         "### One server core shared by several trainers (CPU-bound query, 1 server, 1 thread; {CPU_EPOCHS} epochs in all, divided among the trainers, one each past {CPU_EPOCHS})\n\n"
     );
-    out += "| trainers | samples/s, all trainers | of a lone trainer's | samples/s per trainer (slowest–fastest) | server CPU busy | server CPU ms per 1k samples | sequences = a lone trainer's |\n|---:|---:|---:|---:|---:|---:|---|\n";
+    out += "| trainers | samples/s, all trainers | of a lone trainer's | samples/s per trainer (slowest–fastest) | server CPU busy | server CPU ms per 1k samples | server waiting for its core | trainers' CPU busy (of 1 core) | sequences = a lone trainer's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    let me = std::process::id().to_string();
     let fleet = Fleet::start(&images, 1, None).await?;
     // The same rows in every cell: `CPU_EPOCHS` epochs alone, divided among the trainers
     // (one epoch each past that many).
@@ -357,7 +376,8 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let mut lone = None;
     for k in [1usize, 2, 4, 8] {
         eprintln!("fleet: {k} trainer(s) sharing one server core");
-        let cpu0 = fleet.cpu();
+        let (cpu0, waited0) = (fleet.cpu(), fleet.waited());
+        let mine0 = cpu_seconds(&me).unwrap_or(f64::NAN);
         let start = Instant::now();
         let runs = bounded(
             &format!("fleet, {k} trainer(s) sharing one server core"),
@@ -374,11 +394,15 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         let total = rows as f64 / wall;
         let lone_total = *lone.get_or_insert(total);
         let server_cpu = fleet.cpu() - cpu0;
+        let waited = fleet.waited() - waited0;
+        let trainers_cpu = cpu_seconds(&me).unwrap_or(f64::NAN) - mine0;
         let line = format!(
-            "| {k} | {total:.0} | {:.0}% | {slow:.0}–{fast:.0} | {:.0}% | {:.0} | {} |\n",
+            "| {k} | {total:.0} | {:.0}% | {slow:.0}–{fast:.0} | {:.0}% | {:.0} | {:.0}% | {:.0}% | {} |\n",
             100.0 * total / lone_total,
             100.0 * server_cpu / wall,
             1e3 * server_cpu / rows.max(1) as f64 * 1e3,
+            100.0 * waited / wall,
+            100.0 * trainers_cpu / wall,
             if runs.iter().all(|r| {
                 let epochs = (CPU_EPOCHS / k as u64).max(1) as usize;
                 r.ids.len() == alone.ids.len() / CPU_EPOCHS as usize * epochs && alone.ids.starts_with(&r.ids)

@@ -11,6 +11,7 @@
 
 mod cache;
 mod compare;
+mod cpus;
 mod feed;
 mod finished;
 mod fleet;
@@ -32,6 +33,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use pushdown_client::PushdownClient;
 use pushdown_datasets::{GenOptions, Kind, generate};
+
+pub use cpus::{HARNESS_CPU, cores, far_cpu};
 
 /// The same allocator as the `pushdown` binary: the in-process contenders run the same engine.
 #[global_allocator]
@@ -280,33 +283,6 @@ pub fn row(out: &mut String, line: String) {
     out.push_str(&line);
 }
 
-/// The harness's own CPU (its loader, pacing proxies and in-process contenders).
-pub const HARNESS_CPU: usize = 1;
-
-/// The `i`-th CPU a suite gives its far processes (servers, trainer processes): 0, then 2,
-/// 3, … and the harness's own CPU last, so that where the machine has the cores none of them
-/// shares a core with the harness; on 2 cores, CPU 0 then 1 as before. Wraps past the last.
-pub fn far_cpu(i: usize) -> usize {
-    far_cpu_of(i, cores())
-}
-
-fn far_cpu_of(i: usize, cores: usize) -> usize {
-    match i % cores.max(1) {
-        0 => 0,
-        k if cores > 2 && k == cores - 1 => HARNESS_CPU,
-        k if cores > 2 => k + 1,
-        k => k,
-    }
-}
-
-/// The machine's cores (not `available_parallelism`: the harness pins itself to one).
-fn cores() -> usize {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
-        .unwrap_or(1)
-        .max(1)
-}
-
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -317,7 +293,12 @@ fn machine() -> String {
                 .map(|s| s.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    format!("{} cores ({cpu}), Linux {}", cores(), std::env::consts::ARCH)
+    format!(
+        "{} cores ({cpu}; {}), Linux {}",
+        cores(),
+        cpus::topology(),
+        std::env::consts::ARCH
+    )
 }
 
 /// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in `path`,
@@ -456,24 +437,4 @@ fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()
         std::future::pending::<()>().await;
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn far_processes_take_the_harness_core_last() {
-        let order = |cores| {
-            (0..cores + 1)
-                .map(|i| super::far_cpu_of(i, cores))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(order(2), [0, 1, 0]);
-        assert_eq!(order(4), [0, 2, 3, 1, 0]);
-        let sixteen = order(16);
-        assert_eq!(&sixteen[..4], [0, 2, 3, 4]);
-        assert_eq!(sixteen[15], super::HARNESS_CPU);
-        let mut distinct = sixteen[..16].to_vec();
-        distinct.sort_unstable();
-        assert_eq!(distinct, (0..16).collect::<Vec<_>>());
-    }
 }

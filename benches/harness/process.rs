@@ -12,6 +12,19 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     pushdown_protocol::host::cpu_seconds(pid)
 }
 
+/// Seconds `pid`'s live threads have spent ready to run but waiting for a CPU (the run
+/// queue's wait in `/proc/PID/task/*/schedstat`): what competes with a pinned process for
+/// its core. `None` where the kernel keeps no schedstats.
+pub fn run_queue_seconds(pid: &str) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ns = 0u64;
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
+}
+
 /// Peak resident set size of `pid` in bytes (`VmHWM`).
 pub fn peak_rss(pid: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -115,7 +115,7 @@ async fn measure(data: &std::path::Path, rows: usize, quick: bool) -> Result<Mea
     let seconds = if quick { 6.0 } else { 15.0 };
     // The signal's window: the steady part of the one-server run.
     let window = if quick { 4 } else { 10 };
-    let first = server(data, 0, window)?;
+    let first = server(data, crate::far_cpu(0), window)?;
     let one_url = vec![format!("http://{}", first.addr)];
     crate::connect(&one_url[0]).await?;
 
@@ -147,7 +147,7 @@ async fn measure(data: &std::path::Path, rows: usize, quick: bool) -> Result<Mea
     let started = wanted.clamp(1, cores());
     eprintln!("scale: the signal asks for {wanted} server(s); starting {started}");
     let servers: Vec<ServerProcess> = (0..started)
-        .map(|i| server(data, i % cores(), window))
+        .map(|i| server(data, crate::far_cpu(i), window))
         .collect::<Result<_>>()?;
     let urls: Vec<String> = servers.iter().map(|s| format!("http://{}", s.addr)).collect();
     for u in &urls {

@@ -65,8 +65,8 @@ enum Shape {
 impl Shape {
     fn new(trainers: usize) -> Self {
         let cores = crate::cores();
-        // The server on CPU 0, trainer k on the (k+1)-th far CPU: the harness's own core (its
-        // pacing proxy) goes to a trainer only where the machine has no other.
+        // The server on the first far CPU, trainer k on the (k+1)-th: the harness's own core
+        // (its pacing proxy) goes to a trainer only where the machine has no other.
         let spare = cores.saturating_sub(1).max(1);
         let cpus: Vec<String> = (0..trainers)
             .map(|k| crate::far_cpu(1 + k % spare).to_string())
@@ -95,7 +95,8 @@ impl Shape {
     fn describe(&self) -> String {
         match self {
             Shape::Pinned { cpus } => format!(
-                "the server pinned to CPU 0 with one thread; trainers (`pushdown run` processes, started together) on CPUs {}{}",
+                "the server pinned to CPU {} with one thread; trainers (`pushdown run` processes, started together) on CPUs {}{}",
+                crate::far_cpu(0),
                 cpus.join(", "),
                 if cpus.contains(&crate::HARNESS_CPU.to_string()) {
                     format!(
@@ -113,7 +114,8 @@ impl Shape {
                 server.cores
             ),
             Shape::Degenerate { cpus } => format!(
-                "the server pinned to CPU 0 with one thread; trainers on CPUs {} (shared: not the target shape)",
+                "the server pinned to CPU {} with one thread; trainers on CPUs {} (shared: not the target shape)",
+                crate::far_cpu(0),
                 cpus.join(", ")
             ),
         }
@@ -143,13 +145,14 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let deadline = Duration::from_secs(env_or("PUSHDOWN_CELL_SECONDS", 180) as u64);
     let shape = Shape::new(trainers);
     let link = crate::make_link(RATE, options).await?;
+    let server_cpu = crate::far_cpu(0).to_string();
     let mut argv = ServerProcess::argv(
         "serve",
         &data.root.to_string_lossy(),
         link.server_listen(),
         1,
         link.namespace(),
-        (!matches!(shape, Shape::Quota { .. })).then_some("0"),
+        (!matches!(shape, Shape::Quota { .. })).then_some(server_cpu.as_str()),
     )?;
     if let Shape::Quota { server, .. } = &shape {
         argv = server.wrap(&argv);

@@ -1,0 +1,142 @@
+//! Where the harness's processes run: its own CPU, and the order in which the suites pin
+//! their far processes (servers, trainer processes) to the others.
+//!
+//! A far process takes a physical core of its own before any takes a hardware thread whose
+//! sibling is busy: two SMT siblings share a core's execution units, so a server pinned next
+//! to the harness's loader, or next to another server, does less work per CPU second (on a
+//! lent 16-core machine, one server core shared by four in-process trainers spent 3–12% more
+//! CPU per sample than with one, where the 2-core machine here, without SMT, stayed flat).
+
+use std::sync::OnceLock;
+
+/// The harness's own CPU (its loader, pacing proxies and in-process contenders).
+pub const HARNESS_CPU: usize = 1;
+
+/// The `i`-th CPU a suite gives its far processes; wraps past the last. See [`far_order`].
+pub fn far_cpu(i: usize) -> usize {
+    static ORDER: OnceLock<Vec<usize>> = OnceLock::new();
+    let order = ORDER.get_or_init(|| far_order(cores(), siblings));
+    order[i % order.len()]
+}
+
+/// The machine's CPUs (not `available_parallelism`: the harness pins itself to one).
+pub fn cores() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// How the machine's CPUs share physical cores, for the reports: "no SMT" or the hardware
+/// threads per core and the harness's sibling.
+pub fn topology() -> String {
+    let mine = siblings(HARNESS_CPU);
+    let width = (0..cores()).map(|c| siblings(c).len()).max().unwrap_or(1);
+    if width <= 1 {
+        return "no SMT siblings".into();
+    }
+    let others: Vec<String> = mine
+        .iter()
+        .filter(|&&c| c != HARNESS_CPU)
+        .map(usize::to_string)
+        .collect();
+    format!(
+        "{width} hardware threads per core (the harness's CPU {HARNESS_CPU} shares its core with CPU {})",
+        others.join(", ")
+    )
+}
+
+/// The far processes' CPUs in the order they are given: first one hardware thread of each
+/// physical core the harness is not on (CPU 0 first, then 2, 3, …: on a machine without SMT,
+/// every CPU but the harness's in order), then those cores' other threads, then the
+/// harness's siblings, and the harness's own CPU last. On 2 cores: 0, then 1.
+fn far_order(cores: usize, siblings: impl Fn(usize) -> Vec<usize>) -> Vec<usize> {
+    let harness = if HARNESS_CPU < cores { HARNESS_CPU } else { 0 };
+    let near = siblings(harness);
+    let mut order: Vec<(bool, usize, usize)> = (0..cores)
+        .filter(|&c| c != harness)
+        .map(|c| {
+            let core = siblings(c);
+            let thread = core.iter().position(|&s| s == c).unwrap_or(0);
+            (core.contains(&harness) || near.contains(&c), thread, c)
+        })
+        .collect();
+    order.sort_unstable();
+    order.into_iter().map(|(.., c)| c).chain([harness]).collect()
+}
+
+/// The hardware threads sharing `cpu`'s physical core, itself included, in the kernel's
+/// order; just `cpu` where the kernel does not say.
+fn siblings(cpu: usize) -> Vec<usize> {
+    let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|list| parse_cpu_list(list.trim()))
+        .filter(|list| list.contains(&cpu))
+        .unwrap_or_else(|| vec![cpu])
+}
+
+/// A kernel CPU list such as `0-1,8-9` or `3,11`.
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alone(cpu: usize) -> Vec<usize> {
+        vec![cpu]
+    }
+
+    #[test]
+    fn without_smt_far_processes_take_the_harness_core_last() {
+        let order = |cores| far_order(cores, alone);
+        assert_eq!(order(1), [0]);
+        assert_eq!(order(2), [0, 1]);
+        assert_eq!(order(4), [0, 2, 3, 1]);
+        let sixteen = order(16);
+        assert_eq!(&sixteen[..4], [0, 2, 3, 4]);
+        assert_eq!(sixteen[15], HARNESS_CPU);
+        let mut distinct = sixteen.clone();
+        distinct.sort_unstable();
+        assert_eq!(distinct, (0..16).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn adjacent_siblings_give_each_far_process_a_core_of_its_own_first() {
+        // Pairs (0,1), (2,3), …: the harness on CPU 1 shares its core with CPU 0.
+        let pairs = |c: usize| vec![c & !1, c | 1];
+        let order = far_order(8, pairs);
+        assert_eq!(order, [2, 4, 6, 3, 5, 7, 0, 1]);
+    }
+
+    #[test]
+    fn split_siblings_give_each_far_process_a_core_of_its_own_first() {
+        // Cores (0,8), (1,9), …: the harness's sibling is CPU 9.
+        let halves = |c: usize| vec![c % 8, c % 8 + 8];
+        let order = far_order(16, halves);
+        assert_eq!(&order[..7], [0, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(&order[7..], [8, 10, 11, 12, 13, 14, 15, 9, 1]);
+    }
+
+    #[test]
+    fn kernel_cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-1"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("3,11"), Some(vec![3, 11]));
+        assert_eq!(parse_cpu_list("0-1,8-9"), Some(vec![0, 1, 8, 9]));
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(
+            siblings(usize::MAX / 2),
+            vec![usize::MAX / 2],
+            "no such CPU: itself"
+        );
+    }
+}
