@@ -61,7 +61,30 @@ async fn bad_sql_is_invalid_argument_with_the_parser_message() {
     let fx = Fixture::images(64).await;
     let status = info_error(&fx, "SELEC label FROM images").await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status}");
-    assert!(status.message().contains("SELEC"), "{status}");
+    assert_eq!(
+        status.message(),
+        "invalid query: Expected: an SQL statement, found: SELEC at Line: 1, Column: 1"
+    );
+    // What the client says of it: the server, the kind of failure in words, the message once.
+    let said = fx.sql("SELEC label FROM images").await.expect_err("bad SQL");
+    assert_eq!(
+        said,
+        format!(
+            "server {}: invalid argument: invalid query: Expected: an SQL statement, found: SELEC at Line: 1, Column: 1",
+            fx.running.url()
+        )
+    );
+
+    // An op's own complaint names the op once, and says how to call it.
+    let status = info_error(&fx, "SELECT decode_resize(label, 2, 2) FROM images").await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert_eq!(status.message().matches("decode_resize").count(), 2, "{status}");
+    assert!(
+        status.message().starts_with(
+            "invalid query: decode_resize: expects encoded images (binary), got Int32 (usage: decode_resize("
+        ),
+        "{status}"
+    );
 
     let status = info_error(&fx, "SELECT nope FROM images").await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status}");

@@ -368,8 +368,17 @@ struct DemoArgs {
     rows: usize,
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run_command(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", pushdown_cli::error_report(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command(cli: Cli) -> Result<()> {
     let default_level = if matches!(cli.command, Command::Serve(_)) {
         "info"
     } else {

@@ -122,14 +122,14 @@ impl PushdownClient {
             match node.held_alone(&all) {
                 Some(alone) if alone.is_empty() && !answers.is_empty() => tracing::warn!(
                     server = %node.url,
-                    error = %status.message(),
+                    error = %crate::error::status_text(&status),
                     "a server is unreachable: planning without it (the others hold its files)"
                 ),
                 Some(files) if !files.is_empty() => {
                     return Err(ClientError::Unreachable {
                         server: node.url.clone(),
                         files,
-                        reason: status.message().to_owned(),
+                        reason: crate::error::status_text(&status),
                     });
                 }
                 _ => return Err(ClientError::server(&node.url, status)),
@@ -227,7 +227,7 @@ impl PushdownClient {
                 match tokio::time::timeout(Duration::from_secs(2), node.action(action)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(status)) => {
-                        tracing::debug!(server = %node.url, %status, "a server did not take the report")
+                        tracing::debug!(server = %node.url, status = %crate::error::status_text(&status), "a server did not take the report")
                     }
                     Err(_) => tracing::debug!(server = %node.url, "a server did not take the report in 2 s"),
                 }

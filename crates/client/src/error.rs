@@ -4,22 +4,21 @@
 pub enum ClientError {
     #[error("invalid server URL `{url}`: {reason}")]
     BadUrl { url: String, reason: String },
-    #[error("server {url}: {status}")]
-    Server {
-        url: String,
-        #[source]
-        status: Box<tonic::Status>,
-    },
+    #[error("server {url}: {}", status_text(status))]
+    Server { url: String, status: Box<tonic::Status> },
     #[error("decoding the stream of shard {endpoint}: {reason}")]
     Decode { endpoint: usize, reason: String },
-    #[error("shard {endpoint} ({shard}) failed after {attempts} attempts on [{}]: {status}", servers.join(", "))]
+    #[error(
+        "shard {endpoint} ({shard}) failed after {attempts} attempts on [{}]: {}",
+        servers.join(", "),
+        status_text(status)
+    )]
     Stream {
         endpoint: usize,
         shard: String,
         attempts: usize,
         /// Every server tried, in order.
         servers: Vec<String>,
-        #[source]
         status: Box<tonic::Status>,
     },
     #[error("no server can serve shard {endpoint} ({shard}): {}", refusals.join("; "))]
@@ -41,11 +40,11 @@ pub enum ClientError {
     },
     #[error(
         "the stream of a query that is not row-wise failed after {delivered} rows and cannot be \
-         resumed (it has no total order); run it again: {status}"
+         resumed (it has no total order); run it again: {}",
+        status_text(status)
     )]
     NotResumable {
         delivered: u64,
-        #[source]
         status: Box<tonic::Status>,
     },
     #[error(
@@ -146,3 +145,79 @@ impl ClientError {
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A server's answer (or the transport's failure to reach it) as a person reads it: what
+/// kind of failure in words, the message, and the root cause beneath it where the message
+/// does not already say it — `unavailable: tcp connect error: Connection refused (os error
+/// 111)`, not tonic's `code: 'The service is currently unavailable', message: "tcp connect
+/// error", source: tonic::transport::Error(Transport, ConnectError(…))`. The errors that
+/// carry a status print it so and keep it as a field, not as their `source`: a reporter
+/// walking the chain would print it twice.
+pub fn status_text(status: &tonic::Status) -> String {
+    let mut text = code_words(status.code());
+    let message = status.message();
+    if !message.is_empty() {
+        text = format!("{text}: {message}");
+    }
+    let mut root = None;
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        root = Some(cause);
+        source = cause.source();
+    }
+    if let Some(cause) = root.map(ToString::to_string)
+        && !cause.is_empty()
+        && !text.contains(&cause)
+    {
+        text = format!("{text}: {cause}");
+    }
+    text
+}
+
+/// A gRPC code in lower-case words: `InvalidArgument` → "invalid argument".
+fn code_words(code: tonic::Code) -> String {
+    let mut words = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_status_reads_as_its_kind_its_message_and_its_root_cause() {
+        let refused = tonic::Status::invalid_argument("invalid query: no field `x`");
+        assert_eq!(
+            status_text(&refused),
+            "invalid argument: invalid query: no field `x`"
+        );
+        let mut unreachable = tonic::Status::unavailable("tcp connect error");
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        unreachable.set_source(Arc::new(io));
+        assert_eq!(
+            status_text(&unreachable),
+            "unavailable: tcp connect error: Connection refused"
+        );
+        let said = ClientError::server("http://h:1", unreachable).to_string();
+        assert_eq!(
+            said,
+            "server http://h:1: unavailable: tcp connect error: Connection refused"
+        );
+        assert!(
+            std::error::Error::source(&ClientError::server("u", refused)).is_none(),
+            "said once"
+        );
+        assert_eq!(
+            status_text(&tonic::Status::deadline_exceeded("")),
+            "deadline exceeded"
+        );
+    }
+}

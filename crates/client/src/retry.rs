@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::error::{ClientError, Result};
+use crate::error::{ClientError, Result, status_text};
 use crate::fleet::{Fleet, Node};
 
 /// What a failed call says about trying again.
@@ -155,7 +155,7 @@ impl Attempts {
         match Failure::of(status.code()) {
             Failure::Final => Verdict::Fail(status),
             Failure::Elsewhere if self.policy.pass_elsewhere => {
-                tracing::warn!(server = %node.url, %status, "server cannot serve this; asking another");
+                tracing::warn!(server = %node.url, status = %status_text(&status), "server cannot serve this; asking another");
                 self.refused.push((node.url.clone(), status.message().to_owned()));
                 Verdict::Next
             }
@@ -169,7 +169,12 @@ impl Attempts {
                     return Verdict::Fail(status);
                 }
                 self.retries += 1;
-                tracing::warn!(server = %node.url, retry = self.retries, %status, "server failed; asking again");
+                tracing::warn!(
+                    server = %node.url,
+                    retry = self.retries,
+                    status = %status_text(&status),
+                    "server failed; asking again"
+                );
                 if self.policy.once {
                     return Verdict::Next;
                 }

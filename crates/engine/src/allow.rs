@@ -95,7 +95,7 @@ fn one_query(state: &SessionState, sql: &str) -> Result<DfStatement> {
     let dialect = state.config().options().sql_parser.dialect;
     let statement = state.sql_to_statement(sql, &dialect).map_err(|e| match e {
         e @ datafusion::error::DataFusionError::SQL(..) => {
-            ServerError::BadQuery(e.find_root().message().into_owned())
+            ServerError::BadQuery(crate::error::query_message(e.find_root()))
         }
         other => ServerError::from(other),
     })?;

@@ -184,7 +184,7 @@ impl From<DataFusionError> for ServerError {
         let root = e.find_root();
         match root {
             DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
-                ServerError::BadQuery(root.message().into_owned())
+                ServerError::BadQuery(query_message(root))
             }
             DataFusionError::ArrowError(err, _) => match err.as_ref() {
                 arrow::error::ArrowError::CastError(_)
@@ -203,6 +203,20 @@ impl From<DataFusionError> for ServerError {
             DataFusionError::NotImplemented(msg) => ServerError::BadQuery(format!("not supported: {msg}")),
             _ => ServerError::Query(e),
         }
+    }
+}
+
+/// What a DataFusion error says of a query, as its caller reads it: a parser's error is its
+/// message (`Expected: an SQL statement, found: SELEC at Line: 1, Column: 1`), not the
+/// `ParserError("…")` DataFusion's own message quotes.
+pub(crate) fn query_message(e: &DataFusionError) -> String {
+    use datafusion::sql::sqlparser::parser::ParserError;
+    match e {
+        DataFusionError::SQL(parser, _) => match parser.as_ref() {
+            ParserError::ParserError(m) | ParserError::TokenizerError(m) => m.clone(),
+            ParserError::RecursionLimitExceeded => "the query nests too deeply to parse".into(),
+        },
+        other => other.message().into_owned(),
     }
 }
 

@@ -164,6 +164,13 @@ impl OpUdf {
         }
     }
 
+    /// An op's own error, which names the op already: said once.
+    fn op_error(&self, e: &pushdown_ops::OpError) -> DataFusionError {
+        let text = e.to_string();
+        let prefix = format!("{}: ", self.op.name());
+        self.error(text.strip_prefix(&prefix).unwrap_or(&text))
+    }
+
     fn error(&self, reason: impl std::fmt::Display) -> DataFusionError {
         DataFusionError::Plan(format!(
             "{}: {reason} (usage: {})",
@@ -233,7 +240,7 @@ impl ScalarUDFImpl for OpUdf {
         let field = self
             .op
             .output_field(input, &params, self.op.name())
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.op_error(&e))?;
         self.limits
             .admit(self.op, input, &params)
             .map_err(|reason| self.error(reason))?;
