@@ -1,5 +1,7 @@
-//! Where the harness's processes run: its own CPU, and the order in which the suites pin
-//! their far processes (servers, trainer processes) to the others.
+//! Where the harness's processes run: its own CPU, and the order in which the suites that
+//! run on a lent many-core machine (`fleet`, `shared`, `scale`) pin their far processes
+//! (servers, trainer processes) to the others. The suites built for one server core and one
+//! trainer core pin the server to CPU 0 and the trainer to CPU 1, as their reports say.
 //!
 //! A far process takes a physical core of its own before any takes a hardware thread whose
 //! sibling is busy: two SMT siblings share a core's execution units, so a server pinned next
@@ -15,45 +17,73 @@ pub const HARNESS_CPU: usize = 1;
 /// The `i`-th CPU a suite gives its far processes; wraps past the last. See [`far_order`].
 pub fn far_cpu(i: usize) -> usize {
     static ORDER: OnceLock<Vec<usize>> = OnceLock::new();
-    let order = ORDER.get_or_init(|| far_order(cores(), siblings));
+    let order = ORDER.get_or_init(|| far_order(&online(), siblings));
     order[i % order.len()]
 }
 
 /// The machine's CPUs (not `available_parallelism`: the harness pins itself to one).
 pub fn cores() -> usize {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
-        .unwrap_or(1)
-        .max(1)
+    online().len()
+}
+
+/// The CPUs online, by id (ids need not be 0..n: SMT turned off leaves every other one).
+fn online() -> Vec<usize> {
+    static ONLINE: OnceLock<Vec<usize>> = OnceLock::new();
+    ONLINE
+        .get_or_init(|| {
+            std::fs::read_to_string("/sys/devices/system/cpu/online")
+                .ok()
+                .and_then(|list| parse_cpu_list(list.trim()))
+                .filter(|list| !list.is_empty())
+                .unwrap_or_else(|| {
+                    let n = std::fs::read_to_string("/proc/cpuinfo")
+                        .map(|s| s.lines().filter(|l| l.starts_with("processor")).count())
+                        .unwrap_or(1);
+                    (0..n.max(1)).collect()
+                })
+        })
+        .clone()
 }
 
 /// How the machine's CPUs share physical cores, for the reports: "no SMT" or the hardware
 /// threads per core and the harness's sibling.
 pub fn topology() -> String {
-    let mine = siblings(HARNESS_CPU);
-    let width = (0..cores()).map(|c| siblings(c).len()).max().unwrap_or(1);
+    let width = online().into_iter().map(|c| siblings(c).len()).max().unwrap_or(1);
     if width <= 1 {
         return "no SMT siblings".into();
     }
-    let others: Vec<String> = mine
-        .iter()
-        .filter(|&&c| c != HARNESS_CPU)
-        .map(usize::to_string)
+    let others: Vec<String> = siblings(HARNESS_CPU)
+        .into_iter()
+        .filter(|&c| c != HARNESS_CPU)
+        .map(|c| c.to_string())
         .collect();
-    format!(
-        "{width} hardware threads per core (the harness's CPU {HARNESS_CPU} shares its core with CPU {})",
-        others.join(", ")
-    )
+    if others.is_empty() {
+        format!(
+            "up to {width} hardware threads per core (the harness's CPU {HARNESS_CPU} has its core alone)"
+        )
+    } else {
+        format!(
+            "up to {width} hardware threads per core (the harness's CPU {HARNESS_CPU} shares its core with CPU {})",
+            others.join(", ")
+        )
+    }
 }
 
-/// The far processes' CPUs in the order they are given: first one hardware thread of each
-/// physical core the harness is not on (CPU 0 first, then 2, 3, …: on a machine without SMT,
-/// every CPU but the harness's in order), then those cores' other threads, then the
-/// harness's siblings, and the harness's own CPU last. On 2 cores: 0, then 1.
-fn far_order(cores: usize, siblings: impl Fn(usize) -> Vec<usize>) -> Vec<usize> {
-    let harness = if HARNESS_CPU < cores { HARNESS_CPU } else { 0 };
+/// The far processes' CPUs (of those `online`) in the order they are given: first one
+/// hardware thread of each physical core the harness is not on, by id (on a machine without
+/// SMT, every CPU but the harness's: 0, 2, 3, …), then those cores' other threads, then the
+/// harness's siblings, and the harness's own CPU last. On 2 cores: 0, then 1. Where the
+/// harness's CPU is offline, the first online CPU stands for it.
+fn far_order(online: &[usize], siblings: impl Fn(usize) -> Vec<usize>) -> Vec<usize> {
+    let harness = if online.contains(&HARNESS_CPU) {
+        HARNESS_CPU
+    } else {
+        online.first().copied().unwrap_or(0)
+    };
     let near = siblings(harness);
-    let mut order: Vec<(bool, usize, usize)> = (0..cores)
+    let mut order: Vec<(bool, usize, usize)> = online
+        .iter()
+        .copied()
         .filter(|&c| c != harness)
         .map(|c| {
             let core = siblings(c);
@@ -98,7 +128,7 @@ mod tests {
 
     #[test]
     fn without_smt_far_processes_take_the_harness_core_last() {
-        let order = |cores| far_order(cores, alone);
+        let order = |cores: usize| far_order(&(0..cores).collect::<Vec<_>>(), alone);
         assert_eq!(order(1), [0]);
         assert_eq!(order(2), [0, 1]);
         assert_eq!(order(4), [0, 2, 3, 1]);
@@ -114,15 +144,22 @@ mod tests {
     fn adjacent_siblings_give_each_far_process_a_core_of_its_own_first() {
         // Pairs (0,1), (2,3), …: the harness on CPU 1 shares its core with CPU 0.
         let pairs = |c: usize| vec![c & !1, c | 1];
-        let order = far_order(8, pairs);
+        let order = far_order(&(0..8).collect::<Vec<_>>(), pairs);
         assert_eq!(order, [2, 4, 6, 3, 5, 7, 0, 1]);
+    }
+
+    #[test]
+    fn offline_cpus_are_never_given() {
+        // SMT turned off on the pairs above: the odd ids are gone, the harness's CPU with them.
+        let order = far_order(&[0, 2, 4, 6], alone);
+        assert_eq!(order, [2, 4, 6, 0]);
     }
 
     #[test]
     fn split_siblings_give_each_far_process_a_core_of_its_own_first() {
         // Cores (0,8), (1,9), …: the harness's sibling is CPU 9.
         let halves = |c: usize| vec![c % 8, c % 8 + 8];
-        let order = far_order(16, halves);
+        let order = far_order(&(0..16).collect::<Vec<_>>(), halves);
         assert_eq!(&order[..7], [0, 2, 3, 4, 5, 6, 7]);
         assert_eq!(&order[7..], [8, 10, 11, 12, 13, 14, 15, 9, 1]);
     }

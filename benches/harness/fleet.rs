@@ -114,7 +114,8 @@ impl Fleet {
             .sum()
     }
 
-    /// Seconds the servers waited for their cores (see [`run_queue_seconds`]).
+    /// Seconds the servers' threads waited for their cores, each other included (see
+    /// [`run_queue_seconds`]).
     fn waited(&self) -> f64 {
         self.servers
             .iter()
@@ -290,7 +291,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         ),
     ] {
         out += &format!("### {title}\n\n");
-        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | servers waiting for their cores | trainer CPU busy (of 1 core) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        out += "| servers | samples/s | speed-up over 1 | scaling efficiency | server CPU busy (of 1 core each) | server threads waiting for their core (each other included) | trainer CPU busy (of 1 core) | link busy (of each link) | sequence = 1 server's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         let mut base: Option<Run> = None;
         for n in [1usize, 2, 4] {
             eprintln!("fleet: {title}: {n} server(s)");
@@ -367,7 +368,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     out += &format!(
         "### One server core shared by several trainers (CPU-bound query, 1 server, 1 thread; {CPU_EPOCHS} epochs in all, divided among the trainers, one each past {CPU_EPOCHS})\n\n"
     );
-    out += "| trainers | samples/s, all trainers | of a lone trainer's | samples/s per trainer (slowest–fastest) | server CPU busy | server CPU ms per 1k samples | server waiting for its core | trainers' CPU busy (of 1 core) | sequences = a lone trainer's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    out += "| trainers | samples/s, all trainers | of a lone trainer's | samples/s per trainer (slowest–fastest) | server CPU busy | server CPU ms per 1k samples | server threads waiting for their core (each other included) | trainers' CPU busy (of 1 core) | sequences = a lone trainer's |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     let me = std::process::id().to_string();
     let fleet = Fleet::start(&images, 1, None).await?;
     // The same rows in every cell: `CPU_EPOCHS` epochs alone, divided among the trainers

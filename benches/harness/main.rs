@@ -331,7 +331,8 @@ fn main() -> Result<()> {
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
     };
-    // The trainer side gets CPU 1; servers are started on CPU 0.
+    // The trainer side gets CPU 1; servers are started on CPU 0 (the 2-core suites) or in
+    // the far-CPU order (`cpus::far_cpu`).
     let pinned = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
         && process::pin_self(&HARNESS_CPU.to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -13,16 +13,22 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
 }
 
 /// Seconds `pid`'s live threads have spent ready to run but waiting for a CPU (the run
-/// queue's wait in `/proc/PID/task/*/schedstat`): what competes with a pinned process for
-/// its core. `None` where the kernel keeps no schedstats.
+/// queue's wait in `/proc/PID/task/*/schedstat`). For a process pinned to one core this is
+/// its threads waiting for each other as well as for anything else on that core; a thread
+/// that has exited takes its wait with it. `None` where no thread's schedstat can be read.
 pub fn run_queue_seconds(pid: &str) -> Option<f64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ns = 0u64;
+    let mut waited = None;
     for task in tasks.flatten() {
-        let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-        ns += stat.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+        // A thread may exit between the listing and the read: it is skipped.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = stat.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()) {
+            *waited.get_or_insert(0u64) += ns;
+        }
     }
-    Some(ns as f64 / 1e9)
+    waited.map(|ns| ns as f64 / 1e9)
 }
 
 /// Peak resident set size of `pid` in bytes (`VmHWM`).

@@ -8,8 +8,8 @@
 //! whose consumer "trains" each batch for a fixed step time (a sleep: the trainer's own
 //! cores are not what is measured), chosen so that it would consume `DEMAND` × what one
 //! server produces. Servers are `harness serve` processes with one CPU thread, pinned one
-//! per core (the first to CPU 0; the trainer runs on CPU 1, which a second server shares,
-//! since the trainer's consumer sleeps).
+//! per core in the far-CPU order (`far_cpu`: CPU 0, 2, 3, …, the trainer's CPU 1 last; on 2
+//! cores a second server shares the trainer's, since the trainer's consumer sleeps).
 
 use std::time::{Duration, Instant};
 
@@ -181,8 +181,8 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     out += "## The scaling signal against measurement\n\n";
     out += &format!(
         "Command: `{command}`  \nMachine: {}. Servers: `harness serve`, 1 CPU thread each, \
-         pinned one per core (CPU 0, then CPU 1, which the trainer shares: its consumer \
-         sleeps), fragment cache off.  \nData: images, {rows} rows; query `{SQL}` (the \
+         pinned one per core in the far-CPU order (CPU 0, 2, 3, …, the trainer's CPU 1 last, \
+         which on 2 cores the second server shares: its consumer sleeps), fragment cache off.  \nData: images, {rows} rows; query `{SQL}` (the \
          thumbnail on the server). Trainer: one `Loader` (batch {BATCH}, shuffle {WINDOW}) whose \
          consumer takes {:.1} ms per batch — {DEMAND}× what one server produced when \
          calibrated ({:.0} samples/s) — for {} epochs; its wait is timed from the first batch \

@@ -1,8 +1,9 @@
 //! One server core shared by several trainers, the normal deployment: a `harness serve`
-//! process with one thread pinned to CPU 0, and `PUSHDOWN_TRAINERS` (default 3) `pushdown
-//! run` processes started together, each pinned to a core of its own (CPUs 2, 3, …, the
-//! harness's own CPU 1 last, wrapping when the machine has fewer), over a 1 Gbit/s link. Each trainer plans alone, so a static
-//! plan assumes the server's core is its own.
+//! process with one thread, and `PUSHDOWN_TRAINERS` (default 3) `pushdown run` processes
+//! started together, each on a core of its own, pinned in the far-CPU order (`far_cpu`: a
+//! physical core each, the harness's own CPU 1 last, wrapping when the machine has fewer),
+//! over a 1 Gbit/s link. Each trainer plans alone, so a static plan assumes the server's
+//! core is its own.
 //!
 //! Cells: the static plan each trainer made alone (`--placement costed`), adaptive placement,
 //! and every static placement a user could have picked with hindsight (all on the server,

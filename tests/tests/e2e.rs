@@ -934,3 +934,79 @@ async fn startup_errors_name_the_setting_and_keep_their_cause() {
     assert!(matches!(err, StartupError::Bind { .. }), "{err:?}");
     assert!(err.to_string().contains(&running.addr().to_string()), "{err}");
 }
+
+/// A stream whose ops the server leaves to its client reduces nothing and runs on threads of
+/// its own: it is served while every CPU thread is taken (held here, as decoding a reduced
+/// shard in one go holds one), where it used to wait behind each shard being reduced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
+    use pushdown_protocol::{Deferral, Fragment, OpCall, Value};
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: 1,
+        read_ahead: false,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, 128);
+    })
+    .await;
+    let reduced = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["id".into(), "thumb".into()],
+        predicate: None,
+        ops: vec![OpCall::new("thumbnail", "image", vec![Value::Int(8)], "thumb")],
+    }));
+    let mut unreduced = reduced.clone();
+    unreduced.deferral = Deferral::Always { from: 0 };
+    let ticket = |request: &ScanRequest| {
+        let client = fx.client.clone();
+        let request = request.clone();
+        async move {
+            let info = client.plan(&request).await.expect("plan");
+            info.endpoint[0].ticket.clone().expect("ticket").ticket
+        }
+    };
+    let (reduced, unreduced) = (ticket(&reduced).await, ticket(&unreduced).await);
+
+    // The CPU runtime's one thread, held until released.
+    let gate = Arc::new(std::sync::RwLock::new(()));
+    let held = gate.write().expect("gate");
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let holder = {
+        let gate = Arc::clone(&gate);
+        fx.server.node().cpu.spawn(async move {
+            started_tx.send(()).expect("started");
+            drop(gate.read().expect("gate"));
+        })
+    };
+    started
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the CPU thread is held");
+
+    let url = fx.running.url();
+    let served = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        fetch_from(url.clone(), unreduced),
+    )
+    .await
+    .expect("the un-reduced stream is served while the CPU thread is held");
+    assert_eq!(num_rows(&served), 128, "its rows");
+    assert!(
+        served[0]
+            .schema()
+            .metadata()
+            .contains_key(pushdown_protocol::DEFERRED_FROM_KEY),
+        "left to the client"
+    );
+    // The premise: a reduced stream cannot be served meanwhile (the thread it needs is held).
+    let waiting = tokio::spawn(fetch_from(url, reduced));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a reduced stream waits for the CPU thread"
+    );
+    drop(held);
+    holder.await.expect("holder");
+    let reduced = waiting.await.expect("reduced stream");
+    assert_eq!(num_rows(&reduced), 128);
+}

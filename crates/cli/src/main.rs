@@ -116,7 +116,8 @@ struct LimitsArgs {
     /// Longest a stream may run, in seconds.
     #[arg(long, env = "PUSHDOWN_REQUEST_TIMEOUT_SECS", default_value_t = 3600)]
     request_timeout_secs: u64,
-    /// Threads decoding, filtering and encoding (default: all cores).
+    /// Threads decoding, filtering and encoding (default: all cores). Streams whose ops are
+    /// left to their clients (un-reduced) run on as many threads of their own.
     #[arg(long, env = "PUSHDOWN_CPU_THREADS")]
     cpu_threads: Option<usize>,
     /// Streams running their ops here at once before a client that allows it gets its

@@ -120,6 +120,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The server's status, for the errors a server's answer caused (they print it, and do
+    /// not return it as their `source`).
+    pub fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            ClientError::Server { status, .. }
+            | ClientError::Stream { status, .. }
+            | ClientError::NotResumable { status, .. } => Some(status),
+            _ => None,
+        }
+    }
+
     pub(crate) fn server(url: &str, status: tonic::Status) -> Self {
         ClientError::Server {
             url: url.to_owned(),
@@ -211,10 +222,12 @@ mod tests {
             said,
             "server http://h:1: unavailable: tcp connect error: Connection refused"
         );
-        assert!(
-            std::error::Error::source(&ClientError::server("u", refused)).is_none(),
-            "said once"
+        let server = ClientError::server("u", refused);
+        assert_eq!(
+            server.status().map(tonic::Status::code),
+            Some(tonic::Code::InvalidArgument)
         );
+        assert!(std::error::Error::source(&server).is_none(), "said once");
         assert_eq!(
             status_text(&tonic::Status::deadline_exceeded("")),
             "deadline exceeded"

@@ -155,8 +155,9 @@ impl Attempts {
         match Failure::of(status.code()) {
             Failure::Final => Verdict::Fail(status),
             Failure::Elsewhere if self.policy.pass_elsewhere => {
-                tracing::warn!(server = %node.url, status = %status_text(&status), "server cannot serve this; asking another");
-                self.refused.push((node.url.clone(), status.message().to_owned()));
+                let refusal = status_text(&status);
+                tracing::warn!(server = %node.url, status = %refusal, "server cannot serve this; asking another");
+                self.refused.push((node.url.clone(), refusal));
                 Verdict::Next
             }
             Failure::Elsewhere => Verdict::Fail(status),

@@ -147,7 +147,7 @@ impl ServerError {
     pub fn bad_part(what: impl Into<String>, source: DataFusionError) -> Self {
         ServerError::BadPart {
             what: what.into(),
-            reason: source.find_root().message().into_owned(),
+            reason: query_message(source.find_root()),
             source: Box::new(source),
         }
     }

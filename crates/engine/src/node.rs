@@ -29,6 +29,12 @@ pub struct Node {
     pub engine: Engine,
     pub metrics: Arc<Metrics>,
     pub cpu: CpuRuntime,
+    /// The streams whose fragment ops this server left to their clients: they read and send,
+    /// reducing nothing, on threads of their own (as many as `cpu`'s). On `cpu` they waited
+    /// behind every shard being reduced, each a batch decoded in one go, and a trainer
+    /// completing its own shards waited with them (simulated with eight trainers on one
+    /// core: 0.60× the best static placement; `crates/client/src/control/tests.rs`).
+    pub unreduced: CpuRuntime,
     pub cache: Arc<FragmentCache>,
     pub scaling: Arc<Scaling>,
     /// Streams running fragment ops here now: a stream that may leave its ops to the client
@@ -113,6 +119,8 @@ impl NodeBuilder {
             .map_err(|e| StartupError::Listing(Box::new(e)))?,
         );
         let cpu = CpuRuntime::new(config.cpu_threads).map_err(StartupError::CpuRuntime)?;
+        let unreduced =
+            CpuRuntime::named(config.cpu_threads, "pushdown-unreduced").map_err(StartupError::CpuRuntime)?;
         let cache = Arc::new(FragmentCache::open(config.cache.clone(), Arc::clone(&metrics))?);
         let scaling = Arc::new(Scaling::new(config.cpu_threads, config.scaling_window));
         metrics.watch_scaling(Arc::clone(&scaling));
@@ -128,6 +136,7 @@ impl NodeBuilder {
             ),
             metrics,
             cpu,
+            unreduced,
             reducing: Arc::default(),
             computing: Arc::default(),
             config,

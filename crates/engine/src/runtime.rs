@@ -23,9 +23,14 @@ pub struct CpuRuntime {
 
 impl CpuRuntime {
     pub fn new(threads: usize) -> std::io::Result<Self> {
+        Self::named(threads, "pushdown-cpu")
+    }
+
+    /// A runtime of `threads` threads called `name`.
+    pub fn named(threads: usize, name: &str) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
-            .thread_name("pushdown-cpu")
+            .thread_name(name)
             // Planning and execution recurse over query trees: deep stacks (reserved, not
             // committed until touched) keep a legal but deep query from overflowing.
             .thread_stack_size(CPU_THREAD_STACK)

@@ -31,6 +31,7 @@ use crate::error::{Result, ServerError};
 use crate::node::Node;
 use crate::prefetch::{Claim as Held, HELD_FOR};
 use crate::query::{Opened, Started, ordered_stream, scan_stats};
+use crate::runtime::CpuRuntime;
 
 /// Whether a stream may be served from (and offered to) the fragment cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,12 @@ impl Placement {
     /// The op the client runs first, if the server left it some.
     pub fn deferred_from(&self) -> Option<usize> {
         self.deferred_from
+    }
+
+    /// Whether the stream's fragment has ops and this server left every one to the client:
+    /// it reads and sends, reducing nothing (see [`Node::runtime_for`]).
+    pub fn reduces_nothing(&self) -> bool {
+        !self.ops.is_empty() && self.on_server == 0
     }
 
     /// The stream waits for its client (`true`) or computes again.
@@ -155,26 +162,46 @@ impl Node {
         (ticket, placement)
     }
 
+    /// The runtime a stream placed so runs on: [`Node::unreduced`] for one that reduces
+    /// nothing here, else [`Node::cpu`].
+    pub fn runtime_for(&self, placement: &Placement) -> &CpuRuntime {
+        if placement.reduces_nothing() {
+            &self.unreduced
+        } else {
+            &self.cpu
+        }
+    }
+
     /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
     pub async fn on_cpu<T: Send + 'static>(
         &self,
         what: &str,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        self.cpu.spawn(work).await.map_err(|source| ServerError::Task {
+        Self::on(&self.cpu, what, work).await
+    }
+
+    /// Runs `work` on `runtime`, off the I/O threads, and waits for it.
+    async fn on<T: Send + 'static>(
+        runtime: &CpuRuntime,
+        what: &str,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        runtime.spawn(work).await.map_err(|source| ServerError::Task {
             what: what.to_owned(),
             source,
         })?
     }
 
-    /// Opens `ticket` (as placed, its query `checked` by [`crate::query::Engine::authorize`] for `caller`)
-    /// on `parallelism` cores: what was opened ahead for this caller when it is the same
-    /// ticket (`raw`, the bytes the caller sent, unchanged by placement) over an unchanged
-    /// file, else afresh on the CPU runtime.
+    /// Opens `ticket` (as `placement`d, its query `checked` by
+    /// [`crate::query::Engine::authorize`] for `caller`) on `parallelism` cores: what was
+    /// opened ahead for this caller when it is the same ticket (`raw`, the bytes the caller
+    /// sent, unchanged by placement) over an unchanged file, else afresh on the stream's
+    /// runtime ([`Node::runtime_for`]).
     pub async fn open_ticket(
         self: &Arc<Self>,
         raw: &[u8],
-        ticket: &ShardTicket,
+        (ticket, placement): (&ShardTicket, &Placement),
         checked: CheckedQuery,
         caller: &Caller,
         parallelism: usize,
@@ -196,7 +223,7 @@ impl Node {
             Some(opened) => Ok(opened),
             None => {
                 let (node, ticket, grant) = (Arc::clone(self), ticket.clone(), Arc::clone(&caller.grant));
-                self.on_cpu("opening a stream", async move {
+                Self::on(self.runtime_for(placement), "opening a stream", async move {
                     node.engine
                         .open_checked(&ticket, &checked, parallelism, &grant)
                         .await

@@ -10,8 +10,9 @@
 //!  Outcome: the stream counted and its failure (or panic) sent, however it ends
 //! ```
 //!
-//! The stages run as one task on the CPU runtime, owned by the response stream: a client
-//! that goes away drops the stream and so aborts the query.
+//! The stages run as one task on the CPU runtime (a stream that reduces nothing here, on
+//! the runtime of its own, `Node::unreduced`), owned by the response stream: a client that
+//! goes away drops the stream and so aborts the query.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -63,8 +64,9 @@ impl DoGet {
         let node = Arc::clone(&self.state.node);
         let (tx, rx) = mpsc::channel(2);
         let outcome = Outcome::start(Arc::clone(&node.metrics));
+        let runtime = node.runtime_for(&self.placement);
         let task = outcome.watch(self.run(tx.clone()), shard, tx);
-        let guard = node.cpu.spawn(task.instrument(span));
+        let guard = runtime.spawn(task.instrument(span));
         tokio_stream::wrappers::ReceiverStream::new(rx)
             .map(move |item| {
                 // The stream owns the task: dropping it (client gone) aborts the query.

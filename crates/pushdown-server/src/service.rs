@@ -113,7 +113,13 @@ impl PushdownService {
         let (ticket, placement) = node.place(ticket);
         let running = node.config.max_concurrent_streams - self.state.streams.available_permits();
         let opened = node
-            .open_ticket(&raw, &ticket, checked, caller, node.stream_parallelism(running))
+            .open_ticket(
+                &raw,
+                (&ticket, &placement),
+                checked,
+                caller,
+                node.stream_parallelism(running),
+            )
             .await?;
         if node.config.read_ahead && running <= 1 {
             node.read_ahead(&raw, caller);
