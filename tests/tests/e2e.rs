@@ -969,16 +969,12 @@ async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
     let (reduced, unreduced) = (ticket(&reduced).await, ticket(&unreduced).await);
 
     // The CPU runtime's one thread, held until released.
-    let gate = Arc::new(std::sync::RwLock::new(()));
-    let held = gate.write().expect("gate");
     let (started_tx, started) = std::sync::mpsc::channel();
-    let holder = {
-        let gate = Arc::clone(&gate);
-        fx.server.node().cpu.spawn(async move {
-            started_tx.send(()).expect("started");
-            drop(gate.read().expect("gate"));
-        })
-    };
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = fx.server.node().cpu.spawn(async move {
+        started_tx.send(()).expect("started");
+        let _ = released.recv();
+    });
     started
         .recv_timeout(std::time::Duration::from_secs(30))
         .expect("the CPU thread is held");
@@ -999,14 +995,13 @@ async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
         "left to the client"
     );
     // The premise: a reduced stream cannot be served meanwhile (the thread it needs is held).
-    let waiting = tokio::spawn(fetch_from(url, reduced));
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !waiting.is_finished(),
-        "a reduced stream waits for the CPU thread"
-    );
-    drop(held);
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        fetch_from(url.clone(), reduced.clone()),
+    )
+    .await;
+    assert!(waited.is_err(), "a reduced stream waits for the CPU thread");
+    release.send(()).expect("release");
     holder.await.expect("holder");
-    let reduced = waiting.await.expect("reduced stream");
-    assert_eq!(num_rows(&reduced), 128);
+    assert_eq!(num_rows(&fetch_from(url, reduced).await), 128);
 }

@@ -1,8 +1,8 @@
 //! The adaptive split's control loop: which end runs a shard's fragment ops, decided when
 //! the shard is requested. Pure: the caller passes the time; no I/O, no runtime.
 //!
-//! A server is shared. Its cores go round the streams it serves (a shard at a time each,
-//! about in the order they became ready), so a shard's time there grows with every stream
+//! A server is shared. Its cores go round the streams it reduces (a shard at a time each,
+//! about in the order they became ready; the un-reduced ones on threads of their own), so a shard's time there grows with every stream
 //! any trainer keeps on it, and a trainer consumes shards in order: one slow server shard at the head
 //! holds every shard behind it. The first version dealt each shard to the end whose rate
 //! promised to finish it first; on a server shared by three trainers each piled shards
@@ -38,13 +38,13 @@
 //! 0.92× the best static and 0.82× the costed plan), which is why the costed plan, not this
 //! loop, is the default.
 //!
-//! Not yet met: a server core that reduces shards in turn for many trainers. Its un-reduced
-//! reads (the shards each trainer completes itself) wait behind the reduced ones, so every
-//! shard a trainer keeps there (the probe included) delays its own cores' work too: in the
-//! simulation, six trainers reach 0.79–0.82× and eight 0.60–0.62× the best static placement
-//! (everything on the trainers), where a server sharing its cores among its streams gives
-//! 0.86–1.03×. Serving un-reduced streams apart from reduced ones is the server's part of
-//! that; it is not built.
+//! Many trainers on one server core need the server's part: were its un-reduced streams
+//! (the shards each trainer completes itself) served in turn with the reduced ones, they
+//! would wait behind them, and every shard a trainer keeps there (the probe included) would
+//! delay its own cores' work too (in the simulation, six trainers 0.79–0.82× and eight
+//! 0.60–0.62× the best static placement, everything on the trainers). The server serves
+//! them on threads of their own (`Node::unreduced` in the engine): six trainers then reach
+//! 1.01–1.08× and eight 0.87–1.00× (`Service::Lanes`), measured in the simulation only.
 //!
 //! Which end runs a shard never changes its rows: the sequence is the fault-free static one.
 
