@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The harness suites that need cores (`shared`, `fleet`) on a machine that has them and no Rust
 # toolchain: release binaries are built elsewhere and put in DIST (`harness` and `pushdown`
-# side by side, or their `.xz`: stripped, they are still too large to carry otherwise).
+# side by side, or their `.xz`: stripped, they are still too large to carry otherwise;
+# `benches/cores-dist.sh DIST` builds them).
 # Results go to OUT (default benches/results/cores): each suite's section of a copy of
 # RESULTS.md, its log, what the machine is (cores, pinning, SMT siblings), and the shared
 # suite's trainer logs. The data goes to PUSHDOWN_CORES_DATA (default /tmp/pushdown-cores-data).
