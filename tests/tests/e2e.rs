@@ -1005,3 +1005,102 @@ async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
     holder.await.expect("holder");
     assert_eq!(num_rows(&fetch_from(url, reduced).await), 128);
 }
+
+/// A stream's trailer says whether another client's stream ran on the server's reducing
+/// cores beside it: the adaptive split reads a shard's wait per round of its own trainer's
+/// shards only when none did. Streams of one connection are one client; a stream left
+/// un-reduced runs elsewhere and is no company.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trailer_says_whether_the_stream_ran_beside_another_clients() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    use pushdown_protocol::{Deferral, Fragment, OpCall, StreamStats, Value};
+    use tonic::transport::Channel;
+    // Batches of 8 images: a stream opened and not read stops on its HTTP/2 window with most
+    // of its shard still to send, its task running.
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: 1,
+        read_ahead: false,
+        batch_size: 8,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, 128);
+    })
+    .await;
+    let mut request = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["id".into(), "image".into(), "thumb".into()],
+        predicate: None,
+        ops: vec![OpCall::new("thumbnail", "image", vec![Value::Int(8)], "thumb")],
+    }));
+    request.stats = true;
+    let mut unreduced = request.clone();
+    unreduced.deferral = Deferral::Always { from: 0 };
+    let ticket = |request: ScanRequest| {
+        let client = fx.client.clone();
+        async move {
+            let info = client.plan(&request).await.expect("plan");
+            arrow_flight::Ticket::new(info.endpoint[0].ticket.clone().expect("ticket").ticket)
+        }
+    };
+    let (reduced, unreduced) = (ticket(request).await, ticket(unreduced).await);
+    type Messages = tonic::Streaming<arrow_flight::FlightData>;
+    // A stream opened and its first message read: its task runs on the server.
+    let open = |mut client: FlightServiceClient<Channel>, ticket: arrow_flight::Ticket| async move {
+        let mut messages: Messages = client.do_get(ticket).await.expect("do_get").into_inner();
+        messages
+            .message()
+            .await
+            .expect("schema")
+            .expect("a first message");
+        messages
+    };
+    let alone = |mut messages: Messages| async move {
+        let mut trailer = None;
+        while let Some(data) = messages.message().await.expect("message") {
+            if data.data_header.is_empty() {
+                trailer = Some(StreamStats::decode(&data.app_metadata).expect("stats"));
+            }
+        }
+        trailer.expect("a trailer").reduced_alone
+    };
+    // A client each: a connection each, whose window a stream left unread cannot fill.
+    let connect = || async {
+        let channel = Channel::from_shared(fx.running.url())
+            .expect("url")
+            .initial_stream_window_size(1 << 16)
+            .initial_connection_window_size(1 << 30)
+            .connect()
+            .await
+            .expect("connect");
+        FlightServiceClient::new(channel)
+    };
+    let (one, two) = (connect().await, connect().await);
+
+    assert_eq!(
+        alone(open(one.clone(), reduced.clone()).await).await,
+        1,
+        "a lone stream"
+    );
+    // Two streams of one client side by side: each ran alone.
+    let first = open(one.clone(), reduced.clone()).await;
+    let second = open(one.clone(), reduced.clone()).await;
+    assert_eq!((alone(second).await, alone(first).await), (1, 1), "one client's");
+    // Another client's un-reduced stream runs on threads of its own: no company.
+    let held = open(one.clone(), reduced.clone()).await;
+    assert_eq!(
+        alone(open(two.clone(), unreduced.clone()).await).await,
+        0,
+        "not reduced there"
+    );
+    assert_eq!(alone(held).await, 1, "beside an un-reduced stream");
+    // Another client's reduced stream beside it: neither ran alone.
+    let held = open(one.clone(), reduced.clone()).await;
+    assert_eq!(
+        alone(open(two.clone(), reduced.clone()).await).await,
+        0,
+        "beside another's"
+    );
+    assert_eq!(alone(held).await, 0, "another's came and went meanwhile");
+    assert_eq!(alone(open(two, reduced).await).await, 1, "alone again");
+}

@@ -15,7 +15,7 @@ use arrow::record_batch::RecordBatch;
 use pushdown_ops::{Call, Calls, Context, Resources};
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral};
 
-use crate::control::{Control, Deal, Side};
+use crate::control::{Control, Deal, Ended, Side};
 use crate::error::{ClientError, Result};
 
 /// Where each shard's fragment ops run.
@@ -99,6 +99,8 @@ pub(crate) struct Dealt {
     completion: Arc<Completion>,
     deal: Deal,
     done: bool,
+    /// The server's trailer said no other client's stream ran beside this one there.
+    alone: bool,
 }
 
 impl Dealt {
@@ -113,16 +115,26 @@ impl Dealt {
     pub(crate) fn finished(&mut self) {
         self.done = true;
     }
+
+    /// The server's trailer says no other client's stream ran beside this one there.
+    pub(crate) fn ran_alone(&mut self) {
+        self.alone = true;
+    }
 }
 
 impl Drop for Dealt {
     fn drop(&mut self) {
         let now = Instant::now();
-        self.completion.control().end(&self.deal, now, self.done);
+        let ended = match (self.done, self.alone) {
+            (false, _) => Ended::Failed,
+            (true, false) => Ended::Delivered,
+            (true, true) => Ended::DeliveredAlone,
+        };
+        self.completion.control().end(&self.deal, now, ended);
         tracing::debug!(
             side = ?self.deal.side,
             seconds = now.duration_since(self.deal.at).as_secs_f64(),
-            done = self.done,
+            ?ended,
             "shard ended"
         );
     }
@@ -228,6 +240,7 @@ impl Completion {
             completion: Arc::clone(self),
             deal,
             done: false,
+            alone: false,
         }
     }
 

@@ -25,18 +25,23 @@
 //!   shards it has in flight and this one, at the rate it has delivered them.
 //! * **Starting**, until both are measured: the server's first round, then this client.
 //!
-//! The latency is a shard's whole wait, its own trainer's shards ahead of it included. A
-//! server serves streams about in turn (a 512-row shard is one batch, reduced in one go,
-//! the streams in the order they became ready): a burst of one trainer's shards is served
-//! back to back, ahead of the shards the other trainers request after it. Taken per round
-//! of the burst, that latency reads as a server as fast as if this trainer had it alone; each
-//! trainer then opened its next epoch's burst there and left the others waiting (in the
-//! simulation, three trainers fell from 1.10× to 0.76× the best static placement). Taken
-//! whole, a trainer that opens a burst at once overestimates the server by about the burst's
-//! rounds and keeps fewer shards there than it could: a lone trainer reading whole epochs at
-//! once reaches 0.82–0.85× the best static split in the simulation (on a 16-core machine
-//! 0.92× the best static and 0.82× the costed plan), which is why the costed plan, not this
-//! loop, is the default.
+//! The latency is a shard's whole wait, its own trainer's shards ahead of it included,
+//! unless the server's trailer says no other client's stream ran on its reducing cores
+//! beside the shard (`StreamStats::reduced_alone`). A server serves streams about in turn (a
+//! 512-row shard is one batch, reduced in one go, the streams in the order they became
+//! ready): a burst of one trainer's shards is served back to back, ahead of the shards the
+//! other trainers request after it. Taken per round of the burst, that latency reads as a
+//! server as fast as if this trainer had it alone; each trainer then opened its next epoch's
+//! burst there and left the others waiting (in the simulation, three trainers fell from
+//! 1.10× to 0.76× the best static placement). Taken whole, a trainer that opens a burst at
+//! once overestimates the server by about the burst's rounds and keeps fewer shards there
+//! than it could: alone, reading whole epochs at once, it reached 0.84× the best static
+//! split in the simulation (0.54× against a server of four cores), 0.82× the costed plan on
+//! a 16-core machine and 0.77–0.83× on 2 cores. A shard that ran alone waited only behind
+//! this trainer's own, and no other trainer's can be behind its burst: its latency is taken
+//! per round of this trainer's shards it was dealt into, as the rule predicts it (in the
+//! simulation 0.97×, and 0.87× against four server cores; on 2 cores 0.98–1.01× the costed
+//! plan). A shard that had company is taken whole, as before.
 //!
 //! Many trainers on one server core need the server's part: were its un-reduced streams
 //! (the shards each trainer completes itself) served in turn with the reduced ones, they
@@ -64,11 +69,24 @@ pub(crate) enum Side {
     Client = 1,
 }
 
-/// A shard as dealt: the end and when.
+/// A shard as dealt: the end, when, and (on the server) the rounds of this trainer's shards
+/// there it was dealt into, itself included.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deal {
     pub(crate) side: Side,
     pub(crate) at: Instant,
+    rounds: u64,
+}
+
+/// How a dealt shard left its side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Not delivered whole (a failed stream).
+    Failed,
+    /// Delivered whole.
+    Delivered,
+    /// Delivered whole, and the server ran it with no other client's stream alongside.
+    DeliveredAlone,
 }
 
 /// The run-time split (see the module docs).
@@ -157,15 +175,26 @@ impl Control {
             _ => (Side::Client, Reason::Starting),
         };
         self.sides[side as usize].start(now);
-        (Deal { side, at: now }, reason)
+        (
+            Deal {
+                side,
+                at: now,
+                rounds,
+            },
+            reason,
+        )
     }
 
-    /// A shard `deal`t left its side at `now`: delivered whole (`done`) or failed. A server
-    /// shard's latency is its whole wait (see the module docs).
-    pub(crate) fn end(&mut self, deal: &Deal, now: Instant, done: bool) {
-        self.sides[deal.side as usize].end(now, done);
-        if deal.side == Side::Server && done {
-            let latency = now.duration_since(deal.at);
+    /// A shard `deal`t left its side at `now`, as `ended`. A server shard's latency is its
+    /// whole wait, or its wait per round where it ran alone there (see the module docs).
+    pub(crate) fn end(&mut self, deal: &Deal, now: Instant, ended: Ended) {
+        self.sides[deal.side as usize].end(now, ended != Ended::Failed);
+        if deal.side == Side::Server && ended != Ended::Failed {
+            let wait = now.duration_since(deal.at);
+            let latency = match ended {
+                Ended::DeliveredAlone => wait / u32::try_from(deal.rounds.max(1)).unwrap_or(u32::MAX),
+                _ => wait,
+            };
             self.server_latency = Some(match self.server_latency {
                 None => latency,
                 Some(avg) => avg.mul_f64(1.0 - LATENCY_WEIGHT) + latency.mul_f64(LATENCY_WEIGHT),

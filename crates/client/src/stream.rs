@@ -849,7 +849,7 @@ impl Progress<'_> {
     /// Checks the ended stream from `node` (`received` rows in all) against its trailer,
     /// adding the server's stats to `totals`.
     fn check_trailer(
-        &self,
+        &mut self,
         trailer: Option<StreamStats>,
         received: u64,
         node: &Node,
@@ -871,6 +871,9 @@ impl Progress<'_> {
                     }));
                 }
                 totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
+                if let (Some(d), 1..) = (self.dealt.as_deref_mut(), stats.reduced_alone) {
+                    d.ran_alone();
+                }
             }
             // Every complete stream of a request with stats ends with them: this one was cut.
             None if self.expect_trailer => {

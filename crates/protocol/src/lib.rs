@@ -279,6 +279,9 @@ pub struct StreamStats {
     pub elapsed_ns: u64,
     /// Rows the stream's query produced, skipped ones included (the shard's whole output).
     pub rows_output: u64,
+    /// 1 when the server ran the stream on its reducing cores with no other client's stream
+    /// there from its start to its end; summed, the streams that ran so.
+    pub reduced_alone: u64,
 }
 
 impl std::ops::AddAssign for StreamStats {
@@ -291,6 +294,7 @@ impl std::ops::AddAssign for StreamStats {
         self.row_groups_pruned += o.row_groups_pruned;
         self.elapsed_ns += o.elapsed_ns;
         self.rows_output += o.rows_output;
+        self.reduced_alone += o.reduced_alone;
     }
 }
 
@@ -867,6 +871,7 @@ mod to_proto {
             row_groups_pruned: s.row_groups_pruned,
             elapsed_ns: s.elapsed_ns,
             rows_output: s.rows_output,
+            reduced_alone: s.reduced_alone,
         }
     }
 }
@@ -1035,6 +1040,7 @@ mod from_proto {
             row_groups_pruned: m.row_groups_pruned,
             elapsed_ns: m.elapsed_ns,
             rows_output: m.rows_output,
+            reduced_alone: m.reduced_alone,
         }
     }
 }
@@ -1288,6 +1294,7 @@ mod tests {
             row_groups_pruned: 6,
             elapsed_ns: 7,
             rows_output: 8,
+            reduced_alone: 1,
         };
         assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
     }

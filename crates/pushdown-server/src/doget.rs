@@ -14,7 +14,7 @@
 //! the runtime of its own, `Node::unreduced`), owned by the response stream: a client that
 //! goes away drops the stream and so aborts the query.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,7 +50,8 @@ pub(crate) struct DoGet {
     pub(crate) placement: Placement,
     pub(crate) grant: Arc<Grant>,
     pub(crate) permit: OwnedSemaphorePermit,
-    pub(crate) peer: Option<IpAddr>,
+    /// The client's connection.
+    pub(crate) peer: Option<SocketAddr>,
 }
 
 impl DoGet {
@@ -90,6 +91,10 @@ impl DoGet {
         } = self;
         let node = &state.node;
         let deadline = node.config.request_timeout;
+        // On the reducing cores (`Node::runtime_for`): whether another client's stream ran
+        // there alongside this one, for the trailer.
+        let place = (!placement.reduces_nothing()).then(|| state.reducing.join(peer));
+        let peer = peer.map(|p| p.ip());
         // An adaptive stream starts from what the last one to this peer learnt of the link.
         let learnt = peer.and_then(|p| lock(&state.links).get(&p).copied());
         let governor = Governor::resume(ticket.request.compression, learnt);
@@ -114,7 +119,8 @@ impl DoGet {
             remember(&state, peer, memory);
         }
         let (completed, batches) = ended.map_err(|_| ServerError::Deadline(deadline))??;
-        let stats = batches.finish(completed, sink.bytes_sent);
+        let mut stats = batches.finish(completed, sink.bytes_sent);
+        stats.reduced_alone = u64::from(place.as_ref().is_some_and(|p| p.alone()));
         tracing::debug!(?stats, link_bytes_per_s = ?sink.governor.link(), "stream finished");
         if completed && ticket.request.stats {
             sink.trailer(&stats).await;

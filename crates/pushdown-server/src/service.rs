@@ -100,7 +100,7 @@ impl PushdownService {
         &self,
         ticket: Ticket,
         caller: &Caller,
-        peer: Option<std::net::IpAddr>,
+        peer: Option<SocketAddr>,
     ) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
@@ -544,7 +544,7 @@ impl FlightService for PushdownService {
             .ctx
             .caller(&request)
             .map_err(|e| self.ctx.fail("do_get", e))?;
-        let peer = request.remote_addr().map(|a| a.ip());
+        let peer = request.remote_addr();
         match self
             .ctx
             .contained(self.open_stream(request.into_inner(), &caller, peer))

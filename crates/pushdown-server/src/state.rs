@@ -2,10 +2,12 @@
 //! end keeps (stream admission, what adaptive streams learnt of each peer's link).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pushdown_engine::Node;
+use pushdown_engine::catalog::lock;
 use tokio::sync::Semaphore;
 
 use crate::codec::LinkMemory;
@@ -18,6 +20,8 @@ pub(crate) struct State {
     pub(crate) streams: Arc<Semaphore>,
     /// What adaptive streams learnt of each peer's link, for the next stream to it.
     pub(crate) links: Mutex<HashMap<IpAddr, LinkMemory>>,
+    /// The streams on the reducing cores, by client connection.
+    pub(crate) reducing: Reducing,
 }
 
 impl State {
@@ -25,7 +29,112 @@ impl State {
         Self {
             streams: Arc::new(Semaphore::new(node.config.max_concurrent_streams.max(1))),
             links: Mutex::default(),
+            reducing: Reducing::default(),
             node,
         }
+    }
+}
+
+/// The streams running on the reducing cores (the CPU runtime), each with its client's
+/// connection: tells a stream whether another client's ran there alongside it
+/// (`StreamStats::reduced_alone`). A trainer whose shards wait there only behind its own
+/// learns nothing of the server's other load from their wait; one that waited behind
+/// another client's does.
+#[derive(Debug, Default)]
+pub(crate) struct Reducing {
+    running: Mutex<Vec<Running>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: u64,
+    /// `None`: a connection with no address, taken for another client's by every stream.
+    peer: Option<SocketAddr>,
+    accompanied: Arc<AtomicBool>,
+}
+
+impl Reducing {
+    /// Counts a stream of `peer`'s among the running ones until the returned place drops.
+    /// Two streams overlap from the later one's start: each overlap is seen here.
+    pub(crate) fn join(&self, peer: Option<SocketAddr>) -> Place<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let accompanied = Arc::new(AtomicBool::new(false));
+        let mut running = lock(&self.running);
+        for other in running.iter() {
+            if peer.is_none() || other.peer != peer {
+                other.accompanied.store(true, Ordering::Relaxed);
+                accompanied.store(true, Ordering::Relaxed);
+            }
+        }
+        running.push(Running {
+            id,
+            peer,
+            accompanied: Arc::clone(&accompanied),
+        });
+        Place {
+            reducing: self,
+            id,
+            accompanied,
+        }
+    }
+}
+
+/// A stream's place among the running ones (see [`Reducing::join`]).
+pub(crate) struct Place<'a> {
+    reducing: &'a Reducing,
+    id: u64,
+    accompanied: Arc<AtomicBool>,
+}
+
+impl Place<'_> {
+    /// No other client's stream ran on the reducing cores since this one joined.
+    pub(crate) fn alone(&self) -> bool {
+        !self.accompanied.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        lock(&self.reducing.running).retain(|r| r.id != self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    #[test]
+    fn a_stream_is_alone_until_another_clients_runs_beside_it() {
+        let reducing = Reducing::default();
+        let first = reducing.join(addr(1));
+        let own = reducing.join(addr(1));
+        assert!(
+            first.alone() && own.alone(),
+            "the same client's streams are no company"
+        );
+        let other = reducing.join(addr(2));
+        assert!(!first.alone() && !own.alone() && !other.alone());
+        drop((first, own, other));
+        // Once the others have ended, a new stream runs alone again.
+        let later = reducing.join(addr(2));
+        assert!(later.alone());
+        // A stream of a connection with no address is another client's to everyone.
+        let unknown = reducing.join(None);
+        assert!(!later.alone() && !unknown.alone());
+        drop((later, unknown));
+        assert!(lock(&reducing.running).is_empty());
+    }
+
+    #[test]
+    fn a_stream_that_came_and_went_meanwhile_still_counts() {
+        let reducing = Reducing::default();
+        let long = reducing.join(addr(1));
+        drop(reducing.join(addr(2)));
+        assert!(!long.alone());
     }
 }

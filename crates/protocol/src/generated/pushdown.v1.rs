@@ -200,6 +200,12 @@ pub struct StreamStats {
     /// output. A client checks it against the rows it holds of the shard.
     #[prost(uint64, tag = "8")]
     pub rows_output: u64,
+    /// 1 when the server ran this stream on its reducing cores with no other client's stream
+    /// there from its start to its end (streams the server leaves un-reduced do not count), else
+    /// 0; summed, the streams that ran so. A client's shard waiting there only behind its own
+    /// shards tells it nothing of the server's other load.
+    #[prost(uint64, tag = "9")]
+    pub reduced_alone: u64,
 }
 /// The app_metadata of a GetFlightInfo reply: what the server expects the query to cost.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
