@@ -1045,9 +1045,18 @@ async fn a_trailer_says_whether_the_stream_ran_beside_another_clients() {
     };
     let (reduced, unreduced) = (ticket(request).await, ticket(unreduced).await);
     type Messages = tonic::Streaming<arrow_flight::FlightData>;
-    // A stream opened and its first message read: its task runs on the server.
-    let open = |mut client: FlightServiceClient<Channel>, ticket: arrow_flight::Ticket| async move {
-        let mut messages: Messages = client.do_get(ticket).await.expect("do_get").into_inner();
+    // A stream opened (naming `reader`, if any) and its first message read: its task runs on
+    // the server.
+    let open_as = |mut client: FlightServiceClient<Channel>,
+                   ticket: arrow_flight::Ticket,
+                   reader: Option<u64>| async move {
+        let mut request = tonic::Request::new(ticket);
+        if let Some(reader) = reader {
+            request
+                .metadata_mut()
+                .insert(pushdown_protocol::READER_HEADER, reader.into());
+        }
+        let mut messages: Messages = client.do_get(request).await.expect("do_get").into_inner();
         messages
             .message()
             .await
@@ -1055,6 +1064,7 @@ async fn a_trailer_says_whether_the_stream_ran_beside_another_clients() {
             .expect("a first message");
         messages
     };
+    let open = |client, ticket| open_as(client, ticket, None);
     let alone = |mut messages: Messages| async move {
         let mut trailer = None;
         while let Some(data) = messages.message().await.expect("message") {
@@ -1102,5 +1112,57 @@ async fn a_trailer_says_whether_the_stream_ran_beside_another_clients() {
         "beside another's"
     );
     assert_eq!(alone(held).await, 0, "another's came and went meanwhile");
-    assert_eq!(alone(open(two, reduced).await).await, 1, "alone again");
+    assert_eq!(
+        alone(open(two.clone(), reduced.clone()).await).await,
+        1,
+        "alone again"
+    );
+    // A reader the requests name is one client over two connections (a reconnect), and two
+    // readers over one connection are two.
+    let held = open_as(one.clone(), reduced.clone(), Some(7)).await;
+    assert_eq!(
+        alone(open_as(two.clone(), reduced.clone(), Some(7)).await).await,
+        1,
+        "one reader"
+    );
+    assert_eq!(alone(held).await, 1, "one reader, two connections");
+    let held = open_as(one.clone(), reduced.clone(), Some(7)).await;
+    assert_eq!(
+        alone(open_as(one, reduced, Some(8)).await).await,
+        0,
+        "another reader"
+    );
+    assert_eq!(alone(held).await, 0, "two readers, one connection");
+}
+
+/// A loader alone on a server: every stream the server reduced for it says it ran alone
+/// there, its streams all naming the loader's one reader (one of them naming another would
+/// have been company to the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_adaptive_loaders_reduced_streams_say_they_ran_alone() {
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: 1,
+        read_ahead: false,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, 512);
+    })
+    .await;
+    let pipeline = Pipeline::new("images")
+        .map("decode_resize", "image", [8i64, 8], "pixels")
+        .select(["id", "pixels"])
+        .batch(32);
+    let options = RunOptions {
+        loader: LoaderOptions {
+            push: pushdown_client::Push::Adaptive(usize::MAX),
+            ..LoaderOptions::default()
+        },
+        ..RunOptions::new(vec![fx.running.url()], LoaderSource::Pipeline(pipeline))
+    };
+    let report = run(&options).await.expect("run");
+    assert_eq!(report.rows, 512);
+    let reduced = report.endpoints as u64 - report.completed.streams;
+    assert!(reduced > 0, "the server reduced some: {report:?}");
+    assert_eq!(report.totals.server.reduced_alone, reduced, "{report:?}");
 }

@@ -71,6 +71,9 @@ pub struct Completion {
     /// [`Completion::set_consumer_waiting`]): a static split's shards are the client's only
     /// then. Until told otherwise, it is.
     consumer_waiting: std::sync::atomic::AtomicBool,
+    /// Names this loader's streams to the servers (`READER_HEADER`): their trailers then say
+    /// whether another reader's streams ran beside them, however the loader connects.
+    reader: u64,
 }
 
 impl std::fmt::Debug for Completion {
@@ -165,6 +168,7 @@ impl Completion {
             cores: Arc::new(tokio::sync::Semaphore::new(placement.cores.max(1))),
             control: Default::default(),
             consumer_waiting: std::sync::atomic::AtomicBool::new(true),
+            reader: rand::random(),
         }
     }
 
@@ -176,6 +180,11 @@ impl Completion {
     /// [`crate::Loader`] tells the planner's split (not one its options force).
     pub fn set_consumer_waiting(&self, waiting: bool) {
         self.consumer_waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// The reader this loader's stream requests name (`READER_HEADER`).
+    pub(crate) fn reader(&self) -> u64 {
+        self.reader
     }
 
     fn control(&self) -> std::sync::MutexGuard<'_, Control> {

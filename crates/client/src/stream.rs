@@ -724,7 +724,13 @@ async fn fetch(
             node.url
         )))
     };
-    let response = tokio::time::timeout(stall, node.flight.clone().do_get(Ticket::new(ticket)))
+    let mut request = tonic::Request::new(Ticket::new(ticket));
+    if let Some(c) = progress.completion {
+        request
+            .metadata_mut()
+            .insert(pushdown_protocol::READER_HEADER, c.reader().into());
+    }
+    let response = tokio::time::timeout(stall, node.flight.clone().do_get(request))
         .await
         .map_err(|_| stalled("no answer"))?
         .map_err(Fetch::Status)?;

@@ -131,6 +131,11 @@ pub enum Deferral {
 /// Schema metadata of a stream whose fragment ops from this index on were left to the client.
 pub const DEFERRED_FROM_KEY: &str = "pushdown.deferred_from";
 
+/// gRPC metadata of a `DoGet`: the reader it is for (a decimal `u64` each of a client's
+/// loaders draws at random). Streams naming one reader are one client's on the server
+/// (`StreamStats::reduced_alone`); a stream that names none is its connection's.
+pub const READER_HEADER: &str = "pushdown-reader";
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Query {
     Fragment(Fragment),

@@ -34,7 +34,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::codec::{Encoder, Governor, LinkMemory};
-use crate::state::State;
+use crate::state::{Client, State};
 
 /// Peers whose links adaptive streams remember (see [`LinkMemory`]).
 const MAX_PEERS_REMEMBERED: usize = 4096;
@@ -50,8 +50,9 @@ pub(crate) struct DoGet {
     pub(crate) placement: Placement,
     pub(crate) grant: Arc<Grant>,
     pub(crate) permit: OwnedSemaphorePermit,
-    /// The client's connection.
+    /// The client's connection, and the reader the request named.
     pub(crate) peer: Option<SocketAddr>,
+    pub(crate) reader: Option<u64>,
 }
 
 impl DoGet {
@@ -88,12 +89,14 @@ impl DoGet {
             grant,
             permit: _permit,
             peer,
+            reader,
         } = self;
         let node = &state.node;
         let deadline = node.config.request_timeout;
         // On the reducing cores (`Node::runtime_for`): whether another client's stream ran
         // there alongside this one, for the trailer.
-        let place = (!placement.reduces_nothing()).then(|| state.reducing.join(peer));
+        let client = Client::of(reader, peer);
+        let place = (!placement.reduces_nothing()).then(|| state.reducing.join(client));
         let peer = peer.map(|p| p.ip());
         // An adaptive stream starts from what the last one to this peer learnt of the link.
         let learnt = peer.and_then(|p| lock(&state.links).get(&p).copied());

@@ -100,7 +100,7 @@ impl PushdownService {
         &self,
         ticket: Ticket,
         caller: &Caller,
-        peer: Option<SocketAddr>,
+        (peer, reader): (Option<SocketAddr>, Option<u64>),
     ) -> Result<FlightStream<FlightData>> {
         let raw = ticket.ticket;
         let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
@@ -144,6 +144,7 @@ impl PushdownService {
             grant: Arc::clone(&caller.grant),
             permit,
             peer,
+            reader,
         };
         Ok(stream.spawn(span, shard_name))
     }
@@ -545,9 +546,13 @@ impl FlightService for PushdownService {
             .caller(&request)
             .map_err(|e| self.ctx.fail("do_get", e))?;
         let peer = request.remote_addr();
+        let reader = request
+            .metadata()
+            .get(pushdown_protocol::READER_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         match self
             .ctx
-            .contained(self.open_stream(request.into_inner(), &caller, peer))
+            .contained(self.open_stream(request.into_inner(), &caller, (peer, reader)))
             .await
         {
             Ok(stream) => Ok(Response::new(stream)),

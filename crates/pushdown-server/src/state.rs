@@ -49,27 +49,48 @@ pub(crate) struct Reducing {
 #[derive(Debug)]
 struct Running {
     id: u64,
-    /// `None`: a connection with no address, taken for another client's by every stream.
-    peer: Option<SocketAddr>,
+    client: Client,
     accompanied: Arc<AtomicBool>,
 }
 
+/// Whose stream it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Client {
+    /// The reader the request named (`READER_HEADER`): one loader, over however many
+    /// connections (a reconnect keeps it), and never another loader on the same one.
+    Reader(u64),
+    /// A request that named none: its connection.
+    Connection(SocketAddr),
+    /// A connection with no address: another client's to every stream.
+    Unknown,
+}
+
+impl Client {
+    pub(crate) fn of(reader: Option<u64>, peer: Option<SocketAddr>) -> Self {
+        match (reader, peer) {
+            (Some(reader), _) => Client::Reader(reader),
+            (None, Some(peer)) => Client::Connection(peer),
+            (None, None) => Client::Unknown,
+        }
+    }
+}
+
 impl Reducing {
-    /// Counts a stream of `peer`'s among the running ones until the returned place drops.
+    /// Counts a stream of `client`'s among the running ones until the returned place drops.
     /// Two streams overlap from the later one's start: each overlap is seen here.
-    pub(crate) fn join(&self, peer: Option<SocketAddr>) -> Place<'_> {
+    pub(crate) fn join(&self, client: Client) -> Place<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let accompanied = Arc::new(AtomicBool::new(false));
         let mut running = lock(&self.running);
         for other in running.iter() {
-            if peer.is_none() || other.peer != peer {
+            if client == Client::Unknown || other.client != client {
                 other.accompanied.store(true, Ordering::Relaxed);
                 accompanied.store(true, Ordering::Relaxed);
             }
         }
         running.push(Running {
             id,
-            peer,
+            client,
             accompanied: Arc::clone(&accompanied),
         });
         Place {
@@ -104,8 +125,8 @@ impl Drop for Place<'_> {
 mod tests {
     use super::*;
 
-    fn addr(port: u16) -> Option<SocketAddr> {
-        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    fn addr(port: u16) -> Client {
+        Client::Connection(SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     #[test]
@@ -124,10 +145,25 @@ mod tests {
         let later = reducing.join(addr(2));
         assert!(later.alone());
         // A stream of a connection with no address is another client's to everyone.
-        let unknown = reducing.join(None);
+        let unknown = reducing.join(Client::Unknown);
         assert!(!later.alone() && !unknown.alone());
         drop((later, unknown));
         assert!(lock(&reducing.running).is_empty());
+    }
+
+    #[test]
+    fn a_named_reader_is_one_client_over_any_connection() {
+        let reducing = Reducing::default();
+        let first = reducing.join(Client::of(Some(7), addr_of(1)));
+        let reconnected = reducing.join(Client::of(Some(7), addr_of(2)));
+        assert!(first.alone() && reconnected.alone());
+        // Another loader on the first one's connection is another client.
+        let other = reducing.join(Client::of(Some(8), addr_of(1)));
+        assert!(!first.alone() && !other.alone());
+    }
+
+    fn addr_of(port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     #[test]
