@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pushdown_client::run::Shares;
-use pushdown_client::{Link, Loader, LoaderOptions, LoaderSource, StreamOptions};
+use pushdown_client::{Link, Loader, LoaderOptions, LoaderSource, Push, StreamOptions};
 use pushdown_planner::Pipeline;
 use pushdown_protocol::{Query, ScanRequest};
 
@@ -144,6 +144,25 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
                 demand,
                 epochs,
                 LoaderOptions::default(),
+            )
+        })
+        .await?;
+        print_cell(&cell, server_cores, trainer_cores);
+        cells.push(cell);
+        // The run-time split, which also leaves the trainer's cores to a consumer that
+        // does not wait: what it delivers and what it costs the trainer beside the default.
+        let adaptive = LoaderOptions {
+            push: Push::Adaptive(usize::MAX),
+            ..LoaderOptions::default()
+        };
+        let cell = best_of(options.reps_resolved, || {
+            loader_cell(
+                "pushdown, adaptive placement",
+                &url,
+                &server,
+                demand,
+                epochs,
+                adaptive.clone(),
             )
         })
         .await?;
@@ -426,7 +445,9 @@ fn report(
          How to read it: default options let the planner split the decode between the server and the trainer's \
          idle cores (\"of which ops the trainer ran\"); the loader keeps taking its share of shards only while \
          the consumer waits, so below the server's capacity the trainer runs the loader alone (its own cost is \
-         the trainer CPU less that column). The contender decodes every sample on the trainer's cores. With \
+         the trainer CPU less that column). Adaptive placement deals each shard at run time to the end \
+         expected to finish it first, under the same rule: only while the consumer waits. The contender \
+         decodes every sample on the trainer's cores. With \
          torch absent it is a `multiprocessing` pool shaped like a DataLoader (one worker per trainer core, \
          batches in order). A real accelerator's figures come from `benches/feed-gpu.sh` (ResNet-50 under \
          torch, `pushdown.torch`) on a machine that has one.\n\n",

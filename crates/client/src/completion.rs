@@ -173,11 +173,12 @@ impl Completion {
     }
 
     /// Tells the split whether the consumer has been waiting for batches lately. A static
-    /// split ([`ShardPlacement::server_fraction`] below 1) takes its shards onto this
-    /// client's cores to deliver more than the servers can; while the consumer does not wait
-    /// that buys nothing and costs the trainer's CPU, so its shards go to the servers until
-    /// the consumer waits again. Which end runs a shard's ops never changes its rows. The
-    /// [`crate::Loader`] tells the planner's split (not one its options force).
+    /// split ([`ShardPlacement::server_fraction`] below 1) or the adapted one takes shards
+    /// onto this client's cores to deliver more than the servers can; while the consumer
+    /// does not wait that buys nothing and costs the trainer's CPU, so its shards go to the
+    /// servers until the consumer waits again. Which end runs a shard's ops never changes
+    /// its rows. The [`crate::Loader`] tells the planner's split and the adapted one (not a
+    /// split its options force).
     pub fn set_consumer_waiting(&self, waiting: bool) {
         self.consumer_waiting.store(waiting, Ordering::Relaxed);
     }
@@ -235,7 +236,7 @@ impl Completion {
     fn deal(self: &Arc<Self>, position: u64) -> Dealt {
         let now = Instant::now();
         let mut control = self.control();
-        let (deal, reason) = control.deal(now);
+        let (deal, reason) = control.deal(now, self.consumer_waiting.load(Ordering::Relaxed));
         tracing::debug!(
             position,
             side = ?deal.side,
@@ -369,5 +370,37 @@ mod tests {
         assert_eq!(deferred(&completion), 0, "not waiting: every shard on the server");
         completion.set_consumer_waiting(true);
         assert_eq!(deferred(&completion), 10, "waiting again: the split's half");
+    }
+
+    #[test]
+    fn the_adapted_split_leaves_the_cores_to_a_consumer_that_does_not_wait() {
+        let completion = Arc::new(Completion::new(
+            ShardPlacement {
+                server_fraction: 0.0,
+                adaptive: true,
+                cores: 1,
+            },
+            vec![Call::new("hash_bucket", "k", vec![], "k")],
+            Arc::new(arrow::datatypes::Schema::empty()),
+            Arc::new(pushdown_ops::NoResources),
+        ));
+        // Held, as the streams in flight hold them: each counted on its side until dropped.
+        let place = |n: u64| -> (usize, Vec<Placed>) {
+            let placed: Vec<Placed> = (0..n).map(|p| completion.deferral_for(p)).collect();
+            let deferred = placed.iter().filter(|p| p.deferral != Deferral::Never).count();
+            (deferred, placed)
+        };
+        let (deferred, held) = place(6);
+        assert_eq!(
+            deferred, 4,
+            "starting: the server's first round, then this client"
+        );
+        drop(held);
+        completion.set_consumer_waiting(false);
+        let (deferred, held) = place(6);
+        assert_eq!(deferred, 0, "not waiting: every shard on the server");
+        drop(held);
+        completion.set_consumer_waiting(true);
+        assert_eq!(place(6).0, 4, "waiting again: dealt as before");
     }
 }

@@ -148,6 +148,9 @@ pub(crate) enum Reason {
     Probe,
     /// Before both ends are measured: the server's first round, then this client.
     Starting,
+    /// The consumer is not waiting for batches: this client's cores are left to it, and
+    /// every shard goes to the server until it waits again.
+    ConsumerAhead,
     /// Expected to finish first there: seconds from now on the server (its recent latency
     /// for each round of [`SERVER_SHARDS`] ahead of the shard) and here (this client's queue
     /// and the shard at its rate).
@@ -155,11 +158,13 @@ pub(crate) enum Reason {
 }
 
 impl Control {
-    /// The end the next shard goes to, counted in flight there from `now`.
-    pub(crate) fn deal(&mut self, now: Instant) -> (Deal, Reason) {
+    /// The end the next shard goes to, counted in flight there from `now`; while the
+    /// consumer is not `waiting`, the server.
+    pub(crate) fn deal(&mut self, now: Instant, waiting: bool) -> (Deal, Reason) {
         let [server, client] = &self.sides;
         let rounds = (server.in_flight + 1).div_ceil(SERVER_SHARDS);
         let (side, reason) = match (self.server_latency, client.rate(now)) {
+            _ if !waiting => (Side::Server, Reason::ConsumerAhead),
             // One shard always on the server: its share, and a latency kept current.
             _ if server.in_flight == 0 => (Side::Server, Reason::Probe),
             (Some(latency), Some(rate)) => {

@@ -131,11 +131,12 @@ pub enum Push {
     /// The first `first` ops on the server for `server_fraction` of the shards; the other
     /// shards arrive un-reduced and this client runs those ops. Not adapted.
     Split { first: usize, server_fraction: f64 },
-    /// The first `k` ops, each shard's placed when it is requested, with no plan: at most
-    /// two shards at once on the server (a shared server's cores are divided equally among
-    /// its trainers), none there while the server's shards lately took longer than this
-    /// client's queue would, and every other shard completed by this client. See
-    /// benches/RESULTS.md, "Split placement" and "One server core shared by 3 trainers".
+    /// The first `k` ops, each shard's placed when it is requested, with no plan: to the end
+    /// expected to finish it first, the server timed by its shards' recent latency once per
+    /// round of two this trainer keeps there (a shared server's cores are divided about
+    /// equally among its trainers), this client by its queue at its rate; every shard to
+    /// the server while the loader's consumer does not wait. See benches/RESULTS.md, "Split
+    /// placement" and "One server core shared by 3 trainers".
     Adaptive(usize),
 }
 
@@ -782,16 +783,16 @@ impl Loader {
         s
     }
 
-    /// Every [`APPETITE_WINDOW`] from the first batch on, tells the planner's split whether
-    /// the consumer waited for more than [`APPETITE_WAIT`] of it: its shards are run here
-    /// only while the consumer waits (before the first batch it does).
-    /// A split the options force (benchmarks measuring each placement) is left as asked.
+    /// Every [`APPETITE_WINDOW`] from the first batch on, tells the planner's split or the
+    /// adapted one whether the consumer waited for more than [`APPETITE_WAIT`] of it: shards
+    /// are run here only while the consumer waits (before the first batch it does). A split
+    /// the options force (benchmarks measuring each placement) is left as asked.
     fn watch_appetite(&mut self) {
         let shared = &self.prepared.shared;
         let Some(completion) = shared
             .completion
             .as_ref()
-            .filter(|_| shared.options.push == Push::Costed)
+            .filter(|_| matches!(shared.options.push, Push::Costed | Push::Adaptive(_)))
         else {
             return;
         };

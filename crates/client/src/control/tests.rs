@@ -160,7 +160,7 @@ impl Sim {
             let position = t.next;
             t.next += 1;
             let deal = match t.policy {
-                Policy::Adaptive => Some(t.control.deal(now).0),
+                Policy::Adaptive => Some(t.control.deal(now, true).0),
                 Policy::Static(_) => None,
             };
             let side = match t.policy {
@@ -591,7 +591,7 @@ fn a_widely_shared_server_gets_what_it_can_finish_in_time() {
 fn until_both_ends_are_measured_the_server_gets_its_first_round() {
     let mut control = Control::default();
     let now = Instant::now();
-    let deals: Vec<Deal> = (0..4).map(|_| control.deal(now).0).collect();
+    let deals: Vec<Deal> = (0..4).map(|_| control.deal(now, true).0).collect();
     use Side::{Client, Server};
     assert_eq!(
         deals.iter().map(|d| d.side).collect::<Vec<_>>(),
@@ -601,7 +601,7 @@ fn until_both_ends_are_measured_the_server_gets_its_first_round() {
     // A shard that did not finish (a failed stream) is no latency.
     control.end(&deals[0], now + Duration::from_millis(5), Ended::Failed);
     assert_eq!(control.server_latency(), None);
-    assert_eq!(control.deal(now).0.side, Server, "its place is free again");
+    assert_eq!(control.deal(now, true).0.side, Server, "its place is free again");
 }
 
 /// The server's first round (returned) and one shard here, this client having finished it
@@ -609,7 +609,7 @@ fn until_both_ends_are_measured_the_server_gets_its_first_round() {
 fn measured_client() -> (Control, [Deal; 2], Instant) {
     let mut control = Control::default();
     let t0 = Instant::now();
-    let deals: Vec<Deal> = (0..3).map(|_| control.deal(t0).0).collect();
+    let deals: Vec<Deal> = (0..3).map(|_| control.deal(t0, true).0).collect();
     let sides: Vec<Side> = deals.iter().map(|d| d.side).collect();
     assert_eq!(sides, [Side::Server, Side::Server, Side::Client]);
     control.end(&deals[2], t0 + Duration::from_secs(1), Ended::Delivered);
@@ -624,7 +624,7 @@ fn each_end_is_given_what_it_would_finish_first() {
     control.end(&first, t0 + s(10), Ended::Delivered);
     assert_eq!(control.server_latency(), Some(s(10)));
     let now = t0 + s(10);
-    let (deal, reason) = control.deal(now);
+    let (deal, reason) = control.deal(now, true);
     assert_eq!(deal.side, Side::Client);
     assert_eq!(
         reason,
@@ -635,7 +635,7 @@ fn each_end_is_given_what_it_would_finish_first() {
     );
     // A round there (10 s) is ten shards here: the server's second slot goes when this
     // client's queue and the shard take 10 s, the next round's two at 20 s.
-    let sides: Vec<Side> = (0..30).map(|_| control.deal(now).0.side).collect();
+    let sides: Vec<Side> = (0..30).map(|_| control.deal(now, true).0.side).collect();
     let server: Vec<usize> = (0..30).filter(|&i| sides[i] == Side::Server).collect();
     assert_eq!(server, [8, 19, 20], "{sides:?}");
 }
@@ -652,7 +652,7 @@ fn a_shard_queued_behind_this_trainers_own_counts_its_whole_wait() {
     let now = t0 + s(2);
     let mut deals = Vec::new();
     while deals.len() < 6 {
-        let (deal, _) = control.deal(now);
+        let (deal, _) = control.deal(now, true);
         if deal.side == Side::Server {
             deals.push(deal);
         }
@@ -674,7 +674,7 @@ fn a_shard_that_ran_alone_is_measured_per_round() {
     let now = t0 + s(2);
     let mut deals = Vec::new();
     while deals.len() < 6 {
-        let (deal, _) = control.deal(now);
+        let (deal, _) = control.deal(now, true);
         if deal.side == Side::Server {
             deals.push(deal);
         }
@@ -693,9 +693,9 @@ fn a_server_with_none_of_the_shards_always_gets_one() {
     control.end(&first, t0 + s(100), Ended::Delivered);
     control.end(&second, t0 + s(100), Ended::Delivered);
     let now = t0 + s(100);
-    let (probe, reason) = control.deal(now);
+    let (probe, reason) = control.deal(now, true);
     assert_eq!((probe.side, reason), (Side::Server, Reason::Probe));
-    assert_eq!(control.deal(now).0.side, Side::Client);
+    assert_eq!(control.deal(now, true).0.side, Side::Client);
     control.end(&probe, now + s(1), Ended::Delivered);
     assert!(control.server_latency().unwrap() < s(100), "measured again");
 }
