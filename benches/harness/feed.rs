@@ -133,59 +133,33 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
          trainer core(s), {epochs} epochs of {dataset_rows} rows"
     );
 
+    // The run-time split, which also leaves the trainer's cores to a consumer that does
+    // not wait: what it delivers and what it costs the trainer beside the default.
+    let adaptive = LoaderOptions {
+        push: Push::Adaptive(usize::MAX),
+        ..LoaderOptions::default()
+    };
+    let before = LoaderOptions {
+        link: Link::bandwidth(1e9 / 8.0),
+        stream: StreamOptions {
+            max_concurrency: 4,
+            ..StreamOptions::default()
+        },
+        ..LoaderOptions::default()
+    };
     let mut cells = Vec::new();
     for factor in [2.0, 0.6] {
         let demand = capacity * factor;
-        let cell = best_of(options.reps_resolved, || {
-            loader_cell(
-                "pushdown, default options",
-                &url,
-                &server,
-                demand,
-                epochs,
-                LoaderOptions::default(),
-            )
-        })
-        .await?;
-        print_cell(&cell, server_cores, trainer_cores);
-        cells.push(cell);
-        // The run-time split, which also leaves the trainer's cores to a consumer that
-        // does not wait: what it delivers and what it costs the trainer beside the default.
-        let adaptive = LoaderOptions {
-            push: Push::Adaptive(usize::MAX),
-            ..LoaderOptions::default()
-        };
-        let cell = best_of(options.reps_resolved, || {
-            loader_cell(
-                "pushdown, adaptive placement",
-                &url,
-                &server,
-                demand,
-                epochs,
-                adaptive.clone(),
-            )
-        })
-        .await?;
-        print_cell(&cell, server_cores, trainer_cores);
-        cells.push(cell);
+        let mut feeds = vec![
+            ("pushdown, default options", LoaderOptions::default()),
+            ("pushdown, adaptive placement", adaptive.clone()),
+        ];
         if factor > 1.0 {
-            let before = LoaderOptions {
-                link: Link::bandwidth(1e9 / 8.0),
-                stream: StreamOptions {
-                    max_concurrency: 4,
-                    ..StreamOptions::default()
-                },
-                ..LoaderOptions::default()
-            };
+            feeds.push(("pushdown, before (1 Gbit/s assumed, 4 streams)", before.clone()));
+        }
+        for (feed, loader) in feeds {
             let cell = best_of(options.reps_resolved, || {
-                loader_cell(
-                    "pushdown, before (1 Gbit/s assumed, 4 streams)",
-                    &url,
-                    &server,
-                    demand,
-                    epochs,
-                    before.clone(),
-                )
+                loader_cell(feed, &url, &server, demand, epochs, loader.clone())
             })
             .await?;
             print_cell(&cell, server_cores, trainer_cores);

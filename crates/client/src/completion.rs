@@ -348,18 +348,23 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_split_runs_its_shards_here_only_while_the_consumer_waits() {
-        let completion = Arc::new(Completion::new(
+    /// A completion of one op (`hash_bucket`) on one core.
+    fn one_op_completion(server_fraction: f64, adaptive: bool) -> Arc<Completion> {
+        Arc::new(Completion::new(
             ShardPlacement {
-                server_fraction: 0.5,
-                adaptive: false,
+                server_fraction,
+                adaptive,
                 cores: 1,
             },
             vec![Call::new("hash_bucket", "k", vec![], "k")],
             Arc::new(arrow::datatypes::Schema::empty()),
             Arc::new(pushdown_ops::NoResources),
-        ));
+        ))
+    }
+
+    #[test]
+    fn a_split_runs_its_shards_here_only_while_the_consumer_waits() {
+        let completion = one_op_completion(0.5, false);
         let deferred = |completion: &Arc<Completion>| {
             (0..20)
                 .filter(|&p| completion.deferral_for(p).deferral != Deferral::Never)
@@ -374,16 +379,7 @@ mod tests {
 
     #[test]
     fn the_adapted_split_leaves_the_cores_to_a_consumer_that_does_not_wait() {
-        let completion = Arc::new(Completion::new(
-            ShardPlacement {
-                server_fraction: 0.0,
-                adaptive: true,
-                cores: 1,
-            },
-            vec![Call::new("hash_bucket", "k", vec![], "k")],
-            Arc::new(arrow::datatypes::Schema::empty()),
-            Arc::new(pushdown_ops::NoResources),
-        ));
+        let completion = one_op_completion(0.0, true);
         // Held, as the streams in flight hold them: each counted on its side until dropped.
         let place = |n: u64| -> (usize, Vec<Placed>) {
             let placed: Vec<Placed> = (0..n).map(|p| completion.deferral_for(p)).collect();

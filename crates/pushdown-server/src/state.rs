@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pushdown_engine::Node;
@@ -43,13 +43,12 @@ impl State {
 #[derive(Debug, Default)]
 pub(crate) struct Reducing {
     running: Mutex<Vec<Running>>,
-    next_id: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Running {
-    id: u64,
     client: Client,
+    /// Shared with the stream's [`Place`], which it also names.
     accompanied: Arc<AtomicBool>,
 }
 
@@ -79,7 +78,6 @@ impl Reducing {
     /// Counts a stream of `client`'s among the running ones until the returned place drops.
     /// Two streams overlap from the later one's start: each overlap is seen here.
     pub(crate) fn join(&self, client: Client) -> Place<'_> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let accompanied = Arc::new(AtomicBool::new(false));
         let mut running = lock(&self.running);
         for other in running.iter() {
@@ -89,13 +87,11 @@ impl Reducing {
             }
         }
         running.push(Running {
-            id,
             client,
             accompanied: Arc::clone(&accompanied),
         });
         Place {
             reducing: self,
-            id,
             accompanied,
         }
     }
@@ -104,7 +100,6 @@ impl Reducing {
 /// A stream's place among the running ones (see [`Reducing::join`]).
 pub(crate) struct Place<'a> {
     reducing: &'a Reducing,
-    id: u64,
     accompanied: Arc<AtomicBool>,
 }
 
@@ -117,7 +112,7 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        lock(&self.reducing.running).retain(|r| r.id != self.id);
+        lock(&self.reducing.running).retain(|r| !Arc::ptr_eq(&r.accompanied, &self.accompanied));
     }
 }
 

@@ -640,15 +640,14 @@ fn each_end_is_given_what_it_would_finish_first() {
     assert_eq!(server, [8, 19, 20], "{sides:?}");
 }
 
-#[test]
-fn a_shard_queued_behind_this_trainers_own_counts_its_whole_wait() {
+/// The server measured at 2 s a shard (its first round), then six shards dealt to it at
+/// once: the sixth, in this trainer's third round there, ends 6 s later as `ended`.
+fn sixth_of_a_burst_ends_after_6_s(ended: Ended) -> Control {
     let (mut control, [first, second], t0) = measured_client();
     let s = Duration::from_secs;
     control.end(&first, t0 + s(2), Ended::Delivered);
     control.end(&second, t0 + s(2), Ended::Delivered);
     assert_eq!(control.server_latency(), Some(s(2)));
-    // Six shards dealt together: the last one's 6 s are what the server made it wait, this
-    // trainer's own shards ahead of it included (see the module docs for why not 2 s).
     let now = t0 + s(2);
     let mut deals = Vec::new();
     while deals.len() < 6 {
@@ -658,30 +657,25 @@ fn a_shard_queued_behind_this_trainers_own_counts_its_whole_wait() {
         }
     }
     let last = deals.pop().expect("six");
-    control.end(&last, now + s(6), Ended::Delivered);
+    control.end(&last, now + s(6), ended);
+    control
+}
+
+#[test]
+fn a_shard_queued_behind_this_trainers_own_counts_its_whole_wait() {
+    // The 6 s are what the server made it wait, this trainer's own shards ahead of it
+    // included (see the module docs for why not 2 s).
+    let control = sixth_of_a_burst_ends_after_6_s(Ended::Delivered);
+    let s = Duration::from_secs;
     let expected = s(2).mul_f64(1.0 - LATENCY_WEIGHT) + s(6).mul_f64(LATENCY_WEIGHT);
     assert_eq!(control.server_latency(), Some(expected));
 }
 
 #[test]
 fn a_shard_that_ran_alone_is_measured_per_round() {
-    let (mut control, [first, second], t0) = measured_client();
-    let s = Duration::from_secs;
-    control.end(&first, t0 + s(2), Ended::Delivered);
-    control.end(&second, t0 + s(2), Ended::Delivered);
-    // Six shards dealt together, the last in this trainer's third round there: no other
-    // client's stream ran beside it, so its 6 s are three rounds of 2 s.
-    let now = t0 + s(2);
-    let mut deals = Vec::new();
-    while deals.len() < 6 {
-        let (deal, _) = control.deal(now, true);
-        if deal.side == Side::Server {
-            deals.push(deal);
-        }
-    }
-    let last = deals.pop().expect("six");
-    control.end(&last, now + s(6), Ended::DeliveredAlone);
-    assert_eq!(control.server_latency(), Some(s(2)));
+    // No other client's stream ran beside it: its 6 s are three rounds of 2 s.
+    let control = sixth_of_a_burst_ends_after_6_s(Ended::DeliveredAlone);
+    assert_eq!(control.server_latency(), Some(Duration::from_secs(2)));
 }
 
 #[test]
