@@ -101,7 +101,8 @@ enum Command {
     },
     /// One server core shared by `PUSHDOWN_TRAINERS` (default 3) trainer processes, each on
     /// a core of its own: the static plan each made alone, adaptive placement, and every
-    /// static placement chosen with hindsight.
+    /// static placement chosen with hindsight (`PUSHDOWN_PLACEMENTS=adaptive,trainer`: only
+    /// those cells; `PUSHDOWN_EPOCHS`, default 4).
     Shared {
         #[command(flatten)]
         options: Options,
@@ -392,7 +393,8 @@ fn main() -> Result<()> {
 /// from the store as `pushdown serve` would. Its fragment cache is off unless
 /// `PUSHDOWN_CACHE` says otherwise: benchmarks of computing measure computing (repetitions
 /// would otherwise be served from the cache); the `cache` suite turns it on.
-/// `PUSHDOWN_SHARD_ROWS` caps the rows of a shard (the `split` suite: many shards to place).
+/// `PUSHDOWN_SHARD_ROWS` caps the rows of a shard (the `split` suite: many shards to place);
+/// `PUSHDOWN_REDUCING_NICE` sets `ServerConfig::reducing_nice`.
 pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server::Server> {
     let data = data.to_string_lossy();
     let cache_mode = match std::env::var("PUSHDOWN_CACHE") {
@@ -407,8 +409,14 @@ pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server:
         Ok(rows) => rows.parse()?,
         Err(_) => pushdown_server::ServerConfig::default().shard_max_rows,
     };
+    // As `pushdown serve --reducing-nice` (an A/B of the reducing threads' priority).
+    let reducing_nice = match std::env::var("PUSHDOWN_REDUCING_NICE") {
+        Ok(steps) => steps.parse()?,
+        Err(_) => pushdown_server::ServerConfig::default().reducing_nice,
+    };
     let config = pushdown_server::ServerConfig {
         cpu_threads: threads,
+        reducing_nice,
         scaling_window,
         shard_max_rows,
         store_reads_in_flight: pushdown_server::reads_in_flight_for(&data),

@@ -124,6 +124,12 @@ struct LimitsArgs {
     /// shards un-reduced and runs the ops itself (default: --cpu-threads; 0: always).
     #[arg(long, env = "PUSHDOWN_REDUCING_STREAMS")]
     reducing_streams: Option<usize>,
+    /// How many nice steps the reducing threads (--cpu-threads) run below the server's
+    /// others (Linux): when both want the cores, un-reduced streams go first, each a few
+    /// percent of a core here that frees a trainer's core. 0: the same priority.
+    #[arg(long, env = "PUSHDOWN_REDUCING_NICE", default_value_t = 5,
+          value_parser = clap::value_parser!(u8).range(0..=19))]
+    reducing_nice: u8,
     /// Row-group ranges read from the store at once, shared by the running streams
     /// (default: 8 for an object store URL, whose round trips would bound a stream, 1 for
     /// local files).
@@ -474,6 +480,7 @@ fn server_config(args: &ServeArgs) -> ServerConfig {
         max_query_memory: args.limits.max_query_memory_mib << 20,
         request_timeout: Duration::from_secs(args.limits.request_timeout_secs),
         cpu_threads: args.limits.cpu_threads.unwrap_or(defaults.cpu_threads),
+        reducing_nice: args.limits.reducing_nice,
         reducing_streams: args.limits.reducing_streams,
         store_reads_in_flight: args
             .limits

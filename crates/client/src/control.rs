@@ -23,6 +23,13 @@
 //!   gets fewer; a fast one more.
 //! * **This client in order.** Its cores complete un-reduced shards in arrival order: the
 //!   shards it has in flight and this one, at the rate it has delivered them.
+//! * **A probe** where the server has none of this trainer's shards: one goes there, so its
+//!   latency stays measured, but not where it would come over [`PROBE_SLACK`] times later
+//!   than this client's queue: the consumer would wait on it at the head of a burst (with
+//!   six and eight trainers opening whole epochs on a slow server, 0.81× and 0.62× the
+//!   best static placement in the simulation; waiting for a queue here, 0.89× and 0.81×).
+//!   It goes anyway once the server has been without this trainer's shards for as long as
+//!   its latency.
 //! * **Starting**, until both are measured: the server's first round, then this client.
 //!
 //! The latency is a shard's whole wait, its own trainer's shards ahead of it included,
@@ -48,8 +55,12 @@
 //! would wait behind them, and every shard a trainer keeps there (the probe included) would
 //! delay its own cores' work too (in the simulation, six trainers 0.79–0.82× and eight
 //! 0.60–0.62× the best static placement, everything on the trainers). The server serves
-//! them on threads of their own (`Node::unreduced` in the engine): six trainers then reach
-//! 1.01–1.08× and eight 0.87–1.00× (`Service::Lanes`), measured in the simulation only.
+//! them on threads of their own (`Node::unreduced` in the engine), and those threads go
+//! first where both want the cores (`ServerConfig::reducing_nice`): with the cores divided as
+//! CFS divides them, eight trainers reach 0.98× the best static placement (0.89× opening
+//! whole epochs), against 0.82× (0.75×) at equal priority, where any shard reduced there,
+//! a probe enough, took half a core from the reads every trainer's own cores wait on
+//! (`Service::Lanes`), measured in the simulation only.
 //!
 //! Which end runs a shard never changes its rows: the sequence is the fault-free static one.
 
@@ -57,6 +68,11 @@ use std::time::{Duration, Instant};
 
 /// Shards a server is given per round (see the module docs).
 pub const SERVER_SHARDS: u64 = 2;
+
+/// A probe (see [`Reason::Probe`]) waits until this client's queue and the shard would take
+/// at least the server's latency over this: the consumer then has this client's shards to take
+/// while the probe is on the server, rather than waiting on it at the head of a burst.
+const PROBE_SLACK: f64 = 2.0;
 
 /// Weight of the newest server latency in its running average: it follows load changes
 /// (trainers joining, leaving) within a few shards, while one slow shard moves it a third.
@@ -105,6 +121,8 @@ pub(crate) struct SideLoad {
     /// Time with shards in flight: closed periods, and the open one.
     busy: Duration,
     busy_since: Option<Instant>,
+    /// When its last shard in flight ended (none in flight since).
+    idle_since: Option<Instant>,
 }
 
 impl SideLoad {
@@ -122,6 +140,7 @@ impl SideLoad {
             && let Some(since) = self.busy_since.take()
         {
             self.busy += now.duration_since(since);
+            self.idle_since = Some(now);
         }
     }
 
@@ -143,9 +162,14 @@ impl SideLoad {
 /// Why [`Control::deal`] chose a side: for the trace.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Reason {
-    /// The server had none of this trainer's shards: one always goes there, so its
-    /// latency stays measured (a server once slow is not left idle for good).
+    /// The server had none of this trainer's shards: one goes there, so its latency stays
+    /// measured (a server once slow is not left idle for good), unless [`Reason::ProbeLater`].
     Probe,
+    /// The server has none of this trainer's shards, but one given now would come long after
+    /// this client's queue (over [`PROBE_SLACK`] times as long) and hold up the consumer:
+    /// the probe waits for a longer queue here, or for the server to have been without this
+    /// trainer's shards for as long as its latency.
+    ProbeLater { server_s: f64, client_s: f64 },
     /// Before both ends are measured: the server's first round, then this client.
     Starting,
     /// The consumer is not waiting for batches: this client's cores are left to it, and
@@ -157,6 +181,17 @@ pub(crate) enum Reason {
     Sooner { server_s: f64, client_s: f64 },
 }
 
+/// Whether a server with none of this trainer's shards (`server`) gets the next one: unless it
+/// would come over [`PROBE_SLACK`] times later than this client's queue (`client_s`), and the
+/// server has been without them for less than its `latency` (a server once slow is measured
+/// again, whatever this client's queue).
+fn probe_due(server: &SideLoad, now: Instant, latency: Duration, client_s: f64) -> bool {
+    latency.as_secs_f64() <= PROBE_SLACK * client_s
+        || server
+            .idle_since
+            .is_none_or(|idle| now.duration_since(idle) >= latency)
+}
+
 impl Control {
     /// The end the next shard goes to, counted in flight there from `now`; while the
     /// consumer is not `waiting`, the server.
@@ -166,6 +201,17 @@ impl Control {
         let (side, reason) = match (self.server_latency, client.rate(now)) {
             _ if !waiting => (Side::Server, Reason::ConsumerAhead),
             // One shard always on the server: its share, and a latency kept current.
+            (Some(latency), Some(rate))
+                if server.in_flight == 0 && !probe_due(server, now, latency, client.finish(rate)) =>
+            {
+                (
+                    Side::Client,
+                    Reason::ProbeLater {
+                        server_s: latency.as_secs_f64(),
+                        client_s: client.finish(rate),
+                    },
+                )
+            }
             _ if server.in_flight == 0 => (Side::Server, Reason::Probe),
             (Some(latency), Some(rate)) => {
                 let (server_s, client_s) = (latency.as_secs_f64() * rounds as f64, client.finish(rate));

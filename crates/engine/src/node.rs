@@ -30,10 +30,11 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     pub cpu: CpuRuntime,
     /// The streams whose fragment ops this server left to their clients: they read and send,
-    /// reducing nothing, on threads of their own (as many as `cpu`'s). On `cpu` they waited
-    /// behind every shard being reduced, each a batch decoded in one go, and a trainer
-    /// completing its own shards waited with them (simulated with eight trainers on one
-    /// core: 0.60× the best static placement; `crates/client/src/control/tests.rs`).
+    /// reducing nothing, on threads of their own (as many as `cpu`'s, whose threads run
+    /// `reducing_nice` steps below these). On `cpu` they waited behind every shard being
+    /// reduced, each a batch decoded in one go, and a trainer completing its own shards
+    /// waited with them (simulated with eight trainers on one core: 0.60× the best static
+    /// placement; `crates/client/src/control/tests.rs`).
     pub unreduced: CpuRuntime,
     pub cache: Arc<FragmentCache>,
     pub scaling: Arc<Scaling>,
@@ -118,7 +119,8 @@ impl NodeBuilder {
             .await
             .map_err(|e| StartupError::Listing(Box::new(e)))?,
         );
-        let cpu = CpuRuntime::new(config.cpu_threads).map_err(StartupError::CpuRuntime)?;
+        let cpu = CpuRuntime::yielding(config.cpu_threads, "pushdown-cpu", config.reducing_nice)
+            .map_err(StartupError::CpuRuntime)?;
         let unreduced =
             CpuRuntime::named(config.cpu_threads, "pushdown-unreduced").map_err(StartupError::CpuRuntime)?;
         let cache = Arc::new(FragmentCache::open(config.cache.clone(), Arc::clone(&metrics))?);
@@ -230,6 +232,30 @@ mod tests {
         let store = open_store(&dir.path().to_string_lossy()).expect("store");
         let node = Node::builder(store).open().await.expect("open");
         (dir, node)
+    }
+
+    /// Where both want the cores, un-reduced streams go first: the reducing threads run
+    /// `reducing_nice` steps below them.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_reducing_threads_run_below_the_unreduced_ones() {
+        let (_dir, node) = node_with_one_file().await;
+        async fn nice_on(runtime: &CpuRuntime) -> i32 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            runtime.spawn_detached(async move {
+                let _ = tx.send(crate::runtime::priority::own());
+            });
+            rx.await.expect("the task ran")
+        }
+        let (reducing, unreduced) = (nice_on(&node.cpu).await, nice_on(&node.unreduced).await);
+        assert_eq!(
+            unreduced,
+            crate::runtime::priority::own(),
+            "the server's own priority"
+        );
+        let steps = i32::from(node.config.reducing_nice);
+        assert!(steps > 0, "lowered by default");
+        assert_eq!(reducing, (unreduced + steps).min(19));
     }
 
     fn parquet_source(plan: &Arc<dyn ExecutionPlan>) -> Option<ParquetSource> {

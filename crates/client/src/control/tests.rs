@@ -54,10 +54,18 @@ enum Service {
     /// Each core one stream to its end, in the order they were opened (a shard of one batch
     /// reduced in one go).
     InTurn,
-    /// As our server: reduced streams in turn, un-reduced ones on a lane of their own, the
-    /// cores shared between the streams being served.
-    Lanes,
+    /// As our server: reduced streams in turn, a thread each up to the cores; un-reduced
+    /// ones sharing a runtime of as many threads; the cores divided among the busy threads
+    /// as CFS divides them, an un-reduced thread weighing `raw_weight` reduced ones (the
+    /// reducing threads' nice steps, `ServerConfig::reducing_nice`).
+    Lanes { raw_weight: f64 },
 }
+
+/// Our server with its default priorities: CFS weighs a thread at nice 0 1024 and one at
+/// nice 5 335 (`ServerConfig::reducing_nice`).
+const OURS: Service = Service::Lanes {
+    raw_weight: 1024.0 / 335.0,
+};
 
 #[derive(Clone, Copy, Debug)]
 enum Policy {
@@ -207,41 +215,50 @@ impl Sim {
 
     /// Seconds until the server's next stream is sent, and which.
     fn server_next(&self) -> Option<(f64, usize)> {
-        let (served, share) = self.served();
-        served
+        self.served()
             .into_iter()
-            .map(|i| (self.server[i].3 / share, i))
+            .map(|(i, share)| (self.server[i].3 / share, i))
             .min_by(|a, b| a.0.total_cmp(&b.0))
     }
 
     fn advance_server(&mut self, dt: f64) {
-        let (served, share) = self.served();
-        for i in served {
+        for (i, share) in self.served() {
             self.server[i].3 -= dt * share;
         }
     }
 
     /// The server's streams being served, and each one's share of a core.
-    fn served(&self) -> (Vec<usize>, f64) {
+    fn served(&self) -> Vec<(usize, f64)> {
         let cores = self.server_cores.ceil() as usize;
         let all = 0..self.server.len();
-        let served: Vec<usize> = match self.service {
-            Service::Shared => all.collect(),
-            Service::InTurn => all.take(cores).collect(),
-            Service::Lanes => {
-                let reduced = all
+        match self.service {
+            Service::Shared => {
+                let share = self.server_cores / self.server.len().max(1) as f64;
+                all.map(|i| (i, share)).collect()
+            }
+            Service::InTurn => all.take(cores).map(|i| (i, 1.0)).collect(),
+            Service::Lanes { raw_weight } => {
+                let reduced: Vec<usize> = all
                     .clone()
                     .filter(|&i| self.server[i].2 == Side::Server)
-                    .take(cores);
-                let raw = all.filter(|&i| self.server[i].2 == Side::Client);
-                reduced.chain(raw).collect()
+                    .take(cores)
+                    .collect();
+                let raw: Vec<usize> = all.filter(|&i| self.server[i].2 == Side::Client).collect();
+                // Busy threads: one per reduced stream served, and the un-reduced runtime's
+                // (as many as the cores, shared by its streams). No thread takes over a core.
+                let raw_threads = raw.len().min(cores) as f64;
+                let weights = reduced.len() as f64 + raw_weight * raw_threads;
+                let raw_thread = (self.server_cores * raw_weight / weights.max(1.0)).min(1.0);
+                let left = self.server_cores - raw_thread * raw_threads;
+                let reduced_thread = (left / reduced.len().max(1) as f64).min(1.0);
+                let raw_share = raw_thread * raw_threads / raw.len().max(1) as f64;
+                reduced
+                    .into_iter()
+                    .map(|i| (i, reduced_thread))
+                    .chain(raw.into_iter().map(|i| (i, raw_share)))
+                    .collect()
             }
-        };
-        let share = match self.service {
-            Service::InTurn => 1.0,
-            Service::Shared | Service::Lanes => self.server_cores / served.len().max(1) as f64,
-        };
-        (served, share)
+        }
     }
 
     /// The trainer whose core finishes a shard next.
@@ -491,7 +508,7 @@ fn whole_epochs_opened_at_once_keep_both_ends_busy() {
     // on the server then queue behind each other there. Alone there, a trainer reads that
     // wait per round of its own shards (taken whole it kept too few: 0.82× the plan made
     // alone on 16 cores, 0.82–0.85× the best static here); three share it as they should.
-    for service in [Service::Shared, Service::InTurn, Service::Lanes] {
+    for service in [Service::Shared, Service::InTurn, OURS] {
         for (trainers, what, floor) in [(1, "a lone trainer", 0.9), (3, "three trainers", 0.95)] {
             let shape = (Opening::Epochs, service);
             let adaptive = run_served(COSTS, 1.0, trainers, Policy::Adaptive, shape);
@@ -520,7 +537,7 @@ fn a_trainer_alone_on_the_server_keeps_there_what_it_finishes_in_time() {
         (COSTS, 4.0, "a server of four cores", 0.8),
         (slow_trainer, 1.0, "a trainer a quarter as fast", 0.85),
     ] {
-        let shape = (Opening::Epochs, Service::Lanes);
+        let shape = (Opening::Epochs, OURS);
         let adaptive = run_served(costs, server_cores, 1, Policy::Adaptive, shape);
         let (best, fraction) = best_static_served(costs, server_cores, 1, shape);
         assert!(
@@ -559,10 +576,13 @@ fn a_server_serving_in_turn_is_shared_not_raced_for() {
 fn a_server_with_a_lane_for_unreduced_streams_keeps_many_trainers_fed() {
     // Reduced shards in turn with the un-reduced ones among them, eight trainers reached
     // 0.60–0.62× the best static placement (everything on the trainers): each one's reads
-    // waited behind every reduced shard. On a lane of their own they do not.
+    // waited behind every reduced shard. On threads of their own at the same priority,
+    // half the core goes to any reduced shard there (a probe is enough), and the reads of
+    // eight trainers need 0.6 of it: 0.82× (0.75× opening whole epochs). Ahead of the
+    // reducing threads by five nice steps, 0.98× (0.89×).
     for opening in [Opening::Sliding, Opening::Epochs] {
-        for (trainers, floor) in [(3, 0.95), (6, 0.95), (8, 0.85)] {
-            let shape = (opening, Service::Lanes);
+        for (trainers, floor) in [(3, 0.95), (6, 0.9), (8, 0.85)] {
+            let shape = (opening, OURS);
             let adaptive = run_served(COSTS, 1.0, trainers, Policy::Adaptive, shape);
             let (best, fraction) = best_static_served(COSTS, 1.0, trainers, shape);
             assert!(
@@ -571,6 +591,27 @@ fn a_server_with_a_lane_for_unreduced_streams_keeps_many_trainers_fed() {
                 adaptive.total
             );
         }
+    }
+}
+
+#[test]
+fn a_probe_waits_where_it_would_hold_up_the_consumer() {
+    // A server twice as slow as a trainer, shared by six and eight trainers that open whole
+    // epochs at once: a probe dealt at an epoch's head held the consumer for the server's
+    // latency, every epoch (0.81× and 0.62× the best static placement, all on the trainers).
+    let slow_server = Costs {
+        server_ops: 1.0,
+        ..COSTS
+    };
+    for (trainers, floor) in [(6, 0.85), (8, 0.75)] {
+        let shape = (Opening::Epochs, OURS);
+        let adaptive = run_served(slow_server, 1.0, trainers, Policy::Adaptive, shape);
+        let (best, fraction) = best_static_served(slow_server, 1.0, trainers, shape);
+        assert!(
+            adaptive.total >= floor * best,
+            "{trainers} trainers: adaptive {:.3} against static {fraction} {best:.3}",
+            adaptive.total
+        );
     }
 }
 
@@ -679,17 +720,88 @@ fn a_shard_that_ran_alone_is_measured_per_round() {
 }
 
 #[test]
-fn a_server_with_none_of_the_shards_always_gets_one() {
+fn a_server_with_none_of_the_shards_gets_a_probe_where_it_holds_nothing_up() {
     let (mut control, [first, second], t0) = measured_client();
     let s = Duration::from_secs;
-    // Once very slow (100 s a shard, this client 1 s): the server still gets one shard at
-    // a time, so its latency is measured again when its load falls.
+    // Once very slow (100 s a shard, this client 1 s a shard).
     control.end(&first, t0 + s(100), Ended::Delivered);
     control.end(&second, t0 + s(100), Ended::Delivered);
     let now = t0 + s(100);
-    let (probe, reason) = control.deal(now, true);
+    // A probe now would come 99 s after this client's queue: the consumer would wait on it.
+    let (deal, reason) = control.deal(now, true);
+    assert_eq!(deal.side, Side::Client);
+    assert_eq!(
+        reason,
+        Reason::ProbeLater {
+            server_s: 100.0,
+            client_s: 1.0
+        }
+    );
+    // Once this client's queue takes half the server's latency, the probe goes: the
+    // consumer has 50 s of shards here to take meanwhile.
+    let sides: Vec<Side> = (0..60).map(|_| control.deal(now, true).0.side).collect();
+    assert_eq!(
+        sides.iter().position(|&side| side == Side::Server),
+        Some(48),
+        "the 50th shard dealt"
+    );
+}
+
+#[test]
+fn a_server_once_slow_is_measured_again() {
+    let (mut control, [first, second], t0) = measured_client();
+    let s = Duration::from_secs;
+    control.end(&first, t0 + s(100), Ended::Delivered);
+    control.end(&second, t0 + s(100), Ended::Delivered);
+    // Without this trainer's shards for as long as its latency, the server gets one, however
+    // short the queue here: its load may have fallen.
+    let later = t0 + s(200);
+    let (probe, reason) = control.deal(later, true);
     assert_eq!((probe.side, reason), (Side::Server, Reason::Probe));
-    assert_eq!(control.deal(now, true).0.side, Side::Client);
-    control.end(&probe, now + s(1), Ended::Delivered);
+    assert_eq!(control.deal(later, true).0.side, Side::Client, "one at a time");
+    control.end(&probe, later + s(1), Ended::Delivered);
     assert!(control.server_latency().unwrap() < s(100), "measured again");
+}
+
+/// Adaptive placement against the best static one over cost shapes, trainers and openings,
+/// on our server's shape: `cargo test -p pushdown-client --lib placement_matrix --
+/// --ignored --nocapture`. Each cell: the ratio, (the best static fraction on the server,
+/// the spread of the trainers' server shares).
+#[test]
+#[ignore = "a report, not a check: prints the matrix the notes quote"]
+fn placement_matrix() {
+    let shapes = [
+        ("equal", COSTS, 1.0),
+        (
+            "slow server",
+            Costs {
+                server_ops: 1.0,
+                ..COSTS
+            },
+            1.0,
+        ),
+        ("4-core server", COSTS, 4.0),
+        (
+            "slow trainer",
+            Costs {
+                client_ops: 2.0,
+                ..COSTS
+            },
+            1.0,
+        ),
+    ];
+    for (name, costs, cores) in shapes {
+        for opening in [Opening::Sliding, Opening::Epochs] {
+            let mut line = format!("{name:>14} {opening:?}:");
+            for trainers in [1, 2, 3, 4, 6, 8] {
+                let shape = (opening, OURS);
+                let adaptive = run_served(costs, cores, trainers, Policy::Adaptive, shape);
+                let (best, fraction) = best_static_served(costs, cores, trainers, shape);
+                let spread = adaptive.server_share.iter().cloned().fold(0.0, f64::max)
+                    - adaptive.server_share.iter().cloned().fold(1.0, f64::min);
+                line += &format!(" {trainers}:{:.2}({fraction},{spread:.2})", adaptive.total / best);
+            }
+            println!("{line}");
+        }
+    }
 }
