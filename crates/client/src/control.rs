@@ -200,7 +200,8 @@ impl Control {
         let rounds = (server.in_flight + 1).div_ceil(SERVER_SHARDS);
         let (side, reason) = match (self.server_latency, client.rate(now)) {
             _ if !waiting => (Side::Server, Reason::ConsumerAhead),
-            // One shard always on the server: its share, and a latency kept current.
+            // One shard on the server: its share, and a latency kept current; but not one
+            // the consumer would wait on long after this client's queue.
             (Some(latency), Some(rate))
                 if server.in_flight == 0 && !probe_due(server, now, latency, client.finish(rate)) =>
             {
