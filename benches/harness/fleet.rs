@@ -27,7 +27,7 @@ use futures::StreamExt;
 use pushdown_client::{Link, LoaderOptions, LoaderSource, Prepared, PushdownClient, StreamOptions};
 use pushdown_protocol::Compression;
 
-use crate::process::{ServerProcess, cpu_seconds, run_queue_seconds};
+use crate::process::{RunQueueWaits, ServerProcess, cpu_seconds, run_queue_waits};
 use crate::{Datasets, Options, bounded, link, machine, row};
 
 const CPU_SQL: &str = "SELECT id, label, decode_resize(image, 64, 64) AS pixels FROM images";
@@ -114,12 +114,22 @@ impl Fleet {
             .sum()
     }
 
-    /// Seconds the servers' threads waited for their cores, each other included (see
-    /// [`run_queue_seconds`]).
-    fn waited(&self) -> f64 {
-        self.servers
+    /// The servers' threads' waits for their cores, each other included (see
+    /// [`run_queue_waits`]): [`Fleet::waited_since`] takes the difference.
+    fn waits(&self) -> Vec<Option<RunQueueWaits>> {
+        self.servers.iter().map(|s| run_queue_waits(&s.pid())).collect()
+    }
+
+    /// Seconds the servers' threads waited for their cores since `earlier` (`waits`); NaN
+    /// where a server's could not be read.
+    fn waited_since(&self, earlier: &[Option<RunQueueWaits>]) -> f64 {
+        self.waits()
             .iter()
-            .map(|s| run_queue_seconds(&s.pid()).unwrap_or(f64::NAN))
+            .zip(earlier)
+            .map(|(now, then)| match (now, then) {
+                (Some(now), Some(then)) => now.since(then),
+                _ => f64::NAN,
+            })
             .sum()
     }
 
@@ -168,7 +178,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
     let prepared = Prepared::new(client, LoaderSource::Sql(sql.into()), options).await?;
     let me = std::process::id().to_string();
     let (cpu0, bytes0, mine0) = (fleet.cpu(), fleet.link_bytes(), cpu_seconds(&me).unwrap_or(0.0));
-    let waited0 = fleet.waited();
+    let waits0 = fleet.waits();
     let totals = Arc::new(Mutex::new(Default::default()));
     let mut stream = prepared.epoch(0, 0, Arc::clone(&totals));
     let start = Instant::now();
@@ -229,7 +239,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
         ids,
         after_fault: fault_at.map(|t| (t.elapsed().as_secs_f64(), gap)),
         server_cpu: fleet.cpu() - cpu0,
-        server_waited: fleet.waited() - waited0,
+        server_waited: fleet.waited_since(&waits0),
         trainer_cpu: cpu_seconds(&me).unwrap_or(0.0) - mine0,
         link_bytes: fleet.link_bytes() - bytes0,
     })
@@ -377,7 +387,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     let mut lone = None;
     for k in [1usize, 2, 4, 8] {
         eprintln!("fleet: {k} trainer(s) sharing one server core");
-        let (cpu0, waited0) = (fleet.cpu(), fleet.waited());
+        let (cpu0, waits0) = (fleet.cpu(), fleet.waits());
         let mine0 = cpu_seconds(&me).unwrap_or(f64::NAN);
         let start = Instant::now();
         let runs = bounded(
@@ -395,7 +405,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
         let total = rows as f64 / wall;
         let lone_total = *lone.get_or_insert(total);
         let server_cpu = fleet.cpu() - cpu0;
-        let waited = fleet.waited() - waited0;
+        let waited = fleet.waited_since(&waits0);
         let trainers_cpu = cpu_seconds(&me).unwrap_or(f64::NAN) - mine0;
         let line = format!(
             "| {k} | {total:.0} | {:.0}% | {slow:.0}–{fast:.0} | {:.0}% | {:.0} | {:.0}% | {:.0}% | {} |\n",

@@ -12,23 +12,41 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     pushdown_protocol::host::cpu_seconds(pid)
 }
 
-/// Seconds `pid`'s live threads have spent ready to run but waiting for a CPU (the run
-/// queue's wait in `/proc/PID/task/*/schedstat`). For a process pinned to one core this is
-/// its threads waiting for each other as well as for anything else on that core; a thread
-/// that has exited takes its wait with it. `None` where no thread's schedstat can be read.
-pub fn run_queue_seconds(pid: &str) -> Option<f64> {
+/// Nanoseconds each of `pid`'s live threads has spent ready to run but waiting for a CPU
+/// (the run queue's wait in `/proc/PID/task/*/schedstat`), by thread id. For a process
+/// pinned to one core this is its threads waiting for each other as well as for anything
+/// else on that core. `None` where no thread's schedstat can be read.
+pub fn run_queue_waits(pid: &str) -> Option<RunQueueWaits> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut waited = None;
+    let mut waits = std::collections::BTreeMap::new();
     for task in tasks.flatten() {
         // A thread may exit between the listing and the read: it is skipped.
         let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
             continue;
         };
         if let Some(ns) = stat.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()) {
-            *waited.get_or_insert(0u64) += ns;
+            waits.insert(task.file_name().to_string_lossy().into_owned(), ns);
         }
     }
-    waited.map(|ns| ns as f64 / 1e9)
+    (!waits.is_empty()).then_some(RunQueueWaits(waits))
+}
+
+/// A process's threads' run-queue waits at one moment (see [`run_queue_waits`]).
+#[derive(Debug, Clone, Default)]
+pub struct RunQueueWaits(std::collections::BTreeMap<String, u64>);
+
+impl RunQueueWaits {
+    /// Seconds waited since `earlier` by the threads alive now (a thread started since
+    /// counts from zero). A thread that exited meanwhile (a runtime's idle blocking thread)
+    /// takes its wait with it: summing whole processes' totals then went negative.
+    pub fn since(&self, earlier: &RunQueueWaits) -> f64 {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, &ns)| ns.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        ns as f64 / 1e9
+    }
 }
 
 /// Peak resident set size of `pid` in bytes (`VmHWM`).

@@ -27,7 +27,7 @@
 //!   latency stays measured, but not where it would come over [`PROBE_SLACK`] times later
 //!   than this client's queue: the consumer would wait on it at the head of a burst (with
 //!   six and eight trainers opening whole epochs on a slow server, 0.81× and 0.62× the
-//!   best static placement in the simulation; waiting for a queue here, 0.89× and 0.81×).
+//!   best static placement in the simulation; waiting for a queue here, 0.88× and 0.81×).
 //!   It goes anyway once the server has been without this trainer's shards for as long as
 //!   its latency.
 //! * **Starting**, until both are measured: the server's first round, then this client.
