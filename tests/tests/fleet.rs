@@ -728,6 +728,11 @@ fn a_link_that_slows_down_mid_run_switches_the_codec() {
     let whole_files = ServerConfig {
         shard_max_rows: 1 << 20,
         batch_size: 8,
+        // The premise is a server the link bounds. Its reducing threads, lowered below the
+        // rest of this process (the other tests beside this one, the link's proxy), were
+        // CPU-bound whenever those ran on a 2-core machine, and the governor then rightly
+        // left half the batches after the drop uncompressed.
+        reducing_nice: 0,
         ..ServerConfig::default()
     };
     let m = Member::start_with(data.path(), free_addr(), whole_files);
