@@ -719,14 +719,19 @@ fn a_shard_that_ran_alone_is_measured_per_round() {
     assert_eq!(control.server_latency(), Some(Duration::from_secs(2)));
 }
 
+/// The server's first round took 100 s a shard (this client 1 s), both ending at the
+/// returned time: the server has none of this trainer's shards since.
+fn server_once_slow() -> (Control, Instant) {
+    let (mut control, [first, second], t0) = measured_client();
+    let slow = t0 + Duration::from_secs(100);
+    control.end(&first, slow, Ended::Delivered);
+    control.end(&second, slow, Ended::Delivered);
+    (control, slow)
+}
+
 #[test]
 fn a_server_with_none_of_the_shards_gets_a_probe_where_it_holds_nothing_up() {
-    let (mut control, [first, second], t0) = measured_client();
-    let s = Duration::from_secs;
-    // Once very slow (100 s a shard, this client 1 s a shard).
-    control.end(&first, t0 + s(100), Ended::Delivered);
-    control.end(&second, t0 + s(100), Ended::Delivered);
-    let now = t0 + s(100);
+    let (mut control, now) = server_once_slow();
     // A probe now would come 99 s after this client's queue: the consumer would wait on it.
     let (deal, reason) = control.deal(now, true);
     assert_eq!(deal.side, Side::Client);
@@ -749,13 +754,11 @@ fn a_server_with_none_of_the_shards_gets_a_probe_where_it_holds_nothing_up() {
 
 #[test]
 fn a_server_once_slow_is_measured_again() {
-    let (mut control, [first, second], t0) = measured_client();
+    let (mut control, slow) = server_once_slow();
     let s = Duration::from_secs;
-    control.end(&first, t0 + s(100), Ended::Delivered);
-    control.end(&second, t0 + s(100), Ended::Delivered);
     // Without this trainer's shards for as long as its latency, the server gets one, however
     // short the queue here: its load may have fallen.
-    let later = t0 + s(200);
+    let later = slow + s(100);
     let (probe, reason) = control.deal(later, true);
     assert_eq!((probe.side, reason), (Side::Server, Reason::Probe));
     assert_eq!(control.deal(later, true).0.side, Side::Client, "one at a time");
