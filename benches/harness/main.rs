@@ -68,8 +68,9 @@ enum Command {
         #[command(flatten)]
         options: Options,
     },
-    /// Samples/s with 1, 2 and 4 servers (CPU-bound and link-bound), and what a killed or
-    /// stalled server costs a running epoch.
+    /// Samples/s with 1, 2 and 4 servers (CPU-bound and link-bound), what a killed or
+    /// stalled server costs a running epoch, and one server core shared by 1–8 trainers
+    /// (`PUSHDOWN_FLEET=cpu,link,recovery,sharing`: only those parts).
     Fleet {
         #[command(flatten)]
         options: Options,

@@ -573,7 +573,10 @@ impl EndpointRun {
         dealt: Option<&mut crate::completion::Dealt>,
     ) -> Result<(), Fetch> {
         let _busy = node.busy();
-        fetch(
+        // With the shard span: which server each stream ran on, from when to when (a fleet's
+        // idle gaps read from these).
+        tracing::debug!(server = %node.url, from_row = self.delivered, "stream opened");
+        let fetched = fetch(
             node,
             self.index,
             bytes,
@@ -588,7 +591,9 @@ impl EndpointRun {
                 dealt,
             },
         )
-        .await
+        .await;
+        tracing::debug!(server = %node.url, rows = self.delivered, "stream closed");
+        fetched
     }
 
     /// The stream from `node` ended without an error: the shard is done, or short of its count.
