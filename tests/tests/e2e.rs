@@ -935,21 +935,41 @@ async fn startup_errors_name_the_setting_and_keep_their_cause() {
     assert!(err.to_string().contains(&running.addr().to_string()), "{err}");
 }
 
+/// A server with one CPU thread (and no read-ahead) over `rows` images in small shards.
+async fn one_cpu_thread(rows: usize) -> Fixture {
+    let config = pushdown_server::ServerConfig {
+        cpu_threads: 1,
+        read_ahead: false,
+        ..pushdown_tests::small_shards()
+    };
+    Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, rows);
+    })
+    .await
+}
+
+/// Takes `fx`'s one CPU thread, as decoding a reduced shard in one go takes it, until the
+/// returned sender sends; await the task after.
+fn hold_the_cpu_thread(fx: &Fixture) -> (std::sync::mpsc::Sender<()>, impl std::future::Future<Output = ()>) {
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = fx.server.node().cpu.spawn(async move {
+        started_tx.send(()).expect("started");
+        let _ = released.recv();
+    });
+    started
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the CPU thread is held");
+    (release, async move { holder.await.expect("holder") })
+}
+
 /// A stream whose ops the server leaves to its client reduces nothing and runs on threads of
 /// its own: it is served while every CPU thread is taken (held here, as decoding a reduced
 /// shard in one go holds one), where it used to wait behind each shard being reduced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
     use pushdown_protocol::{Deferral, Fragment, OpCall, Value};
-    let config = pushdown_server::ServerConfig {
-        cpu_threads: 1,
-        read_ahead: false,
-        ..pushdown_tests::small_shards()
-    };
-    let fx = Fixture::new(config, |root| {
-        pushdown_tests::write_images(root, 128);
-    })
-    .await;
+    let fx = one_cpu_thread(128).await;
     let reduced = ScanRequest::new(Query::Fragment(Fragment {
         dataset: "images".into(),
         columns: vec!["id".into(), "thumb".into()],
@@ -968,16 +988,7 @@ async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
     };
     let (reduced, unreduced) = (ticket(&reduced).await, ticket(&unreduced).await);
 
-    // The CPU runtime's one thread, held until released.
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let holder = fx.server.node().cpu.spawn(async move {
-        started_tx.send(()).expect("started");
-        let _ = released.recv();
-    });
-    started
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the CPU thread is held");
+    let (release, holder) = hold_the_cpu_thread(&fx);
 
     let url = fx.running.url();
     let served = tokio::time::timeout(
@@ -1002,8 +1013,58 @@ async fn an_unreduced_stream_does_not_wait_behind_reducing_ones() {
     .await;
     assert!(waited.is_err(), "a reduced stream waits for the CPU thread");
     release.send(()).expect("release");
-    holder.await.expect("holder");
+    holder.await;
     assert_eq!(num_rows(&fetch_from(url, reduced).await), 128);
+}
+
+/// Planning and counting run off the reducing threads: a server whose every CPU thread is
+/// taken (held here, as decoding a reduced shard in one go holds one) still plans a request
+/// and counts a shard's rows, so a trainer's next epoch is planned while the server reduces
+/// the last one's shards. On the CPU runtime a plan waited behind every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_is_answered_while_every_reducing_thread_is_taken() {
+    use pushdown_protocol::{Fragment, OpCall, Value};
+    let fx = one_cpu_thread(256).await;
+    let request = ScanRequest::new(Query::Fragment(Fragment {
+        dataset: "images".into(),
+        columns: vec!["id".into(), "thumb".into()],
+        predicate: Some("id < 200".into()),
+        ops: vec![OpCall::new("thumbnail", "image", vec![Value::Int(8)], "thumb")],
+    }));
+
+    let (release, holder) = hold_the_cpu_thread(&fx);
+
+    let limit = std::time::Duration::from_secs(60);
+    let info = tokio::time::timeout(limit, fx.client.plan(&request))
+        .await
+        .expect("planned while the CPU thread is held")
+        .expect("plan");
+    assert!(info.endpoint.len() > 1, "several shards: {}", info.endpoint.len());
+    let mut counted = 0;
+    for endpoint in &info.endpoint {
+        counted += tokio::time::timeout(limit, fx.client.count(endpoint))
+            .await
+            .expect("counted while the CPU thread is held")
+            .expect("count");
+    }
+    assert_eq!(counted, 200, "the rows the filter keeps");
+    // The premise: a reduced stream cannot be served meanwhile (the thread it needs is held).
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket").ticket;
+    let url = fx.running.url();
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        fetch_from(url.clone(), ticket.clone()),
+    )
+    .await;
+    assert!(waited.is_err(), "a reduced stream waits for the CPU thread");
+    release.send(()).expect("release");
+    holder.await;
+    let mut rows = 0;
+    for endpoint in &info.endpoint {
+        let ticket = endpoint.ticket.clone().expect("ticket").ticket;
+        rows += num_rows(&fetch_from(url.clone(), ticket).await);
+    }
+    assert_eq!(rows, 200);
 }
 
 /// A stream's trailer says whether another client's stream ran on the server's reducing

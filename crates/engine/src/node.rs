@@ -34,7 +34,8 @@ pub struct Node {
     /// `reducing_nice` steps below these). On `cpu` they waited behind every shard being
     /// reduced, each a batch decoded in one go, and a trainer completing its own shards
     /// waited with them (simulated with eight trainers on one core: 0.60× the best static
-    /// placement; `crates/client/src/control/tests.rs`).
+    /// placement; `crates/client/src/control/tests.rs`). Short control work runs here too
+    /// (planning, counting: [`Node::on_control`]), never behind a shard being reduced.
     pub unreduced: CpuRuntime,
     pub cache: Arc<FragmentCache>,
     pub scaling: Arc<Scaling>,

@@ -181,6 +181,19 @@ impl Node {
         Self::on(&self.cpu, what, work).await
     }
 
+    /// Runs short control work (planning a request, its schema, counting a shard's rows) off
+    /// the I/O threads and off the reducing ones: on [`Node::unreduced`], at the server's own
+    /// priority. On the CPU runtime a plan queued behind every shard being reduced there
+    /// (each a batch decoded in one go), so a busy server answered a trainer's next epoch,
+    /// or a plain client's `GetFlightInfo`, only after them, and its other cores idled.
+    pub async fn on_control<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        Self::on(&self.unreduced, what, work).await
+    }
+
     /// Runs `work` on `runtime`, off the I/O threads, and waits for it.
     async fn on<T: Send + 'static>(
         runtime: &CpuRuntime,

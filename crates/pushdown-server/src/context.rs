@@ -88,7 +88,7 @@ impl Context {
                 .plain_client_codec
                 .unwrap_or_else(|| codec_for_plain_client(peer));
         }
-        let planned = self.plan_on_cpu(request, grant).await?;
+        let planned = self.plan_off_io(request, grant).await?;
         self.state
             .node
             .metrics
@@ -155,7 +155,7 @@ impl Context {
             let state = Arc::clone(&self.state);
             let grant = Arc::clone(&grant);
             let schema = self
-                .on_cpu("planning a view", async move {
+                .on_control("planning a view", async move {
                     Ok(state.node.engine.describe(&query, &grant).await?.0)
                 })
                 .await;
@@ -167,15 +167,16 @@ impl Context {
         Ok(out)
     }
 
-    /// Plans on the CPU runtime: its threads' deep stacks hold DataFusion's recursion over
-    /// large query trees, and a slow plan never holds up the I/O threads.
-    pub(crate) async fn plan_on_cpu(
+    /// Plans off the I/O threads ([`Self::on_control`]): a CPU runtime's deep stacks hold
+    /// DataFusion's recursion over large query trees, and a slow plan never holds up the I/O
+    /// threads.
+    pub(crate) async fn plan_off_io(
         &self,
         request: ScanRequest,
         grant: Arc<Grant>,
     ) -> Result<pushdown_engine::query::Planned> {
         let state = Arc::clone(&self.state);
-        self.on_cpu("planning", async move {
+        self.on_control("planning", async move {
             state.node.engine.plan(&request, &grant).await
         })
         .await
@@ -188,6 +189,16 @@ impl Context {
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         self.state.node.on_cpu(what, work).await
+    }
+
+    /// Runs short control work off the I/O threads and never behind a shard being reduced
+    /// (see [`pushdown_engine::Node::on_control`]), and waits for it.
+    pub(crate) async fn on_control<T: Send + 'static>(
+        &self,
+        what: &str,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.state.node.on_control(what, work).await
     }
 }
 

@@ -473,7 +473,7 @@ impl FlightSql {
             let statement = Query::Sql(sql.clone());
             let (schema, plan) = self
                 .ctx
-                .on_cpu("preparing", async move {
+                .on_control("preparing", async move {
                     state.node.engine.describe(&statement, &grant).await
                 })
                 .await?;

@@ -163,7 +163,7 @@ impl PushdownService {
 
     async fn schema(&self, descriptor: FlightDescriptor, grant: Arc<Grant>) -> Result<SchemaResult> {
         let request = Self::request_of(&descriptor)?;
-        let planned = self.ctx.plan_on_cpu(request, grant).await?;
+        let planned = self.ctx.plan_off_io(request, grant).await?;
         SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(ServerError::encode("encoding a schema"))
@@ -278,7 +278,7 @@ impl PushdownService {
     /// `explain`: how a request is planned, as text.
     async fn explain(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let request = ScanRequest::decode_command(body).map_err(ServerError::BadCommand)?;
-        let planned = self.ctx.plan_on_cpu(request, Arc::clone(&grant)).await?;
+        let planned = self.ctx.plan_off_io(request, Arc::clone(&grant)).await?;
         let shape = match &planned.shape {
             Shape::RowWise { dataset, shards } => {
                 format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
@@ -325,7 +325,7 @@ impl PushdownService {
         let state = Arc::clone(&self.state);
         let n = self
             .ctx
-            .on_cpu(
+            .on_control(
                 "count",
                 async move { state.node.engine.count(&ticket, &grant).await },
             )
