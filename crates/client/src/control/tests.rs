@@ -502,6 +502,26 @@ fn a_lone_trainer_uses_both_ends() {
     }
 }
 
+/// Adaptive placement in `shape`, asserted to reach `floor` of the best static placement
+/// chosen with hindsight in the same shape (`what` names the case); its outcome.
+fn adaptive_reaches(
+    costs: Costs,
+    server_cores: f64,
+    trainers: usize,
+    shape: (Opening, Service),
+    floor: f64,
+    what: &str,
+) -> Outcome {
+    let adaptive = run_served(costs, server_cores, trainers, Policy::Adaptive, shape);
+    let (best, fraction) = best_static_served(costs, server_cores, trainers, shape);
+    assert!(
+        adaptive.total >= floor * best,
+        "{what}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
+        adaptive.total
+    );
+    adaptive
+}
+
 #[test]
 fn whole_epochs_opened_at_once_keep_both_ends_busy() {
     // `pushdown run` opens an epoch's sixteen streams at once: the shards this trainer keeps
@@ -511,12 +531,13 @@ fn whole_epochs_opened_at_once_keep_both_ends_busy() {
     for service in [Service::Shared, Service::InTurn, OURS] {
         for (trainers, what, floor) in [(1, "a lone trainer", 0.9), (3, "three trainers", 0.95)] {
             let shape = (Opening::Epochs, service);
-            let adaptive = run_served(COSTS, 1.0, trainers, Policy::Adaptive, shape);
-            let (best, fraction) = best_static_served(COSTS, 1.0, trainers, shape);
-            assert!(
-                adaptive.total >= floor * best,
-                "{what}, {service:?}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
-                adaptive.total
+            adaptive_reaches(
+                COSTS,
+                1.0,
+                trainers,
+                shape,
+                floor,
+                &format!("{what}, {service:?}"),
             );
         }
     }
@@ -537,14 +558,7 @@ fn a_trainer_alone_on_the_server_keeps_there_what_it_finishes_in_time() {
         (COSTS, 4.0, "a server of four cores", 0.8),
         (slow_trainer, 1.0, "a trainer a quarter as fast", 0.85),
     ] {
-        let shape = (Opening::Epochs, OURS);
-        let adaptive = run_served(costs, server_cores, 1, Policy::Adaptive, shape);
-        let (best, fraction) = best_static_served(costs, server_cores, 1, shape);
-        assert!(
-            adaptive.total >= floor * best,
-            "{what}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
-            adaptive.total
-        );
+        adaptive_reaches(costs, server_cores, 1, (Opening::Epochs, OURS), floor, what);
     }
 }
 
@@ -556,13 +570,7 @@ fn a_server_serving_in_turn_is_shared_not_raced_for() {
     // and 0.84× the best static placement, epochs and a sliding window, three trainers).
     for opening in [Opening::Sliding, Opening::Epochs] {
         let shape = (opening, Service::InTurn);
-        let adaptive = run_served(COSTS, 1.0, 3, Policy::Adaptive, shape);
-        let (best, fraction) = best_static_served(COSTS, 1.0, 3, shape);
-        assert!(
-            adaptive.total >= 0.95 * best,
-            "{opening:?}: adaptive {:.3} shards/s against static {fraction} {best:.3}: {adaptive:?}",
-            adaptive.total
-        );
+        let adaptive = adaptive_reaches(COSTS, 1.0, 3, shape, 0.95, &format!("{opening:?}"));
         for share in &adaptive.server_share {
             assert!(
                 *share < 0.35,
@@ -582,14 +590,8 @@ fn a_server_with_a_lane_for_unreduced_streams_keeps_many_trainers_fed() {
     // reducing threads by five nice steps, 0.98× (0.89×).
     for opening in [Opening::Sliding, Opening::Epochs] {
         for (trainers, floor) in [(3, 0.95), (6, 0.9), (8, 0.85)] {
-            let shape = (opening, OURS);
-            let adaptive = run_served(COSTS, 1.0, trainers, Policy::Adaptive, shape);
-            let (best, fraction) = best_static_served(COSTS, 1.0, trainers, shape);
-            assert!(
-                adaptive.total >= floor * best,
-                "{opening:?}, {trainers} trainers: adaptive {:.3} against static {fraction} {best:.3}",
-                adaptive.total
-            );
+            let what = format!("{opening:?}, {trainers} trainers");
+            adaptive_reaches(COSTS, 1.0, trainers, (opening, OURS), floor, &what);
         }
     }
 }
@@ -604,14 +606,8 @@ fn a_probe_waits_where_it_would_hold_up_the_consumer() {
         ..COSTS
     };
     for (trainers, floor) in [(6, 0.85), (8, 0.75)] {
-        let shape = (Opening::Epochs, OURS);
-        let adaptive = run_served(slow_server, 1.0, trainers, Policy::Adaptive, shape);
-        let (best, fraction) = best_static_served(slow_server, 1.0, trainers, shape);
-        assert!(
-            adaptive.total >= floor * best,
-            "{trainers} trainers: adaptive {:.3} against static {fraction} {best:.3}",
-            adaptive.total
-        );
+        let what = format!("{trainers} trainers");
+        adaptive_reaches(slow_server, 1.0, trainers, (Opening::Epochs, OURS), floor, &what);
     }
 }
 
