@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import time
@@ -118,3 +119,47 @@ class Served:
     def stop(self):
         self.proc.terminate()
         return self.proc.wait(timeout=30)
+
+
+class FleetNode:
+    """`pushdown serve` on a fixed port, restartable there."""
+
+    def __init__(self, data, args=("--cache", "off")):
+        self.data = data
+        self.args = list(args)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        for _ in range(50):
+            proc = subprocess.Popen(
+                # The cache off by default: the faults are timed against streams that compute
+                # (a reference run would otherwise leave this run's shards cached, and quick).
+                [BIN, "serve", "--data", str(self.data), "--listen", f"127.0.0.1:{self.port}",
+                 "--shard-mib", "1", *self.args],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )
+            if proc.stdout.readline().startswith("listening on "):
+                self.proc = proc
+                return
+            proc.wait()
+            time.sleep(0.1)  # the old socket may linger a moment
+        raise RuntimeError(f"cannot serve on port {self.port}")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def cont(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()

@@ -3,8 +3,6 @@ restarted on its port, one SIGSTOPped (a stall: connections open, no bytes) and 
 The delivered sequence must equal a fault-free run's, through `pushdown run --out` and
 through the Python `Loader`."""
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -12,60 +10,17 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BIN, free_port, generate
+from conftest import BIN, FleetNode, generate
 
 # Thumbnails keep each server busy for a while per shard, so faults land mid-epoch.
 SQL = "SELECT id, label, thumbnail(image, 16) AS t FROM images WHERE label < 900"
-
-
-class Node:
-    """`pushdown serve` on a fixed port, restartable there."""
-
-    def __init__(self, data):
-        self.data = data
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = None
-        self.start()
-
-    def start(self):
-        for _ in range(50):
-            proc = subprocess.Popen(
-                # The cache off: the faults are timed against streams that compute (a
-                # reference run would otherwise leave this run's shards cached, and quick).
-                [BIN, "serve", "--data", str(self.data), "--listen", f"127.0.0.1:{self.port}",
-                 "--shard-mib", "1", "--cache", "off"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            )
-            if proc.stdout.readline().startswith("listening on "):
-                self.proc = proc
-                return
-            proc.wait()
-            time.sleep(0.1)  # the old socket may linger a moment
-        raise RuntimeError(f"cannot serve on port {self.port}")
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self):
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def cont(self):
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def close(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
 def fleet(tmp_path):
     data = tmp_path / "data"
     generate(data, rows=900)
-    nodes = [Node(data) for _ in range(3)]
+    nodes = [FleetNode(data) for _ in range(3)]
     yield data, nodes
     for n in nodes:
         n.close()

@@ -505,11 +505,26 @@ fn servers_holding_different_files_give_the_sequence_of_one_holding_all() {
             }
             other => panic!("expected Unreachable naming b's files, got {other:?}"),
         }
-        // A client that never heard from it knows nothing of its files: the plan fails.
+        // A client that never heard from it knows nothing of its files: it plans on the
+        // servers that answer (a fleet of replicas starts while one member is down), and
+        // b's files join the first plan after b answers.
         let fresh = PushdownClient::connect(&[url(&a), b_url.clone()])
             .await
             .expect("client");
-        let err = fresh.plan(&request).await.expect_err("b was never heard from");
+        let only_a = fresh.plan(&request).await.expect("planned on a");
+        assert!(!only_a.endpoint.is_empty());
+        assert!(
+            only_a
+                .endpoint
+                .iter()
+                .all(|e| e.location.iter().all(|l| l.uri == url(&a))),
+            "a's shards only"
+        );
+        // With no server answering, the plan fails naming one.
+        let alone = PushdownClient::connect(std::slice::from_ref(&b_url))
+            .await
+            .expect("client");
+        let err = alone.plan(&request).await.expect_err("nobody answers");
         assert!(err.to_string().contains(&b_url), "{err}");
     });
 }

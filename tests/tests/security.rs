@@ -357,6 +357,7 @@ fn tls_connect(pki: &TestPki, identity: bool) -> ConnectOptions {
                 pki.client_key.clone().into_bytes(),
             )
         }),
+        ..ConnectOptions::default()
     }
 }
 

@@ -237,9 +237,15 @@ struct GenArgs {
     rows_per_file: Option<usize>,
 }
 
-/// How a client proves who it is and whom it trusts.
+/// How a client proves who it is, whom it trusts, and how long it waits for an answer.
 #[derive(Debug, Args)]
 struct CredentialArgs {
+    /// Deadline (seconds) of every call made before streaming: planning, counts, schemas,
+    /// profiles, actions, connecting. A server silent that long is passed over (a plan goes
+    /// on without it where the others hold its files). Default: `run`'s --stall-timeout,
+    /// else 30.
+    #[arg(long, env = "PUSHDOWN_CALL_TIMEOUT")]
+    call_timeout: Option<f64>,
     /// Bearer token for servers started with --auth-tokens.
     #[arg(long, env = "PUSHDOWN_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -256,14 +262,32 @@ struct CredentialArgs {
 
 impl CredentialArgs {
     fn options(&self) -> Result<ConnectOptions> {
+        self.options_or(pushdown_client::DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// The options, with `call_timeout` as the deadline when --call-timeout is not given.
+    fn options_or(&self, call_timeout: Duration) -> Result<ConnectOptions> {
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
-        Ok(ConnectOptions::from_parts(
+        let mut options = ConnectOptions::from_parts(
             self.token.clone(),
             path(&self.tls_ca).as_deref(),
             path(&self.tls_client_cert).as_deref(),
             path(&self.tls_client_key).as_deref(),
-        )?)
+        )?;
+        options.call_timeout = match self.call_timeout {
+            Some(s) => seconds(s, "--call-timeout")?,
+            None => call_timeout,
+        };
+        Ok(options)
     }
+}
+
+/// A positive number of seconds given as `flag`.
+fn seconds(s: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("{flag} must be a positive number of seconds"))
 }
 
 /// Which servers, and how to fan out over them.
@@ -277,7 +301,8 @@ struct ClientArgs {
     /// to what keeps the consumer from waiting (within 1 GiB of read-ahead).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// A stream that receives nothing for this long (seconds) is resumed on another server.
+    /// A stream that receives nothing for this long (seconds) is resumed on another server;
+    /// also the deadline of the calls before streaming unless --call-timeout is given.
     #[arg(long, default_value_t = 30.0)]
     stall_timeout: f64,
     /// Consecutive transient failures of one shard's stream before the run fails.
@@ -583,10 +608,11 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
         (None, Some(sql)) => LoaderSource::Sql(sql),
         _ => anyhow::bail!("give a pipeline file or --sql, not both"),
     };
+    let stall_timeout = seconds(args.client.stall_timeout, "--stall-timeout")?;
     let mut options = RunOptions::new(args.client.servers, source);
     options.out = args.out.clone();
     let loader = &mut options.loader;
-    loader.connect = args.client.credentials.options()?;
+    loader.connect = args.client.credentials.options_or(stall_timeout)?;
     loader.link = args.client.bandwidth.map_or_else(Link::auto, Link::bandwidth);
     loader.epochs = args.epochs;
     loader.seed = args.seed;
@@ -595,10 +621,7 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     loader.stream = StreamOptions {
         concurrency: args.client.concurrency.unwrap_or(defaults.concurrency),
         max_concurrency: args.client.concurrency.unwrap_or(defaults.max_concurrency),
-        stall_timeout: std::time::Duration::try_from_secs_f64(args.client.stall_timeout)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| anyhow::anyhow!("--stall-timeout must be a positive number of seconds"))?,
+        stall_timeout,
         max_retries: args.client.retries,
         ..StreamOptions::default()
     };

@@ -1,6 +1,7 @@
 //! [`PushdownClient`]: a fleet's servers behind one handle: planning, typed actions, and
 //! the shard streams of a plan.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,97 @@ const PLAN_RETRY: Policy = Policy {
     once: false,
     rest_each_failure: false,
 };
+
+/// How long a plan waits for a silent server once every other server has answered, when
+/// the others hold its files: a server that recovered answers in this time and rejoins.
+const SILENT_GRACE: Duration = Duration::from_millis(250);
+
+/// The servers' answers to a plan, and those that could not be reached or gave no answer
+/// in time (transient failures). A server's error that is not transient is the plan's.
+///
+/// Each server is asked once, concurrently, within the call deadline. A server already
+/// silent ([`fleet::Node::is_silent`]) is not waited for past [`SILENT_GRACE`] after the
+/// others answered, unless files only it holds would be left out: a frozen server costs
+/// the first plan one deadline, not every plan one.
+async fn ask_to_plan(
+    nodes: Vec<Arc<fleet::Node>>,
+    descriptor: &FlightDescriptor,
+) -> Result<(
+    Vec<(Arc<fleet::Node>, FlightInfo)>,
+    Vec<(Arc<fleet::Node>, tonic::Status)>,
+)> {
+    use futures::StreamExt;
+    let mut pending: futures::stream::FuturesUnordered<_> = nodes
+        .iter()
+        .map(|node| async move {
+            let answer = node.within("planning", plan_on(node, descriptor.clone())).await;
+            (Arc::clone(node), answer)
+        })
+        .collect();
+    let mut waiting = nodes.clone();
+    let mut answers = Vec::new();
+    let mut unreachable = Vec::new();
+    let mut cut_at: Option<tokio::time::Instant> = None;
+    loop {
+        let all = offered_by_all(&answers);
+        let optional =
+            |n: &Arc<fleet::Node>| n.is_silent() && n.held_alone(&all).is_none_or(|files| files.is_empty());
+        if !answers.is_empty() && waiting.iter().all(optional) {
+            cut_at.get_or_insert_with(|| tokio::time::Instant::now() + SILENT_GRACE);
+        } else {
+            cut_at = None;
+        }
+        let next = match cut_at {
+            Some(at) => tokio::time::timeout_at(at, pending.next()).await.ok().flatten(),
+            None => pending.next().await,
+        };
+        let Some((node, answer)) = next else { break };
+        waiting.retain(|n| !Arc::ptr_eq(n, &node));
+        match answer {
+            Ok(info) => {
+                node.succeeded();
+                answers.push((node, info));
+            }
+            Err(status) if Failure::of(status.code()) == Failure::Transient => {
+                unreachable.push((node, status))
+            }
+            Err(status) => return Err(ClientError::server(&node.url, status)),
+        }
+    }
+    for node in waiting {
+        tracing::debug!(server = %node.url, "planned without a server still silent");
+        unreachable.push((
+            node,
+            tonic::Status::deadline_exceeded(
+                "silent since an earlier deadline, and the others hold its files",
+            ),
+        ));
+    }
+    Ok((answers, unreachable))
+}
+
+/// The files (dataset, path) that the row-wise plans of `answers` offer.
+fn offered_by_all(answers: &[(Arc<fleet::Node>, FlightInfo)]) -> BTreeSet<(String, String)> {
+    answers
+        .iter()
+        .filter_map(|(_, info)| fleet::files_of(info))
+        .flatten()
+        .collect()
+}
+
+/// `node`'s own answer to a plan, retried on it alone after a transient failure.
+async fn plan_on(node: &Arc<fleet::Node>, descriptor: FlightDescriptor) -> Result<FlightInfo, tonic::Status> {
+    let mut attempts = Attempts::new(vec![Arc::clone(node)], 0, PLAN_RETRY);
+    loop {
+        match node.flight.clone().get_flight_info(descriptor.clone()).await {
+            Ok(info) => return Ok(info.into_inner()),
+            Err(status) => match attempts.failed(node, status).await {
+                Verdict::Fail(status) => return Err(status),
+                Verdict::Next | Verdict::Retry => {}
+            },
+        }
+    }
+}
 
 /// Connections to the pushdown servers of a fleet (one or more), each holding some of the
 /// datasets' files.
@@ -60,80 +152,47 @@ impl PushdownClient {
         &self.fleet
     }
 
-    /// Calls `f` on the servers in turn until one answers: a transient failure moves on to
-    /// the next server; any other failure is the answer.
-    async fn on_any<T, F, Fut>(&self, f: F) -> Result<T>
+    /// Calls `f` (`what` names it) on the servers in turn until one answers, each within
+    /// the call deadline: a transient failure, or no answer in time, moves on to the next
+    /// server; any other failure is the answer.
+    async fn on_any<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
     where
         F: Fn(fleet::Flight) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let nodes = Fleet::ranked(&self.fleet.nodes(), 0);
-        retry::first_answer(nodes, false, "no server to ask", |node| f(node.flight.clone())).await
+        retry::first_answer(nodes, false, "no server to ask", |node| {
+            let call = f(node.flight.clone());
+            async move { node.within(what, call).await }
+        })
+        .await
     }
 
     /// Plans a request on every server and merges their answers: one endpoint per shard, in
     /// (dataset, file, row group) order, located on the servers that hold its file at the
-    /// planned version. A server that cannot be reached is left out only when the others
-    /// offered every file it offered last time; else the plan fails naming it. DNS names are
-    /// resolved again first (servers that joined are asked too).
+    /// planned version. DNS names are resolved again first (servers that joined are asked
+    /// too). Each server's answer, its retries included, has the call deadline
+    /// ([`ConnectOptions::call_timeout`]). A server that cannot be reached, or gives no
+    /// answer in time:
+    ///
+    /// * when no server answered: the plan fails, naming it;
+    /// * when the files it offered in its last plan are all offered by others: the plan
+    ///   goes on without it (nothing is lost; a dead or frozen server does not stop the
+    ///   next epoch);
+    /// * when some of them are offered by none: the plan fails naming it and those files
+    ///   ([`ClientError::Unreachable`]), never a short epoch;
+    /// * when it never answered this client: its files are unknown, so the plan goes on
+    ///   with those that answered and a warning names it (a fleet of replicas starts while
+    ///   one member hangs; files only it holds join the first plan after it answers).
     pub async fn plan(&self, request: &ScanRequest) -> Result<FlightInfo> {
         self.fleet.rediscover().await;
         let descriptor = FlightDescriptor::new_cmd(request.encode());
-        let replies = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| {
-            let descriptor = descriptor.clone();
-            async move {
-                // This server's own answer: retried on it alone.
-                let mut attempts = Attempts::new(vec![Arc::clone(&node)], 0, PLAN_RETRY);
-                loop {
-                    match node.flight.clone().get_flight_info(descriptor.clone()).await {
-                        Ok(info) => {
-                            node.succeeded();
-                            return Ok((Arc::clone(&node), info.into_inner()));
-                        }
-                        Err(status) => match attempts.failed(&node, status).await {
-                            Verdict::Fail(status) => return Err((node, status)),
-                            Verdict::Next | Verdict::Retry => {}
-                        },
-                    }
-                }
-            }
-        }))
-        .await;
-        // A server that answers with an error fails the plan (the query's error, or the
-        // server's). One that cannot be reached is left out of the plan only when the others
-        // offer every file it offered in its last plan: nothing is lost, and a dead server
-        // does not stop the next epoch. Otherwise the plan fails naming it and those files.
-        let mut answers = Vec::new();
-        let mut unreachable = Vec::new();
-        for reply in replies {
-            match reply {
-                Ok(answer) => answers.push(answer),
-                Err((node, status)) if Failure::of(status.code()) == Failure::Transient => {
-                    unreachable.push((node, status));
-                }
-                Err((node, status)) => return Err(ClientError::server(&node.url, status)),
-            }
-        }
-        let offered: Vec<Option<std::collections::BTreeSet<(String, String)>>> =
+        let (answers, unreachable) = ask_to_plan(self.fleet.nodes(), &descriptor).await?;
+        let offered: Vec<Option<BTreeSet<(String, String)>>> =
             answers.iter().map(|(_, info)| fleet::files_of(info)).collect();
-        let all: std::collections::BTreeSet<(String, String)> =
-            offered.iter().flatten().flatten().cloned().collect();
+        let all = offered_by_all(&answers);
         for (node, status) in unreachable {
-            match node.held_alone(&all) {
-                Some(alone) if alone.is_empty() && !answers.is_empty() => tracing::warn!(
-                    server = %node.url,
-                    error = %crate::error::status_text(&status),
-                    "a server is unreachable: planning without it (the others hold its files)"
-                ),
-                Some(files) if !files.is_empty() => {
-                    return Err(ClientError::Unreachable {
-                        server: node.url.clone(),
-                        files,
-                        reason: crate::error::status_text(&status),
-                    });
-                }
-                _ => return Err(ClientError::server(&node.url, status)),
-            }
+            Self::plan_without(&node, &status, &all, answers.is_empty())?;
         }
         for ((node, _), files) in answers.iter().zip(offered) {
             if let Some(files) = files {
@@ -143,11 +202,47 @@ impl PushdownClient {
         fleet::merge(answers)
     }
 
+    /// Whether a plan goes on without `node`, which could not be reached or gave no answer
+    /// in time (`status`), given the files `all` that the servers that answered offer (the
+    /// rules of [`Self::plan`]).
+    fn plan_without(
+        node: &fleet::Node,
+        status: &tonic::Status,
+        all: &BTreeSet<(String, String)>,
+        none_answered: bool,
+    ) -> Result<()> {
+        let reason = crate::error::status_text(status);
+        if none_answered {
+            return Err(ClientError::server(&node.url, status.clone()));
+        }
+        match node.held_alone(all) {
+            Some(files) if files.is_empty() => tracing::warn!(
+                server = %node.url,
+                error = %reason,
+                "planning without a server that does not answer (the others hold its files)"
+            ),
+            Some(files) => {
+                return Err(ClientError::Unreachable {
+                    server: node.url.clone(),
+                    files,
+                    reason,
+                });
+            }
+            None => tracing::warn!(
+                server = %node.url,
+                error = %reason,
+                "planning without a server that has not answered yet: files only it holds are \
+                 not in this plan (they join the first plan after it answers)"
+            ),
+        }
+        Ok(())
+    }
+
     /// The schema of a dataset of the catalog.
     pub async fn dataset_schema(&self, dataset: &str) -> Result<SchemaRef> {
         let descriptor = FlightDescriptor::new_path(vec![dataset.to_owned()]);
         let result = self
-            .on_any(|mut c| {
+            .on_any("the schema", |mut c| {
                 let d = descriptor.clone();
                 async move { c.get_schema(d).await.map(tonic::Response::into_inner) }
             })
@@ -160,7 +255,7 @@ impl PushdownClient {
     /// dataset.
     pub async fn list_datasets(&self) -> Result<Vec<(String, i64, i64, SchemaRef)>> {
         let infos: Vec<FlightInfo> = self
-            .on_any(|mut c| async move {
+            .on_any("listing the catalog", |mut c| async move {
                 c.list_flights(Criteria::default())
                     .await?
                     .into_inner()
@@ -185,8 +280,9 @@ impl PushdownClient {
 
     /// Runs a server action on the first server that answers, returning its results' bodies.
     pub async fn action(&self, kind: ActionKind, body: bytes::Bytes) -> Result<Vec<bytes::Bytes>> {
+        let what = format!("the {} action", kind.name());
         let results: Vec<arrow_flight::Result> = self
-            .on_any(|mut c| {
+            .on_any(&what, |mut c| {
                 let action = Action::new(kind.name(), body.clone());
                 async move { c.do_action(action).await?.into_inner().try_collect().await }
             })

@@ -1,14 +1,20 @@
 //! How a client reaches its servers (credentials, TLS, message sizes) and what their
 //! FlightInfo carries beyond Flight's own fields.
 
+use std::time::Duration;
+
 use arrow_flight::FlightInfo;
 use pushdown_protocol::PlanEstimate;
 
 use crate::error::{ClientError, Result};
 
-/// How a client reaches its servers: the token it presents and the TLS it trusts. Its
-/// `Debug` never shows the token or a key.
-#[derive(Clone, Default)]
+/// The default [`ConnectOptions::call_timeout`]: the stream's default stall timeout, so a
+/// server silent that long is passed over whether it is planning or streaming.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a client reaches its servers: the token it presents, the TLS it trusts, and how long
+/// it waits for an answer. Its `Debug` never shows the token or a key.
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// Sent as `authorization: Bearer <token>` with every request.
     pub token: Option<String>,
@@ -17,6 +23,23 @@ pub struct ConnectOptions {
     pub tls_ca: Option<Vec<u8>>,
     /// This client's certificate chain and key (PEM), for servers that require mutual TLS.
     pub tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The deadline of every call made before streaming: planning (each server's answer,
+    /// its retries included), schemas, counts, profiles, tokenizers and every other action,
+    /// connecting included. A server that gives no answer in time is passed over like one
+    /// that failed (it rests, and a plan goes on without it where the others hold its
+    /// files). Streams have their own deadline, [`crate::StreamOptions::stall_timeout`].
+    pub call_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            tls_ca: None,
+            tls_identity: None,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -25,6 +48,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("token", &self.token.as_ref().map(|_| "…"))
             .field("tls_ca", &self.tls_ca.is_some())
             .field("tls_identity", &self.tls_identity.is_some())
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -65,6 +89,7 @@ impl ConnectOptions {
             token,
             tls_ca: ca.map(read).transpose()?,
             tls_identity,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         })
     }
 }

@@ -17,7 +17,7 @@
 //! sample sequence depends on the files and their versions, never on which servers hold them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -98,6 +98,12 @@ pub(crate) struct Node {
     /// The files (dataset, path) it offered in its last row-wise plan: whether a plan made
     /// while it is unreachable can do without it.
     offered: Mutex<Option<BTreeSet<(String, String)>>>,
+    /// The deadline of each call made before streaming ([`ConnectOptions::call_timeout`]).
+    call_timeout: Duration,
+    /// It let a call's deadline or a stream's stall timeout pass without a word, and has
+    /// not answered since: ranked last, and a plan does not wait for it where the others
+    /// can do without it.
+    silent: AtomicBool,
 }
 
 impl Node {
@@ -125,8 +131,10 @@ impl Node {
         }
         // Lazy: a server that is down now is not an error until something needs it, and the
         // channel reconnects by itself when the server comes back.
+        // Connecting is bounded by the call's deadline too (a SYN that is dropped); a
+        // listener that accepts and never answers is bounded by `within`.
         let channel = endpoint
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(options.call_timeout.min(Duration::from_secs(5)))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
@@ -143,22 +151,55 @@ impl Node {
             failures: AtomicU32::new(0),
             resting_until: Mutex::new(None),
             offered: Mutex::new(None),
+            call_timeout: options.call_timeout,
+            silent: AtomicBool::new(false),
         })
     }
 
-    /// Runs `action` here, collecting its results.
+    /// `call` (`what` names it) within this client's deadline for calls made before
+    /// streaming. No answer in time is `DeadlineExceeded`, a transient failure: the server
+    /// is passed over like one that failed. Every call but a shard's stream goes through
+    /// here; streams have their stall timeout.
+    pub(crate) async fn within<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.fell_silent();
+                tracing::warn!(
+                    server = %self.url,
+                    call = what,
+                    deadline = ?self.call_timeout,
+                    "a server gave no answer in time; passing it over"
+                );
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer to {what} in {:?} (the call timeout)",
+                    self.call_timeout
+                )))
+            }
+        }
+    }
+
+    /// Runs `action` here, collecting its results, within the call deadline.
     pub(crate) async fn action(
         &self,
         action: arrow_flight::Action,
     ) -> Result<Vec<arrow_flight::Result>, tonic::Status> {
         use futures::TryStreamExt;
-        self.flight
-            .clone()
-            .do_action(action)
-            .await?
-            .into_inner()
-            .try_collect()
-            .await
+        let what = format!("the {} action", action.r#type);
+        self.within(&what, async {
+            self.flight
+                .clone()
+                .do_action(action)
+                .await?
+                .into_inner()
+                .try_collect()
+                .await
+        })
+        .await
     }
 
     /// Marks a stream in flight until the guard drops.
@@ -174,7 +215,18 @@ impl Node {
         *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + rest);
     }
 
+    /// It let a deadline pass without a word (a call's, or a stream's stall timeout).
+    pub(crate) fn fell_silent(&self) {
+        self.silent.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it has been silent since its last answer.
+    pub(crate) fn is_silent(&self) -> bool {
+        self.silent.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn succeeded(&self) {
+        self.silent.store(false, Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
         *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -197,11 +249,14 @@ impl Node {
         )
     }
 
+    /// Resting after a failure, or silent since its last deadline.
     pub(crate) fn resting(&self, now: Instant) -> bool {
-        self.resting_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|t| t > now)
+        self.is_silent()
+            || self
+                .resting_until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|t| t > now)
     }
 }
 
@@ -239,7 +294,7 @@ impl Fleet {
             let url = url.as_ref();
             match url.strip_prefix("dns://") {
                 Some(name) => {
-                    for resolved in resolve(url, name).await? {
+                    for resolved in resolve(url, name, fleet.options.call_timeout).await? {
                         fleet.resolved_node(&resolved, name)?;
                     }
                     fleet.names.push(url.to_owned());
@@ -258,7 +313,7 @@ impl Fleet {
     pub(crate) async fn rediscover(&self) {
         for url in &self.names {
             let name = url.trim_start_matches("dns://");
-            match resolve(url, name).await {
+            match resolve(url, name, self.options.call_timeout).await {
                 Ok(addrs) => {
                     for a in addrs {
                         if let Err(e) = self.resolved_node(&a, name) {
@@ -362,16 +417,23 @@ pub(crate) fn http_url(url: &str) -> Result<String> {
     }
 }
 
-async fn resolve(url: &str, name: &str) -> Result<Vec<String>> {
+/// The addresses `name` resolves to, within `deadline` (a DNS server that hangs is a
+/// deadline like any other).
+async fn resolve(url: &str, name: &str, deadline: Duration) -> Result<Vec<String>> {
     let bad = |reason: String| ClientError::BadUrl {
         url: url.to_owned(),
         reason,
     };
     let host_port = name.trim_end_matches('/');
-    let mut addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(host_port)
-        .await
-        .map_err(|e| bad(format!("resolving `{host_port}`: {e}")))?
-        .collect();
+    let mut addrs: Vec<std::net::SocketAddr> =
+        tokio::time::timeout(deadline, tokio::net::lookup_host(host_port))
+            .await
+            .map_err(|_| ClientError::Timeout {
+                what: format!("resolving `{host_port}`"),
+                after: deadline,
+            })?
+            .map_err(|e| bad(format!("resolving `{host_port}`: {e}")))?
+            .collect();
     addrs.sort();
     addrs.dedup();
     if addrs.is_empty() {

@@ -904,19 +904,22 @@ impl Loader {
     }
 
     /// Begins the current epoch with the one started ahead, if it is this epoch, with this
-    /// echo, on the shards the servers list now.
-    fn adopt_ahead(&mut self, ahead: Ahead) {
-        let Some(runtime) = &self.runtime else { return };
+    /// echo, on the shards the servers list now. Planning it now failing is the epoch's
+    /// error (planned again, it would wait the same deadlines to fail the same way).
+    fn adopt_ahead(&mut self, ahead: Ahead) -> Result<()> {
+        let Some(runtime) = &self.runtime else {
+            return Ok(());
+        };
         if ahead.epoch != self.epoch || ahead.echo != self.echo || self.batches != 0 {
             ahead.producer.abort();
-            return;
+            return Ok(());
         }
         let Ok(prepared) = runtime.block_on(ahead.prepared) else {
             // Its planning failed: the error waits in its channel.
             self.rx = Some(ahead.rx);
             self.producer = Some(ahead.producer);
             self.planned_epoch = self.epoch;
-            return;
+            return Ok(());
         };
         let shared = Arc::clone(&prepared.shared);
         let current = runtime.block_on(async move { shared.client.plan(&shared.request).await });
@@ -927,9 +930,14 @@ impl Loader {
                 self.rx = Some(ahead.rx);
                 self.producer = Some(ahead.producer);
             }
-            // The shards changed (or the servers cannot say): plan the epoch afresh.
-            _ => ahead.producer.abort(),
+            // The shards changed: plan the epoch afresh.
+            Ok(_) => ahead.producer.abort(),
+            Err(e) => {
+                ahead.producer.abort();
+                return Err(e);
+            }
         }
+        Ok(())
     }
 
     /// Starts producing the current epoch, planning it first if it is a new one.
@@ -1014,8 +1022,11 @@ impl Iterator for Loader {
                     self.echo = self.prepared.shared.options.echo.factor(self.last_wait);
                     self.epoch += 1;
                     self.batches = 0;
-                    if let Some(ahead) = ahead {
-                        self.adopt_ahead(ahead);
+                    if let Some(ahead) = ahead
+                        && let Err(e) = self.adopt_ahead(ahead)
+                    {
+                        self.failed = true;
+                        return Some(Err(e));
                     }
                 }
             }

@@ -724,6 +724,8 @@ async fn fetch(
     }
     let stall = progress.stall;
     let stalled = |what: &str| {
+        // A plan does not wait for it either, while the others can do without it.
+        node.fell_silent();
         Fetch::Status(tonic::Status::deadline_exceeded(format!(
             "{what} from {} for {stall:?}: stream cancelled",
             node.url

@@ -65,7 +65,7 @@ impl PyLoader {
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
-        bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3,
+        bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
         echo_max=4, report_every_s=1.0, placement="costed"
     ))]
@@ -89,6 +89,7 @@ impl PyLoader {
         compression: &str,
         stall_timeout_s: f64,
         max_retries: usize,
+        call_timeout_s: Option<f64>,
         token: Option<String>,
         tls_ca: Option<String>,
         tls_client_cert: Option<String>,
@@ -103,8 +104,12 @@ impl PyLoader {
             .map_err(|e: pushdown_client::ClientError| PyValueError::new_err(e.to_string()))?;
         let echo = echo_mode(echo, echo_max)?;
         let report_every = report_interval(report_every_s)?;
-        let connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
+        let mut connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
         let stream = stream_options(concurrency, stall_timeout_s, max_retries)?;
+        connect.call_timeout = match call_timeout_s {
+            Some(s) => positive_seconds(s, "call_timeout_s")?,
+            None => stream.stall_timeout,
+        };
         // `auto`: the planner's choice (compress only when the link bounds the stream).
         let compression = match compression {
             "auto" => None,
@@ -249,10 +254,7 @@ fn stream_options(
     stall_timeout_s: f64,
     max_retries: usize,
 ) -> PyResult<StreamOptions> {
-    let stall_timeout = std::time::Duration::try_from_secs_f64(stall_timeout_s)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| PyValueError::new_err("stall_timeout_s must be a positive number of seconds"))?;
+    let stall_timeout = positive_seconds(stall_timeout_s, "stall_timeout_s")?;
     Ok(StreamOptions {
         // Given: fixed; none: tuned from the default start.
         concurrency: concurrency.map_or(StreamOptions::default().concurrency, |c| c.max(1)),
@@ -261,6 +263,14 @@ fn stream_options(
         max_retries,
         ..StreamOptions::default()
     })
+}
+
+/// `s` seconds, which must be positive (`name`: the argument).
+fn positive_seconds(s: f64, name: &str) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err(format!("{name} must be a positive number of seconds")))
 }
 
 /// `sql=` or `pipeline=` (exactly one) as what the loader reads.

@@ -46,7 +46,10 @@ class Loader:
     the name resolves to. Shards go to the servers holding their files; a stream that fails
     or receives nothing for ``stall_timeout_s`` is resumed on another holder from its first
     undelivered row (up to ``max_retries`` consecutive failures), so faults never change the
-    sequence of batches.
+    sequence of batches. Every call before streaming (planning, counts, schemas, tokenizers)
+    has a deadline, ``call_timeout_s`` (default: ``stall_timeout_s``): a server silent that
+    long is passed over, and each epoch is planned on the servers that answer, as long as
+    they hold every file the silent one offered; otherwise the error names it and its files.
 
     ``concurrency`` (shard streams in flight) left unset is tuned while the epoch runs: it
     grows while the loader waits and each step raises the rate, within 1 GiB of read-ahead,
@@ -93,6 +96,7 @@ class Loader:
         compression: str = "auto",
         stall_timeout_s: float = 30.0,
         max_retries: int = 3,
+        call_timeout_s: Optional[float] = None,
         token: Optional[str] = None,
         tls_ca: Optional[str] = None,
         tls_client_cert: Optional[str] = None,
@@ -124,6 +128,7 @@ class Loader:
             compression=compression,
             stall_timeout_s=stall_timeout_s,
             max_retries=max_retries,
+            call_timeout_s=call_timeout_s,
             token=token,
             tls_ca=None if tls_ca is None else str(tls_ca),
             tls_client_cert=None if tls_client_cert is None else str(tls_client_cert),
