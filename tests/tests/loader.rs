@@ -414,11 +414,12 @@ fn run_out_yields_the_loaders_sequence() {
     assert_ne!(from_loader[..half], from_loader[half..]);
 }
 
-/// A column's type is fixed by its field: a nullable column is Arrow in every batch, with
-/// or without nulls; a non-nullable primitive one is a tensor in every batch.
+/// A column's type is fixed by its field: a numeric column is a tensor in every batch,
+/// nullable or not (real Parquet calls every column nullable); a null in it is an error
+/// naming the column and row, never a switch to Arrow. Strings stay Arrow.
 #[test]
 fn loader_column_types_follow_the_schema_not_the_batch() {
-    use arrow::array::{ArrayRef, Int32Array};
+    use arrow::array::{ArrayRef, Int32Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use arrow::record_batch::RecordBatch;
     use pushdown_client::TensorBatch;
@@ -427,22 +428,33 @@ fn loader_column_types_follow_the_schema_not_the_batch() {
     let schema = Arc::new(Schema::new(vec![
         Field::new("label", DataType::Int32, false),
         Field::new("maybe", DataType::Int32, true),
+        Field::new("name", DataType::Utf8, true),
     ]));
     let batch = |maybe: Vec<Option<i32>>| {
         let label: ArrayRef = Arc::new(Int32Array::from(vec![1, 2]));
         let maybe: ArrayRef = Arc::new(Int32Array::from(maybe));
+        let name: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None]));
         TensorBatch::from_record_batch(
-            &RecordBatch::try_new(Arc::clone(&schema), vec![label, maybe]).expect("batch"),
+            &RecordBatch::try_new(Arc::clone(&schema), vec![label, maybe, name]).expect("batch"),
             0,
-            0,
+            7,
         )
     };
-    for b in [batch(vec![Some(1), Some(2)]), batch(vec![Some(1), None])] {
-        assert!(matches!(b.column("label"), Some(Column::Tensor { .. })));
-        assert!(matches!(b.column("maybe"), Some(Column::Arrow(_))), "{b:?}");
-    }
+    let full = batch(vec![Some(1), Some(2)]).expect("no null where a tensor is due");
+    assert!(matches!(full.column("label"), Some(Column::Tensor { .. })));
+    assert!(
+        matches!(full.column("maybe"), Some(Column::Tensor { .. })),
+        "{full:?}"
+    );
+    assert!(matches!(full.column("name"), Some(Column::Arrow(_))));
+    let err = batch(vec![Some(1), None]).expect_err("a null where a tensor is due");
+    assert!(
+        matches!(&err, pushdown_client::ClientError::NullInTensor { column, batch: 7, row: 1 } if column == "maybe"),
+        "{err}"
+    );
     assert!(Column::is_tensor(schema.field(0)));
-    assert!(!Column::is_tensor(schema.field(1)));
+    assert!(Column::is_tensor(schema.field(1)));
+    assert!(!Column::is_tensor(schema.field(2)));
 }
 
 /// Each epoch is planned when it starts: a file added while an epoch runs joins the next one

@@ -114,6 +114,13 @@ pub enum ClientError {
     /// The loader was shut down, or its consumer went away.
     #[error("{0}")]
     Closed(&'static str),
+    /// A null in a column that arrives as a tensor (a number, or pixels), which has no
+    /// null: the data's, named, never a silent switch to an Arrow array.
+    #[error(
+        "column `{column}` is null at row {row} of batch {batch}, and it arrives as a tensor: \
+         leave such rows out (`WHERE {column} IS NOT NULL`) or fill them (`COALESCE({column}, 0)`)"
+    )]
+    NullInTensor { column: String, batch: u64, row: usize },
     /// The caller's arguments, options or saved state.
     #[error("{0}")]
     Invalid(String),

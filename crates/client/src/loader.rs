@@ -27,10 +27,10 @@
 //! run` streams a [`Prepared`] as record batches, so one pipeline and seed give one sample
 //! sequence whether it is read by `run` or by a [`Loader`] of world size 1.
 //!
-//! Column types are fixed by the schema, never by a batch's contents: a non-nullable column
-//! of a primitive type, or a non-nullable `FixedSizeList` of non-nullable primitives (a
-//! tensor op's output), arrives as a [`Column::Tensor`]; every other column, nullable ones
-//! included, as [`Column::Arrow`] with its nulls.
+//! Column types are fixed by the schema, never by a batch's contents: a column of an
+//! integer or float type, or a `FixedSizeList` of them (a tensor op's output), arrives as a
+//! [`Column::Tensor`], whether the schema calls it nullable or not; a null in it is an error
+//! naming the column and row. Every other column arrives as [`Column::Arrow`] with its nulls.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -238,24 +238,26 @@ pub struct TensorBatch {
 }
 
 impl TensorBatch {
-    /// Non-nullable fixed-shape primitive columns (scalars, `FixedSizeList`s with their
-    /// `pushdown.shape`) become tensors; everything else stays Arrow. Decided by the schema
-    /// ([`Column::is_tensor`]), so a column has one type in every batch.
-    pub fn from_record_batch(batch: &RecordBatch, epoch: u64, index: u64) -> Self {
+    /// Fixed-shape integer and float columns (scalars, `FixedSizeList`s with their
+    /// `pushdown.shape`) become tensors, nullable or not; everything else stays Arrow.
+    /// Decided by the schema ([`Column::is_tensor`]), so a column has one type in every
+    /// batch: a null where a tensor is due is an error naming the column and the row
+    /// ([`ClientError::NullInTensor`]), never a switch to Arrow.
+    pub fn from_record_batch(batch: &RecordBatch, epoch: u64, index: u64) -> Result<Self> {
         let rows = batch.num_rows();
         let columns = batch
             .schema()
             .fields()
             .iter()
             .zip(batch.columns())
-            .map(|(field, array)| (field.name().clone(), to_column(field, array, rows)))
-            .collect();
-        Self {
+            .map(|(field, array)| Ok((field.name().clone(), to_column(field, array, rows, index)?)))
+            .collect::<Result<_>>()?;
+        Ok(Self {
             rows,
             columns,
             index,
             epoch,
-        }
+        })
     }
 
     pub fn column(&self, name: &str) -> Option<&Column> {
@@ -264,26 +266,52 @@ impl TensorBatch {
 }
 
 impl Column {
-    /// Whether a column of `field` arrives as a tensor: non-nullable, and a fixed-width
-    /// integer or `f32`/`f64` (what numpy and torch hold), or a `FixedSizeList` of
-    /// non-nullable ones. Dates, decimals, `f16` and the rest arrive as Arrow.
+    /// Whether a column of `field` arrives as a tensor: a fixed-width integer or
+    /// `f32`/`f64` (what numpy and torch hold), or a `FixedSizeList` of them, whether the
+    /// schema calls it nullable or not (pyarrow, pandas, Spark and `datasets` call every
+    /// column nullable). Dates, decimals, `f16`, strings, lists and the rest arrive as Arrow.
     pub fn is_tensor(field: &arrow::datatypes::Field) -> bool {
         fn numeric(t: &DataType) -> bool {
             t.is_integer() || matches!(t, DataType::Float32 | DataType::Float64)
         }
-        !field.is_nullable()
-            && match field.data_type() {
-                DataType::FixedSizeList(item, _) => numeric(item.data_type()) && !item.is_nullable(),
-                t => numeric(t),
-            }
+        match field.data_type() {
+            DataType::FixedSizeList(item, _) => numeric(item.data_type()),
+            t => numeric(t),
+        }
     }
 }
 
-fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> Column {
-    if !Column::is_tensor(field) {
-        return Column::Arrow(Arc::clone(array));
+/// The first null of a tensor column's `array` (a row, or a value inside a row's list).
+fn first_null(array: &ArrayRef) -> Option<usize> {
+    if let Some(nulls) = array.logical_nulls().filter(|n| n.null_count() > 0) {
+        return nulls.iter().position(|valid| !valid);
     }
-    match array.data_type() {
+    if let DataType::FixedSizeList(_, n) = array.data_type() {
+        let list = array.as_fixed_size_list();
+        let values = list
+            .values()
+            .slice(list.offset() * *n as usize, list.len() * *n as usize);
+        let nulls = values.logical_nulls().filter(|n| n.null_count() > 0)?;
+        return nulls
+            .iter()
+            .position(|valid| !valid)
+            .map(|i| i / (*n as usize).max(1));
+    }
+    None
+}
+
+fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize, batch: u64) -> Result<Column> {
+    if !Column::is_tensor(field) {
+        return Ok(Column::Arrow(Arc::clone(array)));
+    }
+    if let Some(row) = first_null(array) {
+        return Err(ClientError::NullInTensor {
+            column: field.name().clone(),
+            batch,
+            row,
+        });
+    }
+    Ok(match array.data_type() {
         DataType::FixedSizeList(_, n) => {
             let list = array.as_fixed_size_list();
             let n = *n as usize;
@@ -308,7 +336,7 @@ fn to_column(field: &arrow::datatypes::Field, array: &ArrayRef, rows: usize) -> 
             shape: vec![rows],
             values: Arc::clone(array),
         },
-    }
+    })
 }
 
 /// What the consumer experienced.
@@ -615,7 +643,7 @@ const APPETITE_WAIT: f64 = 0.02;
 
 /// A batch as the [`Loader`] hands it out.
 fn to_tensors(batch: RecordBatch, epoch: u64, index: u64) -> Result<TensorBatch> {
-    Ok(TensorBatch::from_record_batch(&batch, epoch, index))
+    TensorBatch::from_record_batch(&batch, epoch, index)
 }
 
 /// An epoch started before the consumer reaches it, so that filling its first shuffle

@@ -1,4 +1,5 @@
-//! Image ops over encoded images (`Binary`): decode + resize to pixels, and re-encoded
+//! Image ops over encoded images (binary, or the Hub's `struct<bytes, path>`) in the formats
+//! datasets store (JPEG, PNG, WebP, GIF, BMP, TIFF): decode + resize to pixels, and re-encoded
 //! thumbnails. Decoding uses the `image` crate (zune-jpeg inside), resizing
 //! `fast_image_resize` (SIMD convolution, bilinear with antialiasing). A JPEG whose output
 //! is at most a quarter of its size on both sides is decoded at reduced scale in the DCT
@@ -14,7 +15,8 @@ use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field};
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
-use image::RgbImage;
+use image::metadata::Orientation;
+use image::{DynamicImage, ImageDecoder, RgbImage};
 
 use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
 
@@ -24,21 +26,60 @@ pub const SHAPE_METADATA_KEY: &str = "pushdown.shape";
 
 const MAX_SIDE: i64 = 8192;
 
+/// Checks that `input` holds encoded images: binary, or the Hugging Face `datasets` image
+/// struct (`struct<bytes: binary, path: string>`), whose `bytes` are the image.
 fn binary_input(op: &'static str, input: &Field) -> Result<()> {
+    let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
     match input.data_type() {
-        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => Ok(()),
+        t if binary(t) => Ok(()),
+        DataType::Struct(fields)
+            if fields
+                .iter()
+                .any(|f| f.name() == "bytes" && binary(f.data_type())) =>
+        {
+            Ok(())
+        }
         other => Err(OpError::BadArguments {
             op,
-            reason: format!("expects encoded images (binary), got {other}"),
+            reason: format!(
+                "expects encoded images (binary, or the Hub's struct<bytes: binary, path: string>), got {other}"
+            ),
         }),
     }
 }
 
-/// The rows of a binary column as byte slices (any binary layout).
+/// Whether an image column of `input` may have null rows (a struct's, or its `bytes`).
+fn images_nullable(input: &Field) -> bool {
+    match input.data_type() {
+        DataType::Struct(fields) => {
+            input.is_nullable() || fields.iter().any(|f| f.name() == "bytes" && f.is_nullable())
+        }
+        _ => input.is_nullable(),
+    }
+}
+
+/// The rows of an image column as byte slices (any binary layout, or the Hub's image
+/// struct). A struct row whose `bytes` are null but whose `path` is set is refused: images
+/// are read from the Parquet file, never from paths it names.
 fn for_each_image(
     op: &'static str,
     input: &ArrayRef,
     mut f: impl FnMut(usize, Option<&[u8]>) -> Result<()>,
+) -> Result<()> {
+    match input.data_type() {
+        DataType::Struct(_) => for_each_struct_image(op, input.as_struct(), &mut f),
+        _ => for_each_binary(op, input, &mut f),
+    }
+}
+
+/// What is done with each row of an image column: its index and its bytes (`None`: null).
+type EachImage<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<()> + 'a;
+
+/// The rows of a binary column (any layout) as byte slices.
+fn for_each_binary(
+    op: &'static str,
+    input: &ArrayRef,
+    f: &mut EachImage<'_>,
 ) -> Result<()> {
     match input.data_type() {
         DataType::Binary => input
@@ -61,6 +102,47 @@ fn for_each_image(
             reason: format!("expects encoded images (binary), got {other}"),
         }),
     }
+}
+
+/// [`for_each_image`] over the Hub's `struct<bytes, path>`.
+fn for_each_struct_image(
+    op: &'static str,
+    images: &arrow::array::StructArray,
+    f: &mut EachImage<'_>,
+) -> Result<()> {
+    let bytes = images
+        .column_by_name("bytes")
+        .ok_or_else(|| OpError::BadArguments {
+            op,
+            reason: "an image struct needs a `bytes` field".into(),
+        })?;
+    let paths = images
+        .column_by_name("path")
+        .and_then(|p| arrow::compute::cast(p, &DataType::Utf8).ok());
+    let nulls = images.logical_nulls();
+    for_each_binary(op, bytes, &mut |row, value| {
+        if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+            return f(row, None);
+        }
+        let path = paths
+            .as_ref()
+            .map(|p| p.as_string::<i32>())
+            .filter(|p| p.is_valid(row))
+            .map(|p| p.value(row));
+        match (value, path) {
+            (Some(v), _) => f(row, Some(v)),
+            (None, None) => f(row, None),
+            (None, Some(path)) => Err(OpError::BadValue {
+                op,
+                row,
+                reason: format!(
+                    "the image's bytes are null and its path is `{path}`: images stored by path \
+                     are not read; embed the bytes in the Parquet file (datasets embeds them \
+                     when it writes Parquet with `embed_external_files`)"
+                ),
+            }),
+        }
+    })
 }
 
 /// Largest pixel buffer a scaled JPEG decode may allocate (the full decode's limit is the
@@ -100,10 +182,18 @@ pub(crate) fn decode_scaled_jpeg(
     decoder.read_info().ok()?;
     let info = decoder.info()?;
     let (w, h) = (u32::from(info.width), u32::from(info.height));
-    let (tw, th) = target(w, h);
+    let orientation = decoder
+        .exif_data()
+        .and_then(Orientation::from_exif_chunk)
+        .unwrap_or(Orientation::NoTransforms);
+    // The output is of the image as shown (turned by its EXIF orientation); the scale is of
+    // the image as stored.
+    let turned = turns(orientation);
+    let (tw, th) = if turned { target(h, w) } else { target(w, h) };
+    let (need_w, need_h) = if turned { (th, tw) } else { (tw, th) };
     let denom = [8u32, 4]
         .into_iter()
-        .find(|d| w.div_ceil(*d) >= tw && h.div_ceil(*d) >= th)?;
+        .find(|d| w.div_ceil(*d) >= need_w && h.div_ceil(*d) >= need_h)?;
     let (sw, sh) = (w.div_ceil(denom), h.div_ceil(denom));
     let scaled = decoder
         .scale(u16::try_from(sw).ok()?, u16::try_from(sh).ok()?)
@@ -117,17 +207,52 @@ pub(crate) fn decode_scaled_jpeg(
         jpeg_decoder::PixelFormat::L8 => pixels.iter().flat_map(|&l| [l, l, l]).collect(),
         _ => return None,
     };
-    RgbImage::from_raw(sw, sh, rgb).map(|img| (img, tw, th))
+    let img = RgbImage::from_raw(sw, sh, rgb)?;
+    Some((oriented(img, orientation), tw, th))
 }
 
+/// Whether `orientation` swaps width and height.
+fn turns(orientation: Orientation) -> bool {
+    matches!(
+        orientation,
+        Orientation::Rotate90
+            | Orientation::Rotate270
+            | Orientation::Rotate90FlipH
+            | Orientation::Rotate270FlipH
+    )
+}
+
+/// `img` as it is meant to be shown.
+fn oriented(img: RgbImage, orientation: Orientation) -> RgbImage {
+    if orientation == Orientation::NoTransforms {
+        return img;
+    }
+    let mut img = DynamicImage::ImageRgb8(img);
+    img.apply_orientation(orientation);
+    img.into_rgb8()
+}
+
+/// Decodes any format a dataset stores (JPEG, PNG, WebP, GIF's first frame, BMP, TIFF) to RGB
+/// as PIL's `convert("RGB")` makes it (alpha dropped, palettes and gray expanded, 16 bits
+/// scaled to 8), turned by its EXIF orientation, within the `image` crate's memory limit.
 pub(crate) fn decode(op: &'static str, row: usize, bytes: &[u8]) -> Result<RgbImage> {
-    image::load_from_memory(bytes)
-        .map(|img| img.into_rgb8())
-        .map_err(|e| OpError::BadValue {
-            op,
-            row,
-            reason: format!("cannot decode image: {e}"),
-        })
+    let bad = |reason: String| OpError::BadValue { op, row, reason };
+    let reader = image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| bad(format!("cannot decode image: {e}")))?;
+    let Some(format) = reader.format() else {
+        return Err(bad(format!(
+            "cannot decode image: not a format decoded here (JPEG, PNG, WebP, GIF, BMP, TIFF); \
+             its first bytes are {:02x?}",
+            &bytes[..bytes.len().min(8)]
+        )));
+    };
+    let failed = |e: image::ImageError| bad(format!("cannot decode {format:?} image: {e}"));
+    let mut decoder = reader.into_decoder().map_err(failed)?;
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    let mut img = DynamicImage::from_decoder(decoder).map_err(failed)?;
+    img.apply_orientation(orientation);
+    Ok(img.into_rgb8())
 }
 
 pub(crate) fn resize(
@@ -181,7 +306,7 @@ impl Op for DecodeResize {
         Ok(Field::new(
             output,
             DataType::FixedSizeList(item, (w * h * 3) as i32),
-            input.is_nullable(),
+            images_nullable(input),
         )
         .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into()))
     }
@@ -197,7 +322,9 @@ impl Op for DecodeResize {
         let size = (w * h * 3) as usize;
         let mut values = Vec::with_capacity(input.len() * size);
         let mut resizer = Resizer::new();
+        let mut valid = Vec::with_capacity(input.len());
         for_each_image(self.name(), input, |row, bytes| {
+            valid.push(bytes.is_some());
             match bytes {
                 Some(bytes) => {
                     let (img, w, h) = decode_for(self.name(), row, bytes, |_, _| (w, h))?;
@@ -208,7 +335,7 @@ impl Op for DecodeResize {
             Ok(())
         })?;
         let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        let nulls: Option<NullBuffer> = input.logical_nulls();
+        let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
         FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
             .map(|a| Arc::new(a) as ArrayRef)
             .map_err(|source| OpError::Arrow {
@@ -244,7 +371,7 @@ impl Op for Thumbnail {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         binary_input(self.name(), input)?;
         Self::params(params)?;
-        Ok(Field::new(output, DataType::Binary, input.is_nullable()))
+        Ok(Field::new(output, DataType::Binary, images_nullable(input)))
     }
 
     /// A JPEG of at most `max_side`² pixels: bounded by its raw RGB size plus headers

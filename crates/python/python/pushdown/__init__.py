@@ -35,10 +35,13 @@ def _arrow(ipc: bytes):
 class Loader:
     """Batches for one data-parallel rank, epoch after epoch.
 
-    A column's type is fixed by the schema, never by a batch: non-nullable fixed-shape
-    integer and float columns (pixels, padded token ids, numeric features) come out as numpy
-    arrays of shape ``(rows, ...)``; variable-length, nullable, date and decimal columns as
-    ``pyarrow.Array`` (nulls kept), in every batch. Give exactly one of
+    A column's type is fixed by the schema, never by a batch: fixed-shape integer and float
+    columns (pixels, padded token ids, numeric features) come out as numpy arrays of shape
+    ``(rows, ...)`` whether the file calls them nullable or not (pyarrow, pandas, Spark and
+    ``datasets`` call every column nullable); a null in one is an error naming the column and
+    row (leave such rows out with ``WHERE col IS NOT NULL``, or fill them with ``COALESCE``).
+    Variable-length, string, date and decimal columns come as ``pyarrow.Array`` (nulls kept),
+    in every batch. Give exactly one of
     ``sql`` (a row-wise query) or ``pipeline`` (TOML/JSON text or a dict, as for
     ``pushdown run``: the planner places its ops by measured cost).
 
