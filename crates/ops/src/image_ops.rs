@@ -76,11 +76,7 @@ fn for_each_image(
 type EachImage<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<()> + 'a;
 
 /// The rows of a binary column (any layout) as byte slices.
-fn for_each_binary(
-    op: &'static str,
-    input: &ArrayRef,
-    f: &mut EachImage<'_>,
-) -> Result<()> {
+fn for_each_binary(op: &'static str, input: &ArrayRef, f: &mut EachImage<'_>) -> Result<()> {
     match input.data_type() {
         DataType::Binary => input
             .as_binary::<i32>()
