@@ -81,7 +81,8 @@ async fn bad_sql_is_invalid_argument_with_the_parser_message() {
     assert_eq!(status.message().matches("decode_resize").count(), 2, "{status}");
     assert!(
         status.message().starts_with(
-            "invalid query: decode_resize: expects encoded images (binary), got Int32 (usage: decode_resize("
+            "invalid query: decode_resize: expects encoded images (binary, or the Hub's \
+             struct<bytes: binary, path: string>), got Int32 (usage: decode_resize("
         ),
         "{status}"
     );
