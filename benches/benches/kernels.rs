@@ -5,6 +5,7 @@
 //! * decode + resize of JPEGs: `pushdown_ops::decode_resize` vs `image` decode + `image`
 //!   resize, and vs a full-scale decode + the same resize (what the scaled IDCT saves), at
 //!   sizes that decode in full, at 1/4 and at 1/8 scale;
+//! * decode + resize of the same photos as JPEG, PNG and WebP: each format's rate per core;
 //! * hash buckets of strings: XXH3 (`hash_bucket`) vs the standard library's SipHash;
 //! * tokenize + truncate to 256 of the text dataset's documents with its own trained BPE:
 //!   `Tokenizer::encode` (the usual call, with offsets) vs the `tokenize` op (`encode_fast`).
@@ -108,6 +109,38 @@ fn decode_resize_group(c: &mut Criterion, w: u32, h: u32, t: u32) {
     group.finish();
 }
 
+/// The same photos as JPEG, PNG and WebP (lossless: the `image` crate's encoder), each
+/// decoded and resized to 64×64 by `decode_resize`: the decode rate per core of each format,
+/// for the planner's cost model (which profiles the dataset's own images; this says what to
+/// expect).
+fn decode_formats(c: &mut Criterion) {
+    fn encoded(img: &image::RgbImage, format: image::ImageFormat) -> Vec<u8> {
+        if format == image::ImageFormat::Jpeg {
+            return jpeg(img);
+        }
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, format).expect("encode");
+        out.into_inner()
+    }
+    let mut group = c.benchmark_group("decode_resize_32_images_300x300_to_64_by_format");
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(32));
+    let op = lookup("decode_resize").expect("op");
+    let params = [Value::Int(64), Value::Int(64)];
+    for (name, format) in [
+        ("JPEG q85", image::ImageFormat::Jpeg),
+        ("PNG", image::ImageFormat::Png),
+        ("WebP lossless", image::ImageFormat::WebP),
+    ] {
+        let images: Vec<Vec<u8>> = (0..32).map(|i| encoded(&photo(300, 300, i), format)).collect();
+        let column: ArrayRef = Arc::new(BinaryArray::from_iter_values(images.iter()));
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(op.apply(&column, &params).expect("apply")))
+        });
+    }
+    group.finish();
+}
+
 fn hash_bucket(c: &mut Criterion) {
     let values: Vec<String> = (0..8192u32)
         .map(|i| format!("{:08x}", i.wrapping_mul(2654435761)))
@@ -175,5 +208,12 @@ fn tokenize(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, resize, decode_resize, hash_bucket, tokenize);
+criterion_group!(
+    benches,
+    resize,
+    decode_resize,
+    decode_formats,
+    hash_bucket,
+    tokenize
+);
 criterion_main!(benches);

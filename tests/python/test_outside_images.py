@@ -204,3 +204,37 @@ def test_nullable_pyarrow_columns_arrive_as_tensors_and_a_null_is_named(tmp_path
             list(pushdown.Loader(url, sql="SELECT id, bucket FROM plain", batch_size=10))
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("spelling", ["image.bytes", "image['bytes']"])
+def test_a_pipeline_names_the_structs_field_at_every_placement(hub_snapshot, spelling):
+    """`image.bytes` / `image['bytes']` in a pipeline reads the struct's field, on the server
+    or the trainer, and gives the pixels SQL gives for the struct itself."""
+    import pushdown
+
+    root, expected = hub_snapshot
+    served = Served(root)
+    try:
+        url = f"http://{served.addr}"
+        want = {}
+        for batch in pushdown.Loader(url, sql=f"SELECT label, decode_resize(image, {SIZE}, {SIZE}) AS pixels FROM photos",
+                                     batch_size=16):
+            for label, px in zip(batch["label"].tolist(), batch["pixels"]):
+                want[label] = px.tobytes()
+        pipeline = {
+            "dataset": "photos",
+            "steps": [
+                {"op": "map", "call": "decode_resize", "input": spelling, "params": [SIZE, SIZE]},
+                {"op": "select", "columns": ["label", "image"]},
+                {"op": "batch", "size": 16},
+            ],
+        }
+        for placement in ["server", "trainer"]:
+            got = {}
+            for batch in pushdown.Loader(url, pipeline=pipeline, placement=placement):
+                assert batch["image"].shape[1:] == (SIZE, SIZE, 3), placement
+                for label, px in zip(batch["label"].tolist(), batch["image"]):
+                    got[label] = px.tobytes()
+            assert got == want, placement
+    finally:
+        served.stop()

@@ -14,6 +14,9 @@ use pushdown_protocol::{Query, ScanRequest, ShardTicket};
 use pushdown_server::serve_metrics;
 use pushdown_tests::{Fixture, local_eval, num_rows, rows, sorted_rows};
 
+#[path = "e2e/own_data.rs"]
+mod own_data;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_run_writes_the_rows_the_filter_selects() {
     let fx = Fixture::images(300).await;

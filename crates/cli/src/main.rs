@@ -444,7 +444,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let builder = Server::builder(store).config(config);
     let (builder, tls) = with_catalog_and_security(builder, &args)?;
     let server = builder.open().await?;
-    for (name, dataset) in server.catalog().snapshot().iter() {
+    let datasets = server.catalog().snapshot();
+    if datasets.is_empty() {
+        tracing::warn!(
+            data = %args.storage.data,
+            "no datasets: a dataset is a folder of Parquet files directly under the storage root \
+             (e.g. <data>/cifar-10/train-00000-of-00001.parquet); serving nothing until one appears"
+        );
+    }
+    for (name, dataset) in datasets.iter() {
         tracing::info!(
             dataset = name.as_str(),
             files = dataset.files.len(),

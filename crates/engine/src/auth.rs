@@ -46,6 +46,18 @@ impl Grant {
         }
     }
 
+    /// `PermissionDenied` unless `spelling`, as a query writes it, may name a granted dataset:
+    /// the name itself, or one equal to it ignoring case (SQL folds `MyPets` to `mypets`).
+    /// The dataset it resolves to is checked by [`Self::check`] once the catalog is known.
+    pub fn check_spelling(&self, spelling: &str) -> Result<()> {
+        match self {
+            Grant::Datasets(names) if !names.iter().any(|n| n.eq_ignore_ascii_case(spelling)) => {
+                self.check(spelling)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `PermissionDenied` unless `dataset` is granted; said the same way whether or not the
     /// dataset exists.
     pub fn check(&self, dataset: &str) -> Result<()> {
@@ -147,7 +159,7 @@ impl Tokens {
                     return Err(format!("line {line_no}: `*` stands alone"));
                 }
                 names => {
-                    if let Some(bad) = names.iter().find(|n| !crate::catalog::is_identifier(n)) {
+                    if let Some(bad) = names.iter().find(|n| !crate::catalog::is_dataset_name(n)) {
                         return Err(format!("line {line_no}: `{bad}` is not a dataset name"));
                     }
                     Grant::Datasets(names.iter().map(|n| (*n).to_owned()).collect())

@@ -921,7 +921,7 @@ fn decode(bytes: Bytes, schema: &SchemaRef, grant: &Grant) -> std::result::Resul
         .get(NAMES_KEY)
         .ok_or_else(|| Refused::Damaged("no names recorded".into()))?;
     for name in names.split(',').filter(|n| !n.is_empty()) {
-        grant.check(name).map_err(Refused::Grant)?;
+        grant.check_spelling(name).map_err(Refused::Grant)?;
     }
     let indices = schema
         .fields()

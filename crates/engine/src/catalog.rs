@@ -1,16 +1,21 @@
 //! The catalog: which datasets a server offers, their schemas, files and row groups.
 //!
 //! Every sub-folder of the storage root that holds Parquet files is a dataset named after
-//! the folder. Names must be identifiers (`[A-Za-z_][A-Za-z0-9_]*`); other folders are
-//! ignored with a warning. Files are every `*.parquet` object under the folder (recursively,
+//! the folder, as the folder spells it: `cifar-10` and `MyPets` are datasets (see
+//! [`is_dataset_name`]; SQL quotes such names, `"cifar-10"`, pipelines give them as they are).
+//! SQL folds unquoted names to lower case, so a name that matches no dataset exactly finds
+//! the one dataset equal to it ignoring case ([`lookup`]). Folders whose names cannot be
+//! dataset names are skipped with a warning at every listing. Files are every `*.parquet` object under the folder (recursively,
 //! sorted by path, hidden `.`/`_` names skipped). Footers (with page indexes) go through the
 //! query engine's file-metadata cache, validated by size and modification time: refreshing
 //! the catalog lists the store but reads only footers of new or changed files, and scans
 //! reuse what the catalog read.
 //!
-//! A file whose footer cannot be read, or whose schema differs from the dataset's, is kept in
-//! [`Dataset::broken`]: requests over that dataset fail with an error naming the file rather
-//! than silently skipping its rows, and other datasets are unaffected.
+//! The files' schemas are merged into the dataset's, and their paths give columns (hive
+//! folders, the Hub's splits): see [`crate::layout`]. A file whose footer cannot be read, or
+//! whose schema cannot join the others', is kept in [`Dataset::broken`]: requests over that
+//! dataset fail with an error naming the file rather than silently skipping its rows, and
+//! other datasets are unaffected.
 //!
 //! Any file may be damaged, so a footer is checked before it reaches the Parquet decoder and
 //! after: the envelope (size, `PAR1` at both ends, a metadata length that fits in the file)
@@ -60,6 +65,11 @@ pub struct DataFile {
     pub metadata: Arc<ParquetMetaData>,
     /// What tickets name: size and footer hash (the same for copies on other servers).
     pub version: FileVersion,
+    /// The file's values of the dataset's path columns ([`Dataset::partitions`]).
+    pub partition: Vec<Option<String>>,
+    /// The file's own schema differs from the dataset's (it lacks a column, or holds one in a
+    /// narrower type): its statistics are not judged against the dataset's schema at planning.
+    pub drifted: bool,
 }
 
 impl DataFile {
@@ -91,13 +101,22 @@ impl DataFile {
 pub struct BrokenFile {
     pub path: String,
     pub reason: String,
+    /// Readable, but its schema cannot join the other files' (see [`crate::layout`]): the
+    /// dataset's configuration, not damage.
+    pub incompatible: bool,
 }
 
-/// A named set of Parquet files with one schema.
+/// A named set of Parquet files read as one table.
 #[derive(Debug)]
 pub struct Dataset {
     pub name: String,
+    /// The table's schema: the files' columns merged ([`Self::file_schema`]), then the
+    /// columns their paths give ([`Self::partitions`]).
     pub schema: SchemaRef,
+    /// The files' columns, merged (see [`crate::layout`]): what each file is read as.
+    pub file_schema: SchemaRef,
+    /// The columns the files' paths give (hive `key=value/` folders, the Hub's splits).
+    pub partitions: Vec<arrow::datatypes::FieldRef>,
     pub files: Vec<DataFile>,
     pub broken: Vec<BrokenFile>,
     /// The dataset's `tokenizer.json`, if it ships one (an error if it cannot be parsed).
@@ -141,10 +160,16 @@ impl Dataset {
         format!("{:016x}", h.digest())
     }
 
-    /// Fails when the dataset has unreadable files: answering without them would lose rows.
+    /// Fails when the dataset has unreadable files (answering without them would lose rows):
+    /// a damaged file is the file's `CorruptFile`, an incompatible schema is `Misconfigured`.
     pub fn check_readable(&self) -> Result<()> {
         match self.broken.first() {
             None => Ok(()),
+            Some(b) if b.incompatible => Err(ServerError::Misconfigured(format!(
+                "dataset `{}`: file `{}` cannot be read with the dataset's other files: {} \
+                 (rewrite it, or move it to a dataset of its own)",
+                self.name, b.path, b.reason
+            ))),
             Some(b) => Err(ServerError::CorruptFile {
                 dataset: self.name.clone(),
                 file: b.path.clone(),
@@ -174,6 +199,8 @@ pub struct Catalog {
     /// Files found unreadable, by location, with the version that was read: not read,
     /// logged or counted again until the file changes.
     unreadable: Mutex<HashMap<Path, (ObjectMeta, String)>>,
+    /// What the operator has been warned about (skipped folders, loose files): once each.
+    warned: Mutex<HashSet<String>>,
 }
 
 impl Catalog {
@@ -192,6 +219,7 @@ impl Catalog {
             footers,
             metrics,
             unreadable: Mutex::default(),
+            warned: Mutex::default(),
         };
         catalog.refresh().await?;
         Ok(catalog)
@@ -255,13 +283,31 @@ impl Catalog {
             let Some(name) = folder.filename().map(str::to_owned) else {
                 continue;
             };
-            if !is_identifier(&name) {
-                tracing::warn!(folder = %folder, "ignoring folder: dataset names must be identifiers");
+            if !is_dataset_name(&name) {
+                if !name.starts_with(['.', '_']) && lock(&self.warned).insert(name.clone()) {
+                    tracing::warn!(
+                        folder = %folder,
+                        "skipping folder: a dataset name has 1 to 128 characters, no control \
+                         characters and no commas"
+                    );
+                }
                 continue;
             }
             if let Some(dataset) = self.load_dataset(&name, &folder, &mut listed).await? {
                 datasets.insert(name, Arc::new(dataset));
             }
+        }
+        let loose = listing
+            .objects
+            .iter()
+            .filter(|m| m.location.extension() == Some("parquet"))
+            .count();
+        if loose > 0 && lock(&self.warned).insert(format!("/{loose}")) {
+            tracing::warn!(
+                files = loose,
+                "Parquet files directly under the storage root belong to no dataset: a dataset \
+                 is a folder of them (move them into one)"
+            );
         }
         // Forget deleted files; the gauge is what the datasets hold now.
         lock(&self.unreadable).retain(|location, _| listed.contains(location));
@@ -322,44 +368,7 @@ impl Catalog {
             .collect()
             .await;
 
-        let mut schema: Option<SchemaRef> = None;
-        let mut files = Vec::new();
-        let mut broken = Vec::new();
-        for (meta, footer) in footers {
-            let path = meta
-                .location
-                .prefix_match(folder)
-                .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
-                .unwrap_or_else(|| meta.location.to_string());
-            match footer {
-                Err(reason) => broken.push(BrokenFile { path, reason }),
-                Ok((file_schema, metadata)) => match &schema {
-                    Some(s) if s.fields() != file_schema.fields() => {
-                        let reason = format!("schema {file_schema:?} differs from the dataset's {s:?}");
-                        tracing::debug!(dataset = name, file = %path, "schema mismatch");
-                        broken.push(BrokenFile { path, reason });
-                    }
-                    _ => {
-                        schema.get_or_insert(file_schema);
-                        let version = file_version(meta.size, &metadata);
-                        files.push(DataFile {
-                            path,
-                            meta,
-                            metadata,
-                            version,
-                        });
-                    }
-                },
-            }
-        }
-        let schema = schema.unwrap_or_else(|| Arc::new(arrow::datatypes::Schema::empty()));
-        Ok(Some(Dataset {
-            name: name.to_owned(),
-            schema,
-            files,
-            broken,
-            tokenizer,
-        }))
+        Ok(Some(assemble(name, folder, footers, tokenizer)))
     }
 
     async fn tokenizer(
@@ -449,6 +458,75 @@ impl Catalog {
         .map_err(|e| e.to_string())?;
         // Field-level metadata (e.g. the Parquet field ids) is not part of a dataset's identity.
         Ok((Arc::new(strip_metadata(&schema)), metadata))
+    }
+}
+
+/// A file's Arrow schema and Parquet metadata, or why it cannot be read.
+type Footer = std::result::Result<(SchemaRef, Arc<ParquetMetaData>), String>;
+
+/// A dataset's files as one table, in path order: schemas merged (a file that cannot join
+/// is broken, incompatible), path columns found, each file's values of them.
+fn assemble(
+    name: &str,
+    folder: &Path,
+    footers: Vec<(ObjectMeta, Footer)>,
+    tokenizer: Option<std::result::Result<Arc<tokenizers::Tokenizer>, String>>,
+) -> Dataset {
+    let mut merge = crate::layout::SchemaMerge::default();
+    let mut readable = Vec::new();
+    let mut broken = Vec::new();
+    for (meta, footer) in footers {
+        let path = meta
+            .location
+            .prefix_match(folder)
+            .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"))
+            .unwrap_or_else(|| meta.location.to_string());
+        match footer {
+            Err(reason) => broken.push(BrokenFile {
+                path,
+                reason,
+                incompatible: false,
+            }),
+            Ok((file_schema, metadata)) => match merge.add(&path, &file_schema) {
+                Err(reason) => {
+                    tracing::warn!(dataset = name, file = %path, %reason, "incompatible schema");
+                    broken.push(BrokenFile {
+                        path,
+                        reason,
+                        incompatible: true,
+                    });
+                }
+                Ok(()) => readable.push((path, meta, metadata, file_schema)),
+            },
+        }
+    }
+    let file_schema = merge.schema();
+    let partitions = crate::layout::partition_fields(readable.iter().map(|(p, ..)| p.as_str()), &file_schema);
+    let files = readable
+        .into_iter()
+        .map(|(path, meta, metadata, own)| DataFile {
+            version: file_version(meta.size, &metadata),
+            partition: crate::layout::partition_values(&path, &partitions),
+            drifted: own.fields() != file_schema.fields(),
+            path,
+            meta,
+            metadata,
+        })
+        .collect();
+    let mut fields: Vec<arrow::datatypes::FieldRef> = file_schema.fields().iter().cloned().collect();
+    fields.extend(partitions.iter().cloned());
+    let schema = Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        file_schema.metadata().clone(),
+    ));
+    Dataset {
+        name: name.to_owned(),
+        schema,
+        file_schema,
+        partitions,
+        files,
+        broken,
+        tokenizer,
     }
 }
 
@@ -675,15 +753,41 @@ fn strip_metadata(schema: &arrow::datatypes::Schema) -> arrow::datatypes::Schema
     )
 }
 
-/// Finds a dataset, or says which ones exist.
+/// Finds a dataset by its name, or else by the one name equal to it ignoring case (SQL folds
+/// unquoted `MyPets` to `mypets`); says which datasets exist when none matches, and which
+/// spellings to choose from when several do.
 pub fn lookup(datasets: &BTreeMap<String, Arc<Dataset>>, name: &str) -> Result<Arc<Dataset>> {
-    datasets
-        .get(name)
-        .cloned()
-        .ok_or_else(|| ServerError::UnknownDataset {
+    if let Some(found) = datasets.get(name) {
+        return Ok(Arc::clone(found));
+    }
+    let mut folded = datasets.iter().filter(|(k, _)| k.eq_ignore_ascii_case(name));
+    match (folded.next(), folded.next()) {
+        (Some((_, only)), None) => Ok(Arc::clone(only)),
+        (Some(_), Some(_)) => Err(ServerError::BadQuery(format!(
+            "`{name}` matches several datasets that differ only in case ({}): quote the name \
+             in SQL (\"MyPets\") to choose one",
+            datasets
+                .keys()
+                .filter(|k| k.eq_ignore_ascii_case(name))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        (None, _) => Err(ServerError::UnknownDataset {
             name: name.to_owned(),
             known: datasets.keys().cloned().collect(),
-        })
+        }),
+    }
+}
+
+/// Whether a folder name can name a dataset: 1 to 128 characters, no control characters, `/`
+/// or `,` (lists of names are comma-separated), not starting with `.` or `_` (hidden and bookkeeping folders, as for files).
+/// Hyphens, dots, spaces and capitals are allowed: `cifar-10`, `tiny-imagenet`, `MyPets`.
+pub fn is_dataset_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().count() <= 128
+        && !name.starts_with(['.', '_'])
+        && !name.chars().any(|c| c.is_control() || c == '/' || c == ',')
 }
 
 /// `[A-Za-z_][A-Za-z0-9_]*`, at most 128 characters.
@@ -736,6 +840,43 @@ mod tests {
         )
         .expect("nested");
         assert_eq!(schema_depth(&nested), 3);
+    }
+
+    #[test]
+    fn dataset_names_are_folder_names() {
+        for name in ["images", "cifar-10", "MyPets", "tiny-imagenet", "v1.2", "a b"] {
+            assert!(is_dataset_name(name), "{name}");
+        }
+        for name in ["", ".hidden", "_tmp", "a\nb", "a/b", "a,b", &"x".repeat(129)] {
+            assert!(!is_dataset_name(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn lookup_folds_case_only_when_no_name_matches_exactly() {
+        let dataset = |name: &str| {
+            Arc::new(Dataset {
+                name: name.to_owned(),
+                schema: Arc::new(arrow::datatypes::Schema::empty()),
+                file_schema: Arc::new(arrow::datatypes::Schema::empty()),
+                partitions: vec![],
+                files: vec![],
+                broken: vec![],
+                tokenizer: None,
+            })
+        };
+        let mut all: BTreeMap<String, Arc<Dataset>> =
+            ["MyPets", "cifar-10"].map(|n| (n.to_owned(), dataset(n))).into();
+        assert_eq!(lookup(&all, "mypets").expect("folded").name, "MyPets");
+        assert_eq!(lookup(&all, "CIFAR-10").expect("folded").name, "cifar-10");
+        assert!(matches!(
+            lookup(&all, "pets"),
+            Err(ServerError::UnknownDataset { .. })
+        ));
+        all.insert("mypets".into(), dataset("mypets"));
+        assert_eq!(lookup(&all, "mypets").expect("exact").name, "mypets");
+        let err = lookup(&all, "MYPETS").expect_err("ambiguous");
+        assert!(err.to_string().contains("MyPets, mypets"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,11 @@ pub enum ServerError {
     #[error("{0}")]
     NoResource(String),
 
+    /// What the query needs is missing from the server's data or configuration (a
+    /// dataset without the `tokenizer.json` a call uses): the same on every retry here.
+    #[error("{0}")]
+    Misconfigured(String),
+
     #[error("malformed ticket: {0}")]
     BadTicket(#[source] ProtocolError),
 
@@ -181,6 +186,9 @@ pub type Result<T, E = ServerError> = std::result::Result<T, E>;
 impl From<DataFusionError> for ServerError {
     /// Sorts DataFusion's errors into the caller's mistakes and the server's failures.
     fn from(e: DataFusionError) -> Self {
+        if let Some(missing @ pushdown_ops::OpError::MissingResource { .. }) = op_failure(&e) {
+            return ServerError::Misconfigured(missing.to_string());
+        }
         let root = e.find_root();
         match root {
             DataFusionError::SQL(..) | DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => {
@@ -397,6 +405,7 @@ impl ServerError {
             | ServerError::BadValue { .. }
             | ServerError::Unsupported(_) => "invalid",
             ServerError::FileChanged { .. } => "changed",
+            ServerError::Misconfigured(_) => "misconfigured",
             ServerError::Unauthenticated(_) => "unauthenticated",
             ServerError::PermissionDenied(_) => "denied",
             ServerError::Overloaded(_) => "overloaded",

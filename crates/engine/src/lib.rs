@@ -32,6 +32,7 @@ pub mod catalog;
 pub mod config;
 pub mod conjunction;
 pub mod error;
+pub mod layout;
 pub mod metrics;
 pub mod node;
 pub mod pool;

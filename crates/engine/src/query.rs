@@ -23,9 +23,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::common::DFSchema;
+use datafusion::catalog::TableProvider;
 use datafusion::common::config::TableParquetOptions;
 use datafusion::common::tree_node::TreeNode;
+use datafusion::common::{DFSchema, TableReference};
 use datafusion::datasource::physical_plan::parquet::{
     ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
 };
@@ -48,6 +49,7 @@ use crate::allow::{CATALOG, CheckedQuery, SCHEMA, SQL_RECURSION_LIMIT};
 use crate::auth::Grant;
 use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
+use crate::layout::PartitionFilter;
 use crate::table::ShardTable;
 use crate::udf::OpLimits;
 use crate::views::Views;
@@ -278,7 +280,8 @@ impl Engine {
 
     pub fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
         Arc::new(ShardTable::new(
-            Arc::clone(&dataset.schema),
+            Arc::clone(&dataset.file_schema),
+            dataset.partitions.clone(),
             self.store_url.clone(),
             dataset.files.iter().map(|f| (f.clone(), None)).collect(),
             self.parquet_options(pushdown),
@@ -306,7 +309,7 @@ impl Engine {
         let parser = self.parser.get_or_init(|| self.session(1).state());
         let checked = crate::allow::check(parser, query, self.config.max_sql_bytes)?;
         for name in checked.names() {
-            grant.check(name)?;
+            grant.check_spelling(name)?;
         }
         Ok(checked)
     }
@@ -354,8 +357,15 @@ impl Engine {
                 },
                 other => other,
             })?;
-            if !ctx.table_exist(name.as_str())? {
-                ctx.register_table(name.as_str(), table(&dataset))?;
+            // A dataset the query names itself (not through a view) is granted by its
+            // canonical name (`MyPets`, however the query spells it).
+            if names.contains(name) {
+                grant.check(&dataset.name)?;
+            }
+            // Registered as the query spells it, never parsed again (`cifar-10`, `MyPets`).
+            let reference = TableReference::bare(name.as_str());
+            if !ctx.table_exist(reference.clone())? {
+                ctx.register_table(reference, table(&dataset))?;
             }
             bases.push(dataset);
         }
@@ -451,12 +461,21 @@ impl Engine {
             (Some(dataset), Some(s)) => pruning_predicate(&ctx, dataset, s)?,
             _ => None,
         };
+        // Files whose path columns (`split`, hive keys) rule the filter out get no shard.
+        let files = match (&row_wise, &scan) {
+            (Some(dataset), Some(s)) => PartitionFilter::new(
+                &ctx.state(),
+                &arrow::datatypes::Fields::from(dataset.partitions.clone()),
+                &s.filters,
+            ),
+            _ => PartitionFilter::default(),
+        };
         let Cut {
             shards,
             rows_upper_bound,
             bytes_to_scan,
             row_groups_pruned,
-        } = self.cut_shards(&scanned, projection.as_deref(), pruning.as_deref());
+        } = self.cut_shards(&scanned, projection.as_deref(), pruning.as_deref(), &files);
         // A whole query's estimates cover every dataset it scans; its one stream has no shard.
         let shape = match row_wise {
             Some(dataset) => Shape::RowWise { dataset, shards },
@@ -483,6 +502,7 @@ impl Engine {
         scanned: &[Arc<Dataset>],
         projection: Option<&[usize]>,
         pruning: Option<&PruningPredicate>,
+        files: &PartitionFilter,
     ) -> Cut {
         let mut shards = Vec::new();
         let mut rows_upper_bound = 0;
@@ -491,6 +511,10 @@ impl Engine {
         for dataset in scanned {
             let leaves = leaf_columns(dataset, projection);
             for file in &dataset.files {
+                if !files.admits(&file.partition) {
+                    row_groups_pruned += file.num_row_groups() as u64;
+                    continue;
+                }
                 let matching = matching_row_groups(dataset, file, pruning);
                 // The run of matching row groups being gathered: start, end, rows, bytes.
                 let mut run: Option<(usize, usize, u64, u64)> = None;
@@ -691,12 +715,22 @@ impl Engine {
         let parts = split_range(shard.row_groups.clone(), units);
         let ctx = self.session(parts.len());
         let table = ShardTable::new(
-            Arc::clone(&dataset.schema),
+            Arc::clone(&dataset.file_schema),
+            dataset.partitions.clone(),
             self.store_url.clone(),
             parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
             self.parquet_options(pushdown),
         );
-        ctx.register_table(dataset.name.as_str(), Arc::new(table))?;
+        let table: Arc<ShardTable> = Arc::new(table);
+        // Under every name the query gives the shard's dataset (`MyPets` and `mypets`).
+        for name in checked.names().iter().flat_map(|n| self.views.bases_of(n)) {
+            if lookup(datasets, &name).is_ok_and(|d| d.name == dataset.name) {
+                let reference = TableReference::bare(name.as_str());
+                if !ctx.table_exist(reference.clone())? {
+                    ctx.register_table(reference, Arc::clone(&table) as Arc<dyn TableProvider>)?;
+                }
+            }
+        }
         let limits = self.op_limits(&ctx);
         // Views over the shard's dataset read the shard table just registered.
         self.register_names(&ctx, datasets, grant, checked.names(), &limits, |d| {
@@ -704,7 +738,8 @@ impl Engine {
         })
         .await?;
         let df = checked_dataframe(&ctx, &ticket.request.query, checked).await?;
-        if row_wise_table(df.logical_plan()).as_deref() != Some(dataset.name.as_str()) {
+        let scanned = row_wise_table(df.logical_plan()).map(|t| lookup(datasets, &t));
+        if !matches!(scanned, Some(Ok(d)) if d.name == dataset.name) {
             return Err(ServerError::BadRequest(
                 "the ticket's query is not row-wise over its shard's dataset".into(),
             ));
@@ -1037,7 +1072,7 @@ pub async fn checked_dataframe(
 }
 
 async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFrame> {
-    let mut df = ctx.table(f.dataset.as_str()).await?;
+    let mut df = ctx.table(TableReference::bare(f.dataset.as_str())).await?;
     if let Some(predicate) = &f.predicate {
         let expr = df
             .parse_sql_expr(predicate)
@@ -1050,7 +1085,8 @@ async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFr
         df = df.filter(expr)?;
     }
     for call in &f.ops {
-        df = df.with_column(&call.output, op_expr(ctx, call)?)?;
+        let expr = op_expr(ctx, call, df.schema())?;
+        df = df.with_column(&call.output, expr)?;
     }
     if !f.columns.is_empty() {
         let columns: Vec<&str> = f.columns.iter().map(String::as_str).collect();
@@ -1060,7 +1096,7 @@ async fn fragment_dataframe(ctx: &SessionContext, f: &Fragment) -> Result<DataFr
 }
 
 /// A fragment's op call as an expression: `op(column, literal, …)`.
-fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
+fn op_expr(ctx: &SessionContext, call: &OpCall, schema: &DFSchema) -> Result<Expr> {
     let op = pushdown_ops::lookup(&call.op)
         .filter(|op| op.is_deterministic())
         .ok_or_else(|| {
@@ -1078,7 +1114,17 @@ fn op_expr(ctx: &SessionContext, call: &OpCall) -> Result<Expr> {
     let udf = ctx
         .udf(op.name())
         .map_err(|e| ServerError::failed(format!("op `{}` is not registered", op.name()), e))?;
-    let args = std::iter::once(datafusion::prelude::ident(&call.input))
+    // A column of that name, or a struct's field (`image.bytes`, `image['bytes']`).
+    let input = if schema.has_column_with_unqualified_name(&call.input) {
+        datafusion::prelude::ident(&call.input)
+    } else {
+        let path = pushdown_ops::input_path(&call.input);
+        let (root, fields) = path.split_first().unwrap_or((&call.input, &[]));
+        fields.iter().fold(datafusion::prelude::ident(root), |e, f| {
+            datafusion::functions::core::expr_fn::get_field(e, f.as_str())
+        })
+    };
+    let args = std::iter::once(input)
         .chain(call.params.iter().map(|p| match p {
             Value::Int(i) => datafusion::prelude::lit(*i),
             Value::Float(x) => datafusion::prelude::lit(*x),
@@ -1164,7 +1210,19 @@ fn pruning_predicate(
     dataset: &Dataset,
     scan: &ScanInfo,
 ) -> Result<Option<Arc<PruningPredicate>>> {
-    let Some(filter) = conjunction(scan.filters.iter().cloned()) else {
+    // Only what reads the files' own columns: a path column has no statistics.
+    let file_schema = &dataset.file_schema;
+    let on_files = scan
+        .filters
+        .iter()
+        .flat_map(datafusion::logical_expr::utils::split_conjunction)
+        .filter(|e| {
+            e.column_refs()
+                .iter()
+                .all(|c| file_schema.index_of(&c.name).is_ok())
+        })
+        .cloned();
+    let Some(filter) = conjunction(on_files) else {
         return Ok(None);
     };
     // NaN rows are invisible to float statistics (see `table`): no pruning by them.
@@ -1176,7 +1234,7 @@ fn pruning_predicate(
         return Ok(None);
     }
     // Pruning only saves work: a filter that cannot be turned into one prunes nothing.
-    let df_schema = DFSchema::try_from_qualified_schema(scan.table.clone(), &dataset.schema)?;
+    let df_schema = DFSchema::try_from_qualified_schema(scan.table.clone(), file_schema)?;
     let physical = match ctx.create_physical_expr(filter, &df_schema) {
         Ok(p) => p,
         Err(e) => {
@@ -1186,7 +1244,7 @@ fn pruning_predicate(
     };
     // A filter the statistics cannot judge (e.g. over an op's output) prunes nothing.
     Ok(PruningPredicateBuilder::new()
-        .with_file_schema(Arc::clone(&dataset.schema))
+        .with_file_schema(Arc::clone(file_schema))
         .build(physical))
 }
 
@@ -1198,13 +1256,14 @@ fn matching_row_groups(
     predicate: Option<&PruningPredicate>,
 ) -> Vec<bool> {
     let n = file.num_row_groups();
-    let Some(predicate) = predicate else {
+    // A drifted file's statistics are in its own types: the scan judges them, per file.
+    let Some(predicate) = predicate.filter(|_| !file.drifted) else {
         return vec![true; n];
     };
     let mut filter = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(n));
     let metrics = ExecutionPlanMetricsSet::new();
     filter.prune_by_statistics(
-        &dataset.schema,
+        &dataset.file_schema,
         file.metadata.file_metadata().schema_descr(),
         file.metadata.row_groups(),
         predicate,

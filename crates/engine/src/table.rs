@@ -26,18 +26,19 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::Column;
 use datafusion::common::config::TableParquetOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, ScalarValue};
 use datafusion::datasource::TableType;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetAccessPlan;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::table_schema::TableSchema;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::{
@@ -51,31 +52,39 @@ use crate::catalog::DataFile;
 /// Files of one dataset, each with an optional row-group range.
 #[derive(Debug)]
 pub struct ShardTable {
-    schema: SchemaRef,
+    /// The files' columns (merged), then the columns their paths give.
+    schema: TableSchema,
     store_url: ObjectStoreUrl,
     files: Vec<(DataFile, Option<Range<u32>>)>,
     options: TableParquetOptions,
 }
 
 impl ShardTable {
+    /// A table of `files` read as `file_schema` (each file's columns cast to it by name,
+    /// missing ones null), with the columns `partitions` that the files' paths give
+    /// ([`DataFile::partition`]).
     pub fn new(
-        schema: SchemaRef,
+        file_schema: SchemaRef,
+        partitions: Vec<FieldRef>,
         store_url: ObjectStoreUrl,
         files: Vec<(DataFile, Option<Range<u32>>)>,
         options: TableParquetOptions,
     ) -> Self {
         Self {
-            schema,
+            schema: TableSchema::builder(file_schema)
+                .with_table_partition_cols(partitions)
+                .build(),
             store_url,
             files,
             options,
         }
     }
 
-    /// The same files with the columns at `columns` (`Utf8` or `Binary`) read as Arrow views.
+    /// The same files with the file columns at `columns` (`Utf8` or `Binary`) read as Arrow
+    /// views.
     fn with_views(&self, columns: &[usize]) -> Self {
-        let fields: Vec<_> = self
-            .schema
+        let file_schema = self.schema.file_schema();
+        let fields: Vec<_> = file_schema
             .fields()
             .iter()
             .enumerate()
@@ -89,19 +98,30 @@ impl ShardTable {
                 _ => Arc::clone(f),
             })
             .collect();
-        Self {
-            schema: Arc::new(Schema::new_with_metadata(fields, self.schema.metadata().clone())),
-            store_url: self.store_url.clone(),
-            files: self.files.clone(),
-            options: self.options.clone(),
-        }
+        Self::new(
+            Arc::new(Schema::new_with_metadata(fields, file_schema.metadata().clone())),
+            self.schema.table_partition_cols().iter().cloned().collect(),
+            self.store_url.clone(),
+            self.files.clone(),
+            self.options.clone(),
+        )
     }
 
-    fn partitioned_files(&self) -> Vec<PartitionedFile> {
+    /// The files whose path columns may pass `filters` (all of them when there are none),
+    /// with their row-group access plans and path values.
+    fn partitioned_files(&self, state: &dyn Session, filters: &[Expr]) -> Vec<PartitionedFile> {
+        let partitions = self.schema.table_partition_cols();
+        let keep = crate::layout::PartitionFilter::new(state, partitions, filters);
         self.files
             .iter()
+            .filter(|(file, _)| keep.admits(&file.partition))
             .map(|(file, row_groups)| {
-                let pf = PartitionedFile::new_from_meta(file.meta.clone());
+                let values = file
+                    .partition
+                    .iter()
+                    .map(|v| ScalarValue::Utf8(v.clone()))
+                    .collect();
+                let pf = PartitionedFile::new_from_meta(file.meta.clone()).with_partition_values(values);
                 match row_groups {
                     None => pf,
                     Some(range) => {
@@ -120,7 +140,7 @@ impl ShardTable {
 #[async_trait]
 impl TableProvider for ShardTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
+        Arc::clone(self.schema.table_schema())
     }
 
     fn table_type(&self) -> TableType {
@@ -134,11 +154,12 @@ impl TableProvider for ShardTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let files = self.partitioned_files();
+        let files = self.partitioned_files(state, filters);
         if files.is_empty() {
+            let table = self.schema.table_schema();
             let schema = match projection {
-                Some(p) => Arc::new(self.schema.project(p)?),
-                None => Arc::clone(&self.schema),
+                Some(p) => Arc::new(table.project(p)?),
+                None => Arc::clone(table),
             };
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
@@ -151,12 +172,12 @@ impl TableProvider for ShardTable {
             .collect();
         let mut options = self.options.clone();
         let columns = filters.iter().flat_map(|f| f.column_refs());
-        if reads_floats(&self.schema, columns.map(|c| c.name.as_str())) {
+        if reads_floats(self.schema.table_schema(), columns.map(|c| c.name.as_str())) {
             options.global.pruning = false;
             options.global.enable_page_index = false;
             options.global.bloom_filter_on_read = false;
         }
-        let source = ParquetSource::new(Arc::clone(&self.schema)).with_table_parquet_options(options.clone());
+        let source = ParquetSource::new(self.schema.clone()).with_table_parquet_options(options.clone());
         let config = FileScanConfigBuilder::new(self.store_url.clone(), Arc::new(source))
             .with_file_groups(groups)
             .with_projection_indices(projection.cloned())?
@@ -202,13 +223,16 @@ pub fn strings_as_views_under_filters(plan: LogicalPlan) -> datafusion::error::R
             .flat_map(|e| e.column_refs())
             .map(|c| c.name.clone())
             .collect();
-        let all: Vec<usize> = (0..table.schema.fields().len()).collect();
+        // Only the files' own columns: a path column is a literal, never read.
+        let file_schema = table.schema.file_schema();
+        let all: Vec<usize> = (0..file_schema.fields().len()).collect();
         let projected = scan.projection.clone().unwrap_or(all);
         let views: Vec<usize> = projected
             .iter()
             .copied()
+            .filter(|&i| i < file_schema.fields().len())
             .filter(|&i| {
-                let f = table.schema.field(i);
+                let f = file_schema.field(i);
                 // A field with metadata (an extension type) keeps it only if never cast.
                 matches!(f.data_type(), DataType::Utf8 | DataType::Binary)
                     && !read.contains(f.name())
@@ -288,7 +312,7 @@ mod tests {
             Field::new("image", DataType::Binary, false),
         ]));
         let url = ObjectStoreUrl::parse("file://").expect("url");
-        let table = ShardTable::new(schema, url, vec![], TableParquetOptions::default());
+        let table = ShardTable::new(schema, vec![], url, vec![], TableParquetOptions::default());
         LogicalPlanBuilder::scan("t", provider_as_source(Arc::new(table)), None).expect("scan")
     }
 

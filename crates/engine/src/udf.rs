@@ -244,6 +244,21 @@ impl ScalarUDFImpl for OpUdf {
         self.limits
             .admit(self.op, input, &params)
             .map_err(|reason| self.error(reason))?;
+        // A resource the call needs and the server lacks is refused here, at planning.
+        for need in self.op.needs(&params) {
+            match need {
+                pushdown_ops::Need::Tokenizer(name) => {
+                    if let Err(reason) = self.resources.tokenizer(name.as_deref()) {
+                        return Err(DataFusionError::External(Box::new(
+                            pushdown_ops::OpError::MissingResource {
+                                op: self.op.name(),
+                                reason,
+                            },
+                        )));
+                    }
+                }
+            }
+        }
         Ok(Arc::new(field))
     }
 

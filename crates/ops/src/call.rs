@@ -18,6 +18,80 @@ use crate::op::{Context, Op, OpError, Result, Value};
 use crate::registry::lookup;
 use crate::resources::Need;
 
+/// The parts of an input that names a struct's field: `image.bytes` or `image['bytes']` is
+/// `["image", "bytes"]` (deeper paths likewise); a plain name is itself.
+pub fn input_path(input: &str) -> Vec<String> {
+    if let Some((root, rest)) = input.split_once("['")
+        && let Some(rest) = rest.strip_suffix("']")
+    {
+        return std::iter::once(root.to_owned())
+            .chain(rest.split("']['").map(str::to_owned))
+            .collect();
+    }
+    input.split('.').map(str::to_owned).collect()
+}
+
+/// The top-level column an input reads: `image` for `image.bytes` (itself when a column
+/// of that exact name exists, or the input is not a path).
+pub fn input_column(input: &str) -> String {
+    input_path(input).swap_remove(0)
+}
+
+/// Where `input` is in `schema`: a column of that exact name, or a field inside a struct
+/// column (`image.bytes`, `image['bytes']`): the indices down to it and its field.
+pub fn resolve_input(schema: &Schema, input: &str) -> Option<(Vec<usize>, FieldRef)> {
+    if let Ok(i) = schema.index_of(input) {
+        return Some((vec![i], Arc::clone(&schema.fields()[i])));
+    }
+    let path = input_path(input);
+    let (first, rest) = path.split_first()?;
+    let root = schema.index_of(first).ok()?;
+    let mut field: FieldRef = Arc::new(schema.field(root).clone());
+    let mut indices = vec![root];
+    for name in rest {
+        let arrow::datatypes::DataType::Struct(children) = field.data_type() else {
+            return None;
+        };
+        let (i, child) = children.find(name)?;
+        indices.push(i);
+        // A field of a null struct is null: the child is as nullable as its parents.
+        let nullable = child.is_nullable() || field.is_nullable();
+        field = Arc::new(child.as_ref().clone().with_nullable(nullable));
+    }
+    Some((indices, field))
+}
+
+/// The array at `path` (from [`resolve_input`]) in `batch`: a struct's field with the
+/// struct's own nulls added to it.
+pub fn input_array(batch: &RecordBatch, path: &[usize]) -> Result<ArrayRef> {
+    use arrow::array::{Array, AsArray};
+    let (first, rest) = path.split_first().ok_or_else(|| OpError::BadArguments {
+        op: "input",
+        reason: "an empty column path".into(),
+    })?;
+    let mut array = Arc::clone(batch.column(*first));
+    for &i in rest {
+        let parent = array.as_struct_opt().ok_or_else(|| OpError::BadArguments {
+            op: "input",
+            reason: format!("a field of a column of type {}, not a struct", array.data_type()),
+        })?;
+        let child = Arc::clone(parent.column(i));
+        array = match arrow::buffer::NullBuffer::union(parent.nulls(), child.nulls()) {
+            nulls if nulls.as_ref() == child.nulls() => child,
+            nulls => {
+                let data = child
+                    .to_data()
+                    .into_builder()
+                    .nulls(nulls)
+                    .build()
+                    .map_err(|source| OpError::Arrow { op: "input", source })?;
+                arrow::array::make_array(data)
+            }
+        };
+    }
+    Ok(array)
+}
+
 /// `op(input, params…) AS output`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -69,7 +143,8 @@ impl std::fmt::Display for Call {
 struct Bound {
     call: Call,
     op: &'static dyn Op,
-    input: usize,
+    /// The input column, or the path to a struct's field ([`resolve_input`]).
+    input: Vec<usize>,
     input_field: FieldRef,
     /// The column replaced, or `None` to append.
     replaces: Option<usize>,
@@ -102,11 +177,11 @@ impl Calls {
         let mut bound = Vec::with_capacity(calls.len());
         for call in calls {
             let op = call.resolve()?;
-            let input = current.index_of(&call.input).map_err(|_| OpError::BadArguments {
-                op: op.name(),
-                reason: format!("no input column `{}`", call.input),
-            })?;
-            let input_field = Arc::clone(&current.fields()[input]);
+            let (input, input_field) =
+                resolve_input(&current, &call.input).ok_or_else(|| OpError::BadArguments {
+                    op: op.name(),
+                    reason: format!("no input column `{}`", call.input),
+                })?;
             let field = Arc::new(op.output_field(&input_field, &call.params, &call.output)?);
             let replaces = current.index_of(&call.output).ok();
             let mut fields: Vec<FieldRef> = current.fields().iter().cloned().collect();
@@ -171,12 +246,12 @@ impl Calls {
                 resources: ctx.resources,
             };
             random += usize::from(!b.op.is_deterministic());
-            let input = batch.column(b.input);
+            let input = input_array(&batch, &b.input)?;
             let start = Instant::now();
-            let out = b.op.apply_in(input, &b.input_field, &b.call.params, &call_ctx)?;
+            let out = b.op.apply_in(&input, &b.input_field, &b.call.params, &call_ctx)?;
             observe(CallRun {
                 call: &b.call,
-                input,
+                input: &input,
                 output: &out,
                 elapsed: start.elapsed(),
             });

@@ -58,7 +58,9 @@ mod tabular;
 mod tensor_ops;
 mod text;
 
-pub use call::{Call, CallRun, Calls, apply_calls, call_seed, mix};
+pub use call::{
+    Call, CallRun, Calls, apply_calls, call_seed, input_array, input_column, input_path, mix, resolve_input,
+};
 pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use op::{Context, Op, OpError, Result, Value, fixed_width};
 pub use registry::{lookup, registry};

@@ -15,6 +15,10 @@ pub enum OpError {
     UnknownOp(String),
     #[error("{op}: {reason}")]
     BadArguments { op: &'static str, reason: String },
+    /// A resource the call needs (a tokenizer) is not there: the server's configuration,
+    /// the same on every retry.
+    #[error("{op}: {reason}")]
+    MissingResource { op: &'static str, reason: String },
     #[error("{op}: row {row}: {reason}")]
     BadValue {
         op: &'static str,

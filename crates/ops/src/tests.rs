@@ -578,3 +578,43 @@ fn only_quarter_and_eighth_scales_that_cover_the_output_are_used() {
     }
     assert!(image_ops::decode_scaled_jpeg(&bytes[..bytes.len() / 3], &|_, _| (8, 8)).is_none());
 }
+
+/// An input may name a struct's field (`image.bytes`, `image['bytes']`): the field, with the
+/// struct's nulls, is what the op reads.
+#[test]
+fn inputs_name_struct_fields_with_the_structs_nulls() {
+    use arrow::array::{Array, BinaryArray, StringArray, StructArray};
+    use arrow::buffer::NullBuffer;
+    use arrow::datatypes::{Fields, Schema};
+
+    let fields = Fields::from(vec![
+        Field::new("bytes", DataType::Binary, true),
+        Field::new("path", DataType::Utf8, true),
+    ]);
+    let image = StructArray::new(
+        fields.clone(),
+        vec![
+            Arc::new(BinaryArray::from(vec![Some(&b"a"[..]), Some(b"b"), Some(b"c")])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["x", "y", "z"])),
+        ],
+        Some(NullBuffer::from(vec![true, false, true])),
+    );
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "image",
+        DataType::Struct(fields),
+        true,
+    )]));
+    let batch =
+        arrow::record_batch::RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(image)]).expect("batch");
+    for spelling in ["image.bytes", "image['bytes']"] {
+        let (path, field) = crate::resolve_input(&schema, spelling).expect(spelling);
+        assert_eq!(path, vec![0, 0]);
+        assert_eq!(field.data_type(), &DataType::Binary);
+        let bytes = crate::input_array(&batch, &path).expect("array");
+        assert_eq!(bytes.null_count(), 1, "the null struct's field is null");
+        assert!(bytes.is_null(1) && bytes.is_valid(2));
+    }
+    assert!(crate::resolve_input(&schema, "image.nope").is_none());
+    assert!(crate::resolve_input(&schema, "image.bytes.more").is_none());
+    assert_eq!(crate::input_column("image['bytes']"), "image");
+}

@@ -59,9 +59,17 @@ impl Resources for Tokenizers {
     }
 }
 
-/// Parses a `tokenizer.json`.
+/// Parses a `tokenizer.json` for streams: the file's `padding` and `truncation` settings are
+/// cleared (a published file often pads and cuts every sequence to 128 for its own model;
+/// [`Tokenize`] truncates to the call's `max_len` and never pads), its normalizer,
+/// pre-tokenizer, model and post-processor (the special tokens) are kept.
 pub fn load_tokenizer(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
-    Tokenizer::from_bytes(bytes).map_err(|e| format!("invalid tokenizer.json: {e}"))
+    let mut tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| format!("invalid tokenizer.json: {e}"))?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| format!("invalid tokenizer.json: {e}"))?;
+    Ok(tokenizer)
 }
 
 /// Trains a BPE tokenizer (whitespace/punctuation pre-tokenization, [`SPECIAL_TOKENS`] first)
@@ -111,19 +119,32 @@ where
     tokenizer.to_string(false).map_err(err)
 }
 
-/// `tokenize(text, max_len[, tokenizer])`: token ids of each text (no special tokens added),
-/// truncated to the first `max_len`, as `List<UInt32>`. The tokenizer defaults to the one
-/// shipped with the dataset being read. Deterministic and, for documents longer than
-/// `max_len` tokens' worth of text, data-reducing.
+/// `tokenize(text, max_len[, tokenizer[, special]])`: each text's token ids as the
+/// tokenizer's own library gives them, `encode(text, add_special_tokens=True)` with
+/// truncation to `max_len`: the text's tokens cut (from the right) to leave room for the
+/// special tokens the tokenizer's post-processor adds (`[CLS] … [SEP]`, a BOS), which are
+/// kept. `special = 0` leaves the special tokens out (`add_special_tokens=False`). Output:
+/// `List<UInt32>`, never padded. The tokenizer defaults to the one shipped with the dataset
+/// being read (also when named `''`); a missing one is [`OpError::MissingResource`].
+/// Deterministic and, for documents longer than `max_len` tokens' worth of text,
+/// data-reducing.
 #[derive(Debug)]
 pub struct Tokenize;
 
+/// What a `tokenize` call asks for.
+struct TokenizeParams<'a> {
+    max_len: usize,
+    tokenizer: Option<&'a str>,
+    special: bool,
+}
+
 impl Tokenize {
-    fn params(params: &[Value]) -> Result<(usize, Option<&str>)> {
-        expect_params("tokenize", params, 1, 2)?;
+    fn params(params: &[Value]) -> Result<TokenizeParams<'_>> {
+        expect_params("tokenize", params, 1, 3)?;
         let max_len = int_param("tokenize", params, 0, "max_len", 1..=1 << 20, None)? as usize;
-        let name = match params.get(1) {
+        let tokenizer = match params.get(1) {
             None => None,
+            Some(Value::Text(n)) if n.is_empty() => None,
             Some(Value::Text(n)) => Some(n.as_str()),
             Some(other) => {
                 return Err(OpError::BadArguments {
@@ -132,8 +153,57 @@ impl Tokenize {
                 });
             }
         };
-        Ok((max_len, name))
+        let special = int_param(
+            "tokenize",
+            params,
+            2,
+            "special (1: add special tokens, 0: not)",
+            0..=1,
+            Some(1),
+        )? == 1;
+        Ok(TokenizeParams {
+            max_len,
+            tokenizer,
+            special,
+        })
     }
+}
+
+/// Room for the text's own tokens in `max_len`: what the tokenizer's post-processor adds
+/// (when `special`) is kept, so the text is cut shorter, as the library truncates.
+fn text_room(tokenizer: &Tokenizer, max_len: usize, special: bool) -> Result<usize> {
+    let added = match (special, tokenizer.get_post_processor()) {
+        (true, Some(p)) => tokenizers::PostProcessor::added_tokens(p, false),
+        _ => 0,
+    };
+    max_len
+        .checked_sub(added)
+        .filter(|r| *r > 0)
+        .ok_or_else(|| OpError::BadArguments {
+            op: "tokenize",
+            reason: format!(
+                "max_len {max_len} leaves no room for text beside the tokenizer's {added} \
+                 special tokens (use a larger max_len, or special = 0)"
+            ),
+        })
+}
+
+/// `text`'s ids as `tokenizer.encode(text, special)` with truncation gives them: the text's
+/// own tokens cut to `room` (see [`text_room`]), then post-processed.
+fn encode(
+    tokenizer: &Tokenizer,
+    text: &str,
+    room: usize,
+    special: bool,
+) -> std::result::Result<Vec<u32>, String> {
+    let mut encoding = tokenizer.encode_fast(text, false).map_err(|e| e.to_string())?;
+    encoding.truncate(room, 0, tokenizers::TruncationDirection::Right);
+    if special {
+        encoding = tokenizer
+            .post_process(encoding, None, true)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(encoding.get_ids().to_vec())
 }
 
 impl Op for Tokenize {
@@ -142,12 +212,12 @@ impl Op for Tokenize {
     }
 
     fn signature(&self) -> &'static str {
-        "tokenize(text, max_len[, tokenizer])"
+        "tokenize(text, max_len[, tokenizer[, special]])"
     }
 
     fn needs(&self, params: &[Value]) -> Vec<Need> {
         let name = match params.get(1) {
-            Some(Value::Text(name)) => Some(name.clone()),
+            Some(Value::Text(name)) if !name.is_empty() => Some(name.clone()),
             _ => None,
         };
         vec![Need::Tokenizer(name)]
@@ -174,13 +244,13 @@ impl Op for Tokenize {
     /// `max_len` ids of 4 bytes, and the list's offset.
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         self.output_field(input, params, "output")?;
-        let (max_len, _) = Self::params(params)?;
+        let max_len = Self::params(params)?.max_len;
         Ok(Some(max_len as u64 * 4 + 4))
     }
 
     fn apply_field(&self, _: &ArrayRef, _: &Field, params: &[Value], _: u64) -> Result<ArrayRef> {
-        let (_, name) = Self::params(params)?;
-        Err(OpError::BadArguments {
+        let name = Self::params(params)?.tokenizer;
+        Err(OpError::MissingResource {
             op: self.name(),
             reason: NoResources
                 .tokenizer(name)
@@ -197,14 +267,19 @@ impl Op for Tokenize {
         ctx: &Context<'_>,
     ) -> Result<ArrayRef> {
         self.output_field(field, params, "check")?;
-        let (max_len, name) = Self::params(params)?;
+        let TokenizeParams {
+            max_len,
+            tokenizer,
+            special,
+        } = Self::params(params)?;
         let tokenizer = ctx
             .resources
-            .tokenizer(name)
-            .map_err(|reason| OpError::BadArguments {
+            .tokenizer(tokenizer)
+            .map_err(|reason| OpError::MissingResource {
                 op: "tokenize",
                 reason,
             })?;
+        let room = text_room(&tokenizer, max_len, special)?;
         let text = arrow::compute::cast(input, &DataType::Utf8).map_err(|source| OpError::Arrow {
             op: "tokenize",
             source,
@@ -220,15 +295,12 @@ impl Op for Tokenize {
                 out.append_null();
                 continue;
             };
-            let encoding = tokenizer
-                .encode_fast(value, false)
-                .map_err(|e| OpError::BadValue {
-                    op: "tokenize",
-                    row,
-                    reason: e.to_string(),
-                })?;
-            let ids = encoding.get_ids();
-            out.values().append_slice(&ids[..ids.len().min(max_len)]);
+            let ids = encode(&tokenizer, value, room, special).map_err(|reason| OpError::BadValue {
+                op: "tokenize",
+                row,
+                reason,
+            })?;
+            out.values().append_slice(&ids);
             out.append(true);
         }
         Ok(Arc::new(out.finish()))

@@ -59,7 +59,9 @@ pub enum Step {
     },
 }
 
-/// `call(input, params…)`, written to `output` (default: the input column, replaced).
+/// `call(input, params…)`, written to `output` (default: the input column, replaced). The
+/// input may name a struct's field, `image.bytes` or `image['bytes']` (the Hub's image
+/// struct); the default output is then the struct's column.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MapStep {
@@ -74,7 +76,13 @@ pub struct MapStep {
 impl MapStep {
     /// The column the op writes.
     pub fn output(&self) -> &str {
-        self.output.as_deref().unwrap_or(&self.input)
+        match &self.output {
+            Some(output) => output,
+            None => match self.input.find(['.', '[']) {
+                Some(end) => &self.input[..end],
+                None => &self.input,
+            },
+        }
     }
 
     /// The registered op this step calls, if any.
@@ -205,7 +213,7 @@ impl Step {
         match self {
             Step::Select { columns } => Ok(columns.clone()),
             Step::Filter { expr } => crate::expr::columns_read(expr),
-            Step::Map(m) => Ok(vec![m.input.clone()]),
+            Step::Map(m) => Ok(vec![pushdown_ops::input_column(&m.input)]),
             Step::Shuffle { .. } | Step::Batch { .. } => Ok(vec![]),
         }
     }

@@ -263,10 +263,8 @@ fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
                     let known: Vec<&str> = pushdown_ops::registry().iter().map(|op| op.name()).collect();
                     unsupported(format!("unknown op `{}`; ops: {}", m.call, known.join(", ")))
                 })?;
-                let input_field = available
-                    .iter()
-                    .find(|f| f.name() == &m.input)
-                    .cloned()
+                let schema = arrow::datatypes::Schema::new(available.clone());
+                let (_, input_field) = pushdown_ops::resolve_input(&schema, &m.input)
                     .ok_or_else(|| unsupported(format!("unknown column `{}`", m.input)))?;
                 let field = op
                     .output_field(&input_field, &m.params, m.output())

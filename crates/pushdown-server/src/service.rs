@@ -348,11 +348,18 @@ impl PushdownService {
         let name = std::str::from_utf8(body)
             .map_err(|_| ServerError::BadRequest("the tokenizer action's body is a dataset name".into()))?;
         let name = name.trim();
-        grant.check(name)?;
+        grant.check_spelling(name)?;
         // A view's tokenizer is its dataset's.
-        let bases = self.state.node.engine.views().bases_of(name);
+        let views = self.state.node.engine.views();
+        let bases = views.bases_of(name);
         let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
-            [only] => self.state.node.engine.catalog().dataset(only).await?,
+            [only] => {
+                let dataset = self.state.node.engine.catalog().dataset(only).await?;
+                if views.get(name).is_none() {
+                    grant.check(&dataset.name)?;
+                }
+                dataset
+            }
             _ => {
                 return Err(ServerError::BadRequest(format!(
                     "`{name}` reads several datasets: name one for its tokenizer"

@@ -19,6 +19,7 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::FileChanged { .. } => (Code::FailedPrecondition, false),
         ServerError::BadValue { .. } => (Code::InvalidArgument, false),
         ServerError::NoResource(_) => (Code::NotFound, false),
+        ServerError::Misconfigured(_) => (Code::FailedPrecondition, false),
         ServerError::BadTicket(_) => (Code::InvalidArgument, false),
         ServerError::BadCommand(_) => (Code::InvalidArgument, false),
         ServerError::BadMessage { .. } => (Code::InvalidArgument, false),
