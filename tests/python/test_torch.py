@@ -100,3 +100,25 @@ def test_resume_from_a_saved_state_dict_continues_the_sequence(server, tmp_path)
     resumed.load_state_dict(torch.load(tmp_path / "ckpt"))
     rest = dataloader_ids(resumed)
     assert seen + rest == whole
+
+
+def test_spawned_workers_unpickle_the_dataset_and_keep_the_sequence(server):
+    """`spawn` (macOS, Windows, CUDA jobs) pickles the dataset into each worker."""
+    ds = IterableDataset([server], rank=0, world_size=1, **ARGS)
+    got = []
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                             multiprocessing_context="spawn"):
+        assert batch["label"].dtype == torch.int64
+        got.append(batch["id"].tolist())
+    assert got == interleave(loader_ids(server, rank=0, world_size=2),
+                             loader_ids(server, rank=1, world_size=2))
+
+
+def test_a_state_is_never_silently_ignored_by_workers(server):
+    ds = IterableDataset([server], rank=0, world_size=1, **ARGS)
+    first = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
+    assert first is not None
+    restored = IterableDataset([server], rank=0, world_size=1, **ARGS)
+    restored.load_state_dict(ds.state_dict())
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        list(torch.utils.data.DataLoader(restored, batch_size=None, num_workers=2))

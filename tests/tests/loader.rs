@@ -881,3 +881,92 @@ mod placement {
         }
     }
 }
+
+/// Passes, as a `for` loop over a torch dataset makes them: each `begin` is the next epoch,
+/// and together they are the epochs one loader iterates at once; a pass left early is
+/// abandoned; the epoch started ahead at a boundary is the one the next pass takes.
+#[test]
+fn passes_are_the_epochs_one_iteration_gives() {
+    let s = setup(600);
+    let urls = vec![s.fx.running.url()];
+    let whole = drain(
+        &mut loader(
+            &urls,
+            LoaderOptions {
+                epochs: 3,
+                ..options(5)
+            },
+        ),
+        usize::MAX,
+    );
+    let per_epoch = whole.len() / 3;
+    let mut passes = loader(
+        &urls,
+        LoaderOptions {
+            epochs: 1,
+            ..options(5)
+        },
+    );
+    let mut got = Vec::new();
+    for epoch in 0..3 {
+        passes.begin(epoch, 1, epoch == 0);
+        let pass = drain(&mut passes, usize::MAX);
+        assert_eq!(pass.len(), per_epoch, "epoch {epoch}");
+        got.extend(pass);
+        assert_eq!(passes.position(), (epoch + 1, 0));
+    }
+    assert_eq!(got, whole);
+    // Left after 2 batches: the next pass is epoch 1 from its start.
+    let mut left = loader(
+        &urls,
+        LoaderOptions {
+            epochs: 1,
+            ..options(5)
+        },
+    );
+    left.begin(0, 1, true);
+    assert_eq!(drain(&mut left, 2), whole[..2].to_vec());
+    left.begin(1, 1, false);
+    assert_eq!(
+        drain(&mut left, usize::MAX),
+        whole[per_epoch..2 * per_epoch].to_vec()
+    );
+}
+
+/// A pipeline's batch step is what the loader batches by, its `drop_last` included; a
+/// batch size that disagrees with it is refused.
+#[test]
+fn a_pipelines_batch_step_is_honoured_with_its_drop_last() {
+    let s = setup(200);
+    let urls = vec![s.fx.running.url()];
+    let pipeline =
+        Pipeline::new("images")
+            .filter("id < 21")
+            .select(["id"])
+            .step(pushdown_planner::Step::Batch {
+                size: 8,
+                drop_last: true,
+            });
+    let make = |batch_size| {
+        Loader::new(
+            &urls,
+            LoaderSource::Pipeline(pipeline.clone()),
+            LoaderOptions {
+                batch_size,
+                epochs: 1,
+                ..LoaderOptions::default()
+            },
+        )
+    };
+    let sizes: Vec<usize> = make(None)
+        .expect("loader")
+        .map(|b| b.expect("batch").rows)
+        .collect();
+    assert_eq!(sizes, vec![8, 8]);
+    let err = make(Some(5)).expect_err("disagrees");
+    assert!(
+        err.to_string()
+            .contains("disagrees with the pipeline's batch step"),
+        "{err}"
+    );
+}

@@ -610,6 +610,12 @@ pub struct Loader {
     planned_epoch: u64,
     epoch: u64,
     batches: u64,
+    /// Iteration ends before this epoch (the options' `epochs`, or the pass [`Self::begin`]
+    /// set).
+    end: u64,
+    /// Passes were asked for ([`Self::begin`]): how many epochs follow is not known, so the
+    /// next epoch is started ahead whatever `end` says.
+    passes: bool,
     rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
     producer: Option<Task<()>>,
     stats: LoaderStats,
@@ -680,6 +686,7 @@ impl Loader {
             .map_err(|e| ClientError::io("starting the loader's threads", e))?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let shared_echo = options.echo;
+        let options_epochs = options.epochs as u64;
         let (shared, shards) = runtime.block_on(async move {
             let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
             prepare(client, source, options, true).await
@@ -700,6 +707,8 @@ impl Loader {
             planned_epoch: 0,
             epoch: 0,
             batches: 0,
+            end: options_epochs,
+            passes: false,
             rx: None,
             producer: None,
             stats: LoaderStats::default(),
@@ -786,6 +795,41 @@ impl Loader {
         self.epoch_start = None;
         self.failed = false;
         Ok(())
+    }
+
+    /// Iterates `count` epochs from `first` (a pass, as a `for` loop over a torch dataset
+    /// makes one per epoch); `continuing`: from where the loader is (after a restore, or
+    /// when it has not begun `first`), only the pass's end set. The epoch started ahead is
+    /// kept when it is `first`.
+    pub fn begin(&mut self, first: u64, count: u64, continuing: bool) {
+        self.passes = true;
+        self.end = first.saturating_add(count);
+        self.failed = false;
+        if continuing || (self.epoch == first && self.batches == 0) {
+            // Already there (an epoch adopted ahead keeps running).
+            return;
+        }
+        self.rx = None;
+        if let Some(p) = self.producer.take() {
+            p.abort();
+        }
+        if let Some(ahead) = self.ahead.take_if(|a| a.epoch != first) {
+            ahead.producer.abort();
+        }
+        self.epoch = first;
+        self.batches = 0;
+        self.epoch_start = None;
+        if let Some(ahead) = self.ahead.take()
+            && let Err(e) = self.adopt_ahead(ahead)
+        {
+            // Planned again when the epoch starts; the error, if it stays, is its error.
+            tracing::debug!(error = %e, "the epoch started ahead could not be adopted");
+        }
+    }
+
+    /// The epoch the next batch belongs to, and batches of it already given.
+    pub fn position(&self) -> (u64, u64) {
+        (self.epoch, self.batches)
     }
 
     fn block_on_replan(&self) -> Result<Prepared> {
@@ -882,8 +926,8 @@ impl Loader {
     fn start_ahead(&mut self) {
         let options = &self.prepared.shared.options;
         let epoch = self.epoch + 1;
-        if self.ahead.is_some() || epoch >= options.epochs as u64 || matches!(options.echo, Echo::Auto { .. })
-        {
+        let last = epoch >= self.end && !self.passes;
+        if self.ahead.is_some() || last || matches!(options.echo, Echo::Auto { .. }) {
             return;
         }
         // Start when this epoch's last shards are in flight: from then on its streams leave
@@ -1009,7 +1053,7 @@ impl Iterator for Loader {
             return None;
         }
         loop {
-            if self.epoch >= self.prepared.shared.options.epochs as u64 {
+            if self.epoch >= self.end {
                 return None;
             }
             if self.rx.is_none()
@@ -1100,7 +1144,7 @@ async fn prepare(
     }
     // Each stream ends with the server's accounting of it (one small message).
     request.stats = true;
-    let (batch_size, window) = batch_and_window(&options, batch_step, shuffle_step)?;
+    let (batch_size, window) = batch_and_window(&mut options, batch_step, shuffle_step)?;
     let (info, counts) = plan_shards(&client, &request, &options, window, count).await?;
     let resources: Arc<dyn pushdown_ops::Resources> = match &dataset {
         Some(d) => Arc::new(client.resources_for(&steps, d).await?),
@@ -1136,8 +1180,8 @@ struct SourceQuery {
     steps: Vec<Step>,
     /// The dataset a pipeline reads (where its ops' resources come from).
     dataset: Option<String>,
-    /// The batch size and shuffle window a pipeline's steps ask for.
-    batch_step: Option<usize>,
+    /// The batch size (and `drop_last`) and shuffle window a pipeline's steps ask for.
+    batch_step: Option<(usize, bool)>,
     shuffle_step: Option<usize>,
     /// A pipeline's plan, and where each shard's fragment ops run.
     plan: Option<(Plan, ShardPlacement)>,
@@ -1225,14 +1269,14 @@ async fn place_pipeline(
     })
 }
 
-/// A plan's client steps: the batch size and shuffle window they ask for, and the row-wise
-/// rest, in order.
-fn client_steps(plan: &Plan) -> (Option<usize>, Option<usize>, Vec<Step>) {
+/// A plan's client steps: the batch size (and `drop_last`) and shuffle window they ask for,
+/// and the row-wise rest, in order.
+fn client_steps(plan: &Plan) -> (Option<(usize, bool)>, Option<usize>, Vec<Step>) {
     let (mut batch, mut shuffle) = (None, None);
     let mut row_steps = Vec::new();
     for step in &plan.client_steps {
         match step {
-            Step::Batch { size, .. } => batch = Some(*size),
+            Step::Batch { size, drop_last } => batch = Some((*size, *drop_last)),
             Step::Shuffle { buffer } => shuffle = Some(*buffer),
             other => row_steps.push(other.clone()),
         }
@@ -1241,13 +1285,29 @@ fn client_steps(plan: &Plan) -> (Option<usize>, Option<usize>, Vec<Step>) {
 }
 
 /// Rows per batch and per shuffle window: the options', else the pipeline's steps', else
-/// 256 and 1 (no shuffle).
+/// 256 and 1 (no shuffle). A pipeline's batch step is honoured, its `drop_last` included: a
+/// batch size in the options that disagrees with it is an error, not an override.
 fn batch_and_window(
-    options: &LoaderOptions,
-    batch_step: Option<usize>,
+    options: &mut LoaderOptions,
+    batch_step: Option<(usize, bool)>,
     shuffle_step: Option<usize>,
 ) -> Result<(usize, usize)> {
-    let batch_size = options.batch_size.or(batch_step).unwrap_or(256).max(1);
+    if let (Some(asked), Some((size, _))) = (options.batch_size, batch_step)
+        && asked != size
+    {
+        return Err(ClientError::Invalid(format!(
+            "batch_size {asked} disagrees with the pipeline's batch step ({size} rows): give one \
+             (drop batch_size, or change the step)"
+        )));
+    }
+    if let Some((_, true)) = batch_step {
+        options.drop_last = true;
+    }
+    let batch_size = options
+        .batch_size
+        .or(batch_step.map(|(size, _)| size))
+        .unwrap_or(256)
+        .max(1);
     let window = options.shuffle_buffer.or(shuffle_step).unwrap_or(1).max(1);
     if options.echo != Echo::Off && window < 2 {
         return Err(ClientError::Invalid(

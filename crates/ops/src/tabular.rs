@@ -67,8 +67,11 @@ fn hashable(t: &DataType) -> bool {
     }
 }
 
-/// `cast_to(value, 'type')`: Arrow's cast (`float32`, `float64`, `int32`, `int64`, `int16`,
-/// `int8`, `uint8`, `utf8`). Values that do not fit fail the call, never wrap silently.
+/// `cast_to(value, 'type')`: Arrow's cast (`float16`, `float32`, `float64`, `int8` … `int64`,
+/// `uint8` … `uint64`, `utf8`). A list (token ids, `List<UInt32>`) or fixed-size list
+/// (padded tokens, pixels) has its values cast and keeps its shape: `cast_to(tokens, 'int64')`
+/// gives `List<Int64>`, what embeddings and losses take. Values that do not fit fail the
+/// call, never wrap silently.
 #[derive(Debug)]
 pub struct Cast;
 
@@ -89,6 +92,10 @@ impl Cast {
             "int32" | "i32" => DataType::Int32,
             "int64" | "i64" => DataType::Int64,
             "uint8" | "u8" => DataType::UInt8,
+            "uint16" | "u16" => DataType::UInt16,
+            "uint32" | "u32" => DataType::UInt32,
+            "uint64" | "u64" => DataType::UInt64,
+            "float16" | "f16" | "half" => DataType::Float16,
             "utf8" | "string" => DataType::Utf8,
             other => {
                 return Err(OpError::BadArguments {
@@ -97,6 +104,23 @@ impl Cast {
                 });
             }
         })
+    }
+}
+
+impl Cast {
+    /// `target` in `input`'s shape: a list's values are cast, the list kept.
+    fn shaped(input: &DataType, target: DataType) -> DataType {
+        let values = |f: &arrow::datatypes::FieldRef| {
+            std::sync::Arc::new(f.as_ref().clone().with_data_type(target.clone()))
+        };
+        match input {
+            DataType::List(f) if f.data_type().is_primitive() => DataType::List(values(f)),
+            DataType::LargeList(f) if f.data_type().is_primitive() => DataType::LargeList(values(f)),
+            DataType::FixedSizeList(f, n) if f.data_type().is_primitive() => {
+                DataType::FixedSizeList(values(f), *n)
+            }
+            _ => target,
+        }
     }
 }
 
@@ -110,7 +134,7 @@ impl Op for Cast {
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
-        let target = Self::target(params)?;
+        let target = Self::shaped(input.data_type(), Self::target(params)?);
         if !arrow::compute::can_cast_types(input.data_type(), &target) {
             return Err(OpError::BadArguments {
                 op: "cast_to",
@@ -127,7 +151,7 @@ impl Op for Cast {
         params: &[Value],
         _seed: u64,
     ) -> Result<ArrayRef> {
-        let target = Self::target(params)?;
+        let target = Self::shaped(input.data_type(), Self::target(params)?);
         let options = CastOptions {
             safe: false,
             ..CastOptions::default()

@@ -144,6 +144,49 @@ fn cast_to_refuses_lossy_overflow() {
     assert!(op.apply(&small, &[Value::Text("complex".into())]).is_err());
 }
 
+/// Token lists (`List<UInt32>`, as `tokenize` gives them) and padded tokens
+/// (`FixedSizeList<UInt32>`) cast to int64 keep their shape and values.
+#[test]
+fn cast_to_casts_the_values_of_token_lists() {
+    use arrow::array::{FixedSizeListArray, ListArray, UInt32Array};
+    use arrow::datatypes::{Int64Type, UInt32Type};
+    let op = lookup("cast_to").expect("op");
+    let tokens: ArrayRef = Arc::new(ListArray::from_iter_primitive::<UInt32Type, _, _>(vec![
+        Some(vec![Some(101), Some(7592), Some(102)]),
+        None,
+        Some(vec![]),
+    ]));
+    let field = Field::new("t", tokens.data_type().clone(), true);
+    let out_field = op
+        .output_field(&field, &[Value::Text("int64".into())], "t")
+        .expect("field");
+    let out = op.apply(&tokens, &[Value::Text("int64".into())]).expect("cast");
+    assert_eq!(out.data_type(), out_field.data_type());
+    let list = out.as_list::<i32>();
+    assert_eq!(
+        list.value(0).as_primitive::<Int64Type>().values().as_ref(),
+        &[101, 7592, 102]
+    );
+    assert!(list.is_null(1) && list.value(2).is_empty());
+    let item = Arc::new(Field::new("item", DataType::UInt32, false));
+    let padded: ArrayRef = Arc::new(
+        FixedSizeListArray::try_new(item, 2, Arc::new(UInt32Array::from(vec![1, 2, 3, 0])), None)
+            .expect("fixed"),
+    );
+    let out = op.apply(&padded, &[Value::Text("int64".into())]).expect("cast");
+    let fixed = out.as_fixed_size_list();
+    assert_eq!(fixed.value_length(), 2);
+    assert_eq!(
+        fixed.values().as_primitive::<Int64Type>().values().as_ref(),
+        &[1, 2, 3, 0]
+    );
+    // A value that does not fit fails the call.
+    let big: ArrayRef = Arc::new(ListArray::from_iter_primitive::<UInt32Type, _, _>(vec![Some(
+        vec![Some(u32::MAX)],
+    )]));
+    assert!(op.apply(&big, &[Value::Text("int16".into())]).is_err());
+}
+
 /// A `rows × (h×w×3)` tensor column whose pixel (x, y) of row r is `[x, y, r]`.
 fn coordinates(rows: usize, h: usize, w: usize) -> (ArrayRef, Field) {
     let mut values = Vec::with_capacity(rows * h * w * 3);

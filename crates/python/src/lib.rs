@@ -180,6 +180,23 @@ impl PyLoader {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// Iterates `count` epochs from `first` (one `for` pass); `continuing`: from where the
+    /// loader is, only the pass's end set. Planning a new epoch happens at its first batch.
+    fn begin(&self, py: Python<'_>, first: u64, count: u64, continuing: bool) {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || {
+            inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .begin(first, count, continuing);
+        });
+    }
+
+    /// `(epoch, batches of it given)`: where the next batch comes from.
+    fn position(&self) -> (u64, u64) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).position()
+    }
+
     /// `(rows, batches)` per epoch for this rank.
     fn epoch_len(&self) -> (u64, u64) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).epoch_len()

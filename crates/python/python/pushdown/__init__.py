@@ -4,11 +4,14 @@
     loader = pushdown.Loader(servers=["http://storage-1:50051"],
                              sql="SELECT decode_resize(image, 64, 64) AS pixels, label FROM images",
                              batch_size=256, shuffle_buffer=10_000, seed=0, rank=0, world_size=1)
-    for batch in loader:          # dict[str, numpy.ndarray | pyarrow.Array]
-        ...
+    for epoch in range(10):
+        for batch in loader:      # one epoch per pass: dict[str, numpy.ndarray | pyarrow.Array]
+            ...
     state = loader.state_dict()   # resume later with load_state_dict(state)
 
-The sequence of samples a rank sees is a function of (seed, epoch, rank, world size) only.
+Each ``for`` over a loader is the next epoch (its own permutation and augmentations). The
+sequence of samples a rank sees is a function of (seed, epoch, rank, world size) only.
+PyTorch: ``pushdown.torch.IterableDataset`` (``pip install 'pushdown[torch]'``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,19 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from ._native import BUILD_PROFILE, _Loader, _Transform
 
-__all__ = ["BUILD_PROFILE", "Loader", "Transform"]
+__all__ = ["BUILD_PROFILE", "Loader", "Transform", "__version__"]
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pushdown")
+    except Exception:  # pragma: no cover - not installed as a distribution
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 def _arrow(ipc: bytes):
@@ -34,6 +49,18 @@ def _arrow(ipc: bytes):
 
 class Loader:
     """Batches for one data-parallel rank, epoch after epoch.
+
+    **Epochs.** Each ``for batch in loader`` is one pass of ``epochs`` epochs (default 1):
+    the first pass is epoch 0, the next epoch 1, and so on, each with its own permutation
+    and augmentations, as a PyTorch training loop expects. ``set_epoch(e)`` makes the next
+    pass start at epoch ``e``. A pass left early (``break``) is abandoned: the next starts
+    at the epoch after it. After ``load_state_dict``, the next pass continues the saved
+    position exactly. ``len(loader)`` is the batches of one epoch on this rank.
+
+    **Defaults.** No shuffling unless asked: ``shuffle_buffer`` (rows in the shuffle window)
+    defaults to the pipeline's shuffle step, else 1 (the servers' order). ``batch_size``
+    defaults to the pipeline's batch step (its ``drop_last`` honoured), else 256; a
+    ``batch_size`` that disagrees with the pipeline's batch step is an error.
 
     A column's type is fixed by the schema, never by a batch: fixed-shape integer and float
     columns (pixels, padded token ids, numeric features) come out as numpy arrays of shape
@@ -141,20 +168,68 @@ class Loader:
             report_every_s=report_every_s,
             placement=placement,
         )
+        if epochs < 1:
+            raise ValueError("epochs= is the epochs one pass covers: 1 or more")
         self.epochs = epochs
+        # The epoch the next pass starts at, unless it continues the loader's position (new,
+        # or restored); whether a pass is being iterated.
+        self._next_epoch = 0
+        self._continue = True
+        self._in_pass = False
+
+    def _start_pass(self) -> None:
+        epoch, batches = self._inner.position()
+        if self._continue:
+            # The saved (or initial) position: the pass it lies in, to its end.
+            first = epoch - epoch % self.epochs
+            self._inner.begin(first, self.epochs, True)
+            self._next_epoch = first + self.epochs
+            self._continue = False
+        else:
+            self._inner.begin(self._next_epoch, self.epochs, False)
+            self._next_epoch += self.epochs
+        self._in_pass = True
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        """The next pass: a new one unless the current one has not given a batch yet."""
+        if self._in_pass:
+            epoch, batches = self._inner.position()
+            untouched = batches == 0 and epoch == self._next_epoch - self.epochs
+            if not untouched:
+                self._in_pass = False
+        if not self._in_pass:
+            self._start_pass()
         return self
 
     def __next__(self) -> Dict[str, Any]:
+        if not self._in_pass:
+            self._start_pass()
         item = self._inner.next_batch()
         if item is None:
+            self._in_pass = False
             raise StopIteration
         return {name: (value if kind == "tensor" else _arrow(value)) for name, kind, value in item}
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+        """Batches per epoch on this rank (the same on every rank; one pass is ``epochs``
+        times this)."""
         return self._inner.epoch_len()[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next pass start at ``epoch`` (as ``DistributedSampler.set_epoch``). After
+        ``load_state_dict`` mid-epoch, setting that same epoch keeps the saved position."""
+        if epoch < 0:
+            raise ValueError("set_epoch: an epoch is 0 or more")
+        if self._continue and self._inner.position()[0] == epoch:
+            return
+        self._continue = False
+        self._in_pass = False
+        self._next_epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._inner.position()[0]
 
     def state_dict(self) -> Dict[str, bytes]:
         """Where the loader is; a loader built with the same arguments continues from it."""
@@ -162,6 +237,8 @@ class Loader:
 
     def load_state_dict(self, state: Dict[str, bytes]) -> None:
         self._inner.restore(state["pushdown_loader"])
+        self._continue = True
+        self._in_pass = False
 
     @property
     def stats(self) -> Dict[str, float]:
