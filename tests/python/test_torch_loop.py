@@ -225,3 +225,24 @@ def test_version_and_the_torch_hint(monkeypatch):
         importlib.import_module("pushdown.torch")
     monkeypatch.delitem(sys.modules, "pushdown.torch", raising=False)
     assert np.int64  # numpy stays the only requirement of `import pushdown`
+
+
+def test_batch_size_none_is_unbatched_and_resumes_inside_a_batch(server):
+    batched = [i for b in pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=16)
+               for i in b["id"].tolist()]
+    single = pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=None)
+    assert len(single) == len(batched), "len() counts rows when unbatched"
+    rows = []
+    for row in single:
+        assert np.asarray(row["id"]).shape == () and isinstance(row["label"], np.ndarray)
+        rows.append(int(row["id"]))
+        if len(rows) == 21:  # inside the second batch
+            state = single.state_dict()
+            break
+    resumed = pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=None)
+    resumed.load_state_dict(state)
+    rows += [int(r["id"]) for r in resumed]
+    assert rows == batched, "the rows a batched loader gives, in its order, each once"
+    with pytest.raises(ValueError, match="single rows"):
+        pushdown.Loader(server, batch_size=None, pipeline={"dataset": "images", "steps": [
+            {"op": "batch", "size": 4}]})

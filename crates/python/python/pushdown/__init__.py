@@ -59,8 +59,11 @@ class Loader:
 
     **Defaults.** No shuffling unless asked: ``shuffle_buffer`` (rows in the shuffle window)
     defaults to the pipeline's shuffle step, else 1 (the servers' order). ``batch_size``
-    defaults to the pipeline's batch step (its ``drop_last`` honoured), else 256; a
+    left out is the pipeline's batch step (its ``drop_last`` honoured), else 256; a
     ``batch_size`` that disagrees with the pipeline's batch step is an error.
+    ``batch_size=None`` is unbatched, as in torch: each item is one row (tensors as numpy
+    arrays of the row's shape, other columns as Python values), for a DataLoader that
+    batches (a pipeline with a batch step refuses it).
 
     A column's type is fixed by the schema, never by a batch: fixed-shape integer and float
     columns (pixels, padded token ids, numeric features) come out as numpy arrays of shape
@@ -112,7 +115,7 @@ class Loader:
         servers: Union[str, Sequence[str]],
         sql: Optional[str] = None,
         pipeline: Optional[Union[str, Dict[str, Any]]] = None,
-        batch_size: Optional[int] = None,
+        batch_size: Any = "auto",
         shuffle_buffer: Optional[int] = None,
         seed: int = 0,
         rank: int = 0,
@@ -138,6 +141,16 @@ class Loader:
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
+        self._unbatched = batch_size is None
+        if batch_size == "auto" or batch_size is None:
+            batch_size = None
+        elif not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: rows per batch (1 or more), or None for single rows")
+        if self._unbatched and pipeline is not None and '"batch"' in json.dumps(pipeline):
+            raise ValueError(
+                "batch_size=None asks for single rows, but the pipeline's batch step makes batches: "
+                "drop one of them"
+            )
         if pipeline is not None and not isinstance(pipeline, str):
             pipeline = json.dumps(pipeline)
         self._inner = _Loader(
@@ -176,6 +189,10 @@ class Loader:
         self._next_epoch = 0
         self._continue = True
         self._in_pass = False
+        self._rows: list = []
+        self._before = b""
+        self._batch_rows = 0
+        self._skip = 0
 
     def _start_pass(self) -> None:
         epoch, batches = self._inner.position()
@@ -202,18 +219,39 @@ class Loader:
         return self
 
     def __next__(self) -> Dict[str, Any]:
+        if self._unbatched and self._rows:
+            return self._rows.pop()
         if not self._in_pass:
             self._start_pass()
+        if self._unbatched:
+            # Where the batch being split began: an unbatched state resumes inside it.
+            self._before = bytes(self._inner.state())
         item = self._inner.next_batch()
         if item is None:
             self._in_pass = False
             raise StopIteration
-        return {name: (value if kind == "tensor" else _arrow(value)) for name, kind, value in item}
+        batch = {name: (value if kind == "tensor" else _arrow(value)) for name, kind, value in item}
+        if not self._unbatched:
+            return batch
+        import numpy as np
+
+        columns = {
+            name: ([np.asarray(v) for v in value] if hasattr(value, "__array_interface__") else value.to_pylist())
+            for name, value in batch.items()
+        }
+        rows = len(next(iter(columns.values()), []))
+        self._rows = [{name: col[i] for name, col in columns.items()} for i in reversed(range(rows))]
+        self._batch_rows, skip, self._skip = rows, self._skip, 0
+        del self._rows[len(self._rows) - skip:]
+        if not self._rows:
+            return self.__next__()
+        return self._rows.pop()
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank; one pass is ``epochs``
-        times this)."""
-        return self._inner.epoch_len()[1]
+        """Batches per epoch on this rank, or rows when unbatched (the same on every rank;
+        one pass is ``epochs`` times this)."""
+        rows, batches = self._inner.epoch_len()
+        return rows if self._unbatched else batches
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass start at ``epoch`` (as ``DistributedSampler.set_epoch``). After
@@ -233,12 +271,16 @@ class Loader:
 
     def state_dict(self) -> Dict[str, bytes]:
         """Where the loader is; a loader built with the same arguments continues from it."""
+        if self._unbatched and self._rows:
+            return {"pushdown_loader": self._before, "pushdown_rows_taken": self._batch_rows - len(self._rows)}
         return {"pushdown_loader": bytes(self._inner.state())}
 
     def load_state_dict(self, state: Dict[str, bytes]) -> None:
         self._inner.restore(state["pushdown_loader"])
         self._continue = True
         self._in_pass = False
+        self._rows = []
+        self._skip = int(state.get("pushdown_rows_taken", 0))
 
     @property
     def stats(self) -> Dict[str, float]:
