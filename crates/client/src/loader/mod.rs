@@ -1,0 +1,626 @@
+//! The trainer's loader: a reproducible, resumable, rank-partitioned sequence of batches.
+//!
+//! ```text
+//!  shards (endpoints) ── count action: exact rows after the filter, per shard
+//!     │ epoch e: shards permuted by (seed, e); their rows concatenated: N rows
+//!     │ rank r of W: rows [r·L, (r+1)·L), L = ⌊N/W⌋ (drop_last) or ⌈N/W⌉ (wrapping pad)
+//!     ▼
+//!  ShardStream (Sequential: prefetches `concurrency` shards, never reorders)
+//!     │ windows of S rows, each permuted by (seed, e, r, window)
+//!     │ batches of B rows; batch b's random ops draw from (seed, e, r, b) and the row
+//!     ▼
+//!  `workers` blocking threads: client ops + tensors ── bounded queue of `prefetch` ──▶ next()
+//! ```
+//!
+//! Every choice is a function of (dataset version, seed, epoch, rank, world size): never of
+//! timing, the number of streams in flight, or which server answered. So the state to resume
+//! from is just (epoch, batches delivered, the version the epoch was planned on): a restored
+//! loader seeks to the window holding its next row (one window is re-read), permutes it the
+//! same way, and carries on.
+//!
+//! Datasets grow and shrink while a job trains. Each epoch is planned when it starts: its
+//! shards pin the files and file versions the servers listed then, so an epoch never mixes
+//! versions (a file replaced under a running epoch fails it by name; a file added joins the
+//! next epoch), and the next epoch sees what the servers list by then.
+//!
+//! [`Prepared`] is that preparation and that sequence without the trainer's threads: `pushdown
+//! run` streams a [`Prepared`] as record batches, so one pipeline and seed give one sample
+//! sequence whether it is read by `run` or by a [`Loader`] of world size 1.
+//!
+//! Column types are fixed by the schema, never by a batch's contents: a column of an
+//! integer or float type, or a `FixedSizeList` of them (a tensor op's output), arrives as a
+//! [`Column::Tensor`], whether the schema calls it nullable or not; a null in it is an error
+//! naming the column and row. Every other column arrives as [`Column::Arrow`] with its nulls.
+
+mod options;
+mod prepared;
+mod producer;
+mod tensors;
+
+pub use options::{LoaderOptions, LoaderSource, Push};
+use prepared::*;
+pub use prepared::{EpochBatches, Prepared};
+use producer::*;
+pub use tensors::{Column, TensorBatch};
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use tokio::sync::mpsc;
+
+use crate::client::PushdownClient;
+use crate::completion::CompletionTotals;
+use crate::error::{ClientError, Result};
+use crate::order::{Echo, LoaderState, batches_in, rank_range};
+use crate::stream::StreamTotals;
+use pushdown_task::Task;
+
+/// What the consumer experienced.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoaderStats {
+    pub batches: u64,
+    /// Samples delivered (each echo counted).
+    pub rows: u64,
+    /// Distinct samples read from the servers (rows of the shuffle windows filled).
+    pub distinct_rows: u64,
+    /// Times the current epoch repeats each sample.
+    pub echo: u64,
+    /// The fragment ops this loader ran on shards the servers left un-reduced.
+    pub completed: CompletionTotals,
+    /// Time spent inside `next` waiting for a batch.
+    pub waited: Duration,
+    /// Time since the first `next`.
+    pub elapsed: Duration,
+    /// The most shard streams in flight at once (tuned unless `concurrency` was set), over
+    /// the epochs finished.
+    pub peak_streams: u64,
+    /// Bytes received from the servers in the epochs finished.
+    pub bytes_received: u64,
+}
+
+impl LoaderStats {
+    /// The fraction of the consumer's time spent waiting for data.
+    pub fn wait_fraction(&self) -> f64 {
+        self.waited.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Batches for one rank, epoch after epoch. Iterating blocks the calling thread only while
+/// no prepared batch is ready; the network and client ops run on the loader's own threads.
+pub struct Loader {
+    runtime: Option<tokio::runtime::Runtime>,
+    /// The query as planned for epoch `planned_epoch` (when that epoch started).
+    prepared: Prepared,
+    planned_epoch: u64,
+    epoch: u64,
+    batches: u64,
+    /// Iteration ends before this epoch (the options' `epochs`, or the pass [`Self::begin`]
+    /// set).
+    end: u64,
+    /// Passes were asked for ([`Self::begin`]): how many epochs follow is not known, so the
+    /// next epoch is started ahead whatever `end` says.
+    passes: bool,
+    rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
+    producer: Option<Task<()>>,
+    stats: LoaderStats,
+    started: Option<Instant>,
+    failed: bool,
+    /// Repeats of each sample in the current epoch (data echoing).
+    echo: u64,
+    /// When the current epoch's first batch was asked for, and the wait counted by then: the
+    /// next epoch's automatic echo is chosen from this epoch's share of waiting.
+    epoch_start: Option<(Instant, Duration)>,
+    /// The share of the last whole epoch the consumer waited.
+    last_wait: Option<f64>,
+    /// Since when, and the wait counted by then, the consumer's wait is being watched for the
+    /// split (see [`Completion::set_consumer_waiting`]).
+    appetite: Option<(Instant, Duration)>,
+    /// Tells the loaders apart in the servers' scaling signal.
+    client_id: u64,
+    /// When the last report was sent, and the wait and rows counted by then.
+    reported: Option<(Instant, Duration, u64)>,
+    /// The next epoch, started once this one's last shards are in flight.
+    ahead: Option<Ahead>,
+    /// What the finished epochs' streams cost (bytes, retries, streams in flight).
+    streams: Arc<std::sync::Mutex<StreamTotals>>,
+}
+
+/// How long the consumer's wait is watched before the split is told whether it waits, and
+/// the share of that time above which it does: long enough to span a shuffle window's
+/// batches (waits come at window boundaries when the servers are the bottleneck).
+const APPETITE_WINDOW: Duration = Duration::from_secs(2);
+const APPETITE_WAIT: f64 = 0.02;
+
+/// A batch as the [`Loader`] hands it out.
+fn to_tensors(batch: RecordBatch, epoch: u64, index: u64) -> Result<TensorBatch> {
+    TensorBatch::from_record_batch(&batch, epoch, index)
+}
+
+/// An epoch started before the consumer reaches it, so that filling its first shuffle
+/// window overlaps the end of the epoch before instead of stalling the trainer at every
+/// boundary. Its plan is checked when it begins: if the servers list other shards by then
+/// (a file added, removed or rewritten), it is dropped and the epoch planned afresh, so an
+/// epoch still reads what the servers list when it starts.
+struct Ahead {
+    epoch: u64,
+    echo: u64,
+    rx: mpsc::Receiver<Result<TensorBatch>>,
+    producer: Task<()>,
+    prepared: tokio::sync::oneshot::Receiver<Prepared>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("epoch", &self.epoch)
+            .field("batches", &self.batches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread.
+    pub fn new<S: AsRef<str>>(servers: &[S], source: LoaderSource, options: LoaderOptions) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(options.workers.max(1))
+            .thread_name("pushdown-loader")
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::io("starting the loader's threads", e))?;
+        let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let shared_echo = options.echo;
+        let options_epochs = options.epochs as u64;
+        let (shared, shards) = runtime.block_on(async move {
+            let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
+            prepare(client, source, options, true).await
+        })?;
+        if shards.counts.is_none() {
+            return Err(ClientError::Invalid(
+                "the loader needs a row-wise query (projection and filter over one dataset): \
+                 it shuffles and resumes by shard"
+                    .into(),
+            ));
+        }
+        Ok(Self {
+            runtime: Some(runtime),
+            prepared: Prepared {
+                shared: Arc::new(shared),
+                shards: Arc::new(shards),
+            },
+            planned_epoch: 0,
+            epoch: 0,
+            batches: 0,
+            end: options_epochs,
+            passes: false,
+            rx: None,
+            producer: None,
+            stats: LoaderStats::default(),
+            started: None,
+            failed: false,
+            echo: shared_echo.factor(None),
+            epoch_start: None,
+            last_wait: None,
+            appetite: None,
+            client_id: rand::random(),
+            reported: None,
+            ahead: None,
+            streams: Arc::default(),
+        })
+    }
+
+    /// The schema of the batches' columns.
+    pub fn schema(&self) -> SchemaRef {
+        self.prepared.shared.steps.schema()
+    }
+
+    /// Rows each rank gets per epoch (echoes counted), and batches per epoch, as the current
+    /// (or last) epoch was planned: a growing dataset gives later epochs more.
+    pub fn epoch_len(&self) -> (u64, u64) {
+        let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
+        let (rows, _) = rank_range(n, &self.prepared.shared.options.sequence());
+        let rows = rows * self.echo;
+        (
+            rows,
+            batches_in(
+                rows,
+                self.prepared.shared.batch_size as u64,
+                self.prepared.shared.options.drop_last,
+            ),
+        )
+    }
+
+    pub fn state(&self) -> LoaderState {
+        let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
+        LoaderState {
+            fingerprint: self.prepared.shared.fingerprint,
+            epoch: self.epoch,
+            batches: self.batches,
+            version: if mid_epoch { self.prepared.version() } else { 0 },
+            echo: self.echo,
+        }
+    }
+
+    /// Continues from `state`: the next batch is the one the saved loader would have given.
+    /// Mid-epoch, that needs the shards the epoch was planned on: a dataset changed since is
+    /// refused by name (restore at an epoch boundary instead, which plans on the new version).
+    pub fn restore(&mut self, state: LoaderState) -> Result<()> {
+        if state.fingerprint != self.prepared.shared.fingerprint {
+            return Err(ClientError::Invalid(
+                "the state belongs to another query, seed, rank, world size or batching".into(),
+            ));
+        }
+        self.stop_producer();
+        if state.batches > 0 {
+            if self.prepared.version() != state.version {
+                let replanned = self.block_on_replan()?;
+                if replanned.version() != state.version {
+                    return Err(ClientError::Changed(format!(
+                        "the dataset changed since the state was saved in epoch {}: its shards were \
+                         version {:016x}, the servers now list version {:016x}; resuming mid-epoch \
+                         needs the same files, so restore at the start of an epoch",
+                        state.epoch,
+                        state.version,
+                        replanned.version()
+                    )));
+                }
+                self.prepared = replanned;
+            }
+            self.planned_epoch = state.epoch;
+        }
+        self.epoch = state.epoch;
+        self.batches = state.batches;
+        // Mid-epoch, the epoch goes on with the repeats it was started with; at a boundary a
+        // fixed echo is the options' and an automatic one restarts from the saved one.
+        self.echo = match self.prepared.shared.options.echo {
+            Echo::Auto { max } => state.echo.clamp(1, u64::from(max.max(1))),
+            fixed => fixed.factor(None),
+        };
+        self.epoch_start = None;
+        self.failed = false;
+        Ok(())
+    }
+
+    /// Iterates `count` epochs from `first` (a pass, as a `for` loop over a torch dataset
+    /// makes one per epoch); `continuing`: from where the loader is (after a restore, or
+    /// when it has not begun `first`), only the pass's end set. The epoch started ahead is
+    /// kept when it is `first`.
+    pub fn begin(&mut self, first: u64, count: u64, continuing: bool) {
+        self.passes = true;
+        self.end = first.saturating_add(count);
+        self.failed = false;
+        if continuing || (self.epoch == first && self.batches == 0) {
+            // Already there (an epoch adopted ahead keeps running).
+            return;
+        }
+        self.rx = None;
+        if let Some(p) = self.producer.take() {
+            p.abort();
+        }
+        if let Some(ahead) = self.ahead.take_if(|a| a.epoch != first) {
+            ahead.producer.abort();
+        }
+        self.epoch = first;
+        self.batches = 0;
+        self.epoch_start = None;
+        if let Some(ahead) = self.ahead.take()
+            && let Err(e) = self.adopt_ahead(ahead)
+        {
+            // Planned again when the epoch starts; the error, if it stays, is its error.
+            tracing::debug!(error = %e, "the epoch started ahead could not be adopted");
+        }
+    }
+
+    /// The epoch the next batch belongs to, and batches of it already given.
+    pub fn position(&self) -> (u64, u64) {
+        (self.epoch, self.batches)
+    }
+
+    fn block_on_replan(&self) -> Result<Prepared> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ClientError::Closed("the loader is shut down"))?;
+        runtime.block_on(self.prepared.replan())
+    }
+
+    pub fn stats(&self) -> LoaderStats {
+        let mut s = self.stats;
+        let streams = *self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        (s.peak_streams, s.bytes_received) = (streams.peak_streams, streams.bytes_received);
+        s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
+        s.distinct_rows = self
+            .prepared
+            .shared
+            .distinct
+            .load(std::sync::atomic::Ordering::Relaxed);
+        s.echo = self.echo;
+        s.completed = self.prepared.completed();
+        s
+    }
+
+    /// Every [`APPETITE_WINDOW`] from the first batch on, tells the planner's split or the
+    /// adapted one whether the consumer waited for more than [`APPETITE_WAIT`] of it: shards
+    /// are run here only while the consumer waits (before the first batch it does). A split
+    /// the options force (benchmarks measuring each placement) is left as asked.
+    fn watch_appetite(&mut self) {
+        let shared = &self.prepared.shared;
+        let Some(completion) = shared
+            .completion
+            .as_ref()
+            .filter(|_| matches!(shared.options.push, Push::Costed | Push::Adaptive(_)))
+        else {
+            return;
+        };
+        let now = Instant::now();
+        let Some((since, waited)) = self.appetite else {
+            self.appetite = Some((now, self.stats.waited));
+            return;
+        };
+        let elapsed = now.duration_since(since);
+        if elapsed >= APPETITE_WINDOW {
+            let wait = (self.stats.waited - waited).as_secs_f64() / elapsed.as_secs_f64();
+            completion.set_consumer_waiting(wait > APPETITE_WAIT);
+            self.appetite = Some((now, self.stats.waited));
+        }
+    }
+
+    /// Every `report_every`, sends the servers the consumer's wait and rows since the last
+    /// report, in the background (a report never delays or fails a batch).
+    fn maybe_report(&mut self) {
+        let Some(every) = self.prepared.shared.options.report_every else {
+            return;
+        };
+        let now = Instant::now();
+        let Some((since, waited, rows)) = self.reported else {
+            // The window starts at the first batch: connecting and planning are not a stall.
+            self.reported = Some((now, self.stats.waited, self.stats.rows));
+            return;
+        };
+        if now.duration_since(since) < every {
+            return;
+        }
+        let Some(runtime) = &self.runtime else { return };
+        let client = self.prepared.shared.client.clone();
+        let report = pushdown_protocol::ClientReport {
+            client: self.client_id,
+            servers: client.urls().len().try_into().unwrap_or(u32::MAX),
+            elapsed_seconds: now.duration_since(since).as_secs_f64(),
+            wait_seconds: (self.stats.waited - waited).as_secs_f64(),
+            rows: self.stats.rows - rows,
+        };
+        self.reported = Some((now, self.stats.waited, self.stats.rows));
+        // Best effort, and short: it must not stop with the loader's epoch.
+        pushdown_task::detach_on(runtime.handle(), async move { client.report(&report).await });
+    }
+
+    fn stop_producer(&mut self) {
+        self.rx = None;
+        if let Some(p) = self.producer.take() {
+            p.abort();
+        }
+        if let Some(ahead) = self.ahead.take() {
+            ahead.producer.abort();
+        }
+    }
+
+    /// Once the current epoch's last shards are in flight (or its producer is done), starts
+    /// the next epoch's producer (planned now, checked again when it begins). Not with an
+    /// automatic echo, whose factor is chosen from the whole epoch's wait.
+    fn start_ahead(&mut self) {
+        let options = &self.prepared.shared.options;
+        let epoch = self.epoch + 1;
+        let last = epoch >= self.end && !self.passes;
+        if self.ahead.is_some() || last || matches!(options.echo, Echo::Auto { .. }) {
+            return;
+        }
+        // Start when this epoch's last shards are in flight: from then on its streams leave
+        // servers idle (fewer shards than streams), so the next epoch's take up the slack.
+        let shards = self.prepared.shards.info.endpoint.len().max(1) as u64;
+        let all_rows: u64 = self.prepared.shards.counts.iter().flatten().sum();
+        let horizon = all_rows.div_ceil(shards) * self.echo * options.stream.concurrency.max(1) as u64;
+        let (rows, _) = self.epoch_len();
+        let remaining = rows.saturating_sub(self.batches * self.prepared.shared.batch_size as u64);
+        let produced = self.rx.as_ref().is_some_and(|rx| rx.is_closed());
+        if !(produced || remaining <= horizon) {
+            return;
+        }
+        let Some(runtime) = &self.runtime else { return };
+        let (tx, rx) = mpsc::channel(options.prefetch.max(1));
+        let (planned, prepared) = tokio::sync::oneshot::channel();
+        let base = self.prepared.clone();
+        let echo = options.echo.factor(None);
+        let streams = Arc::clone(&self.streams);
+        let producer = Task::spawn_on(runtime.handle(), async move {
+            let next = match base.replan().await {
+                Ok(next) => next,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
+            let _ = planned.send(next);
+            let producer = Producer::new(shared, shards, epoch, echo, 0);
+            let watch = EpochWatch {
+                totals: Arc::clone(&streams),
+                ..EpochWatch::default()
+            };
+            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        self.ahead = Some(Ahead {
+            epoch,
+            echo,
+            rx,
+            producer,
+            prepared,
+        });
+    }
+
+    /// Begins the current epoch with the one started ahead, if it is this epoch, with this
+    /// echo, on the shards the servers list now. Planning it now failing is the epoch's
+    /// error (planned again, it would wait the same deadlines to fail the same way).
+    fn adopt_ahead(&mut self, ahead: Ahead) -> Result<()> {
+        let Some(runtime) = &self.runtime else {
+            return Ok(());
+        };
+        if ahead.epoch != self.epoch || ahead.echo != self.echo || self.batches != 0 {
+            ahead.producer.abort();
+            return Ok(());
+        }
+        let Ok(prepared) = runtime.block_on(ahead.prepared) else {
+            // Its planning failed: the error waits in its channel.
+            self.rx = Some(ahead.rx);
+            self.producer = Some(ahead.producer);
+            self.planned_epoch = self.epoch;
+            return Ok(());
+        };
+        let shared = Arc::clone(&prepared.shared);
+        let current = runtime.block_on(async move { shared.client.plan(&shared.request).await });
+        match current.map(|info| Shards::new(info, None).version) {
+            Ok(version) if version == prepared.version() => {
+                self.prepared = prepared;
+                self.planned_epoch = self.epoch;
+                self.rx = Some(ahead.rx);
+                self.producer = Some(ahead.producer);
+            }
+            // The shards changed: plan the epoch afresh.
+            Ok(_) => ahead.producer.abort(),
+            Err(e) => {
+                ahead.producer.abort();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts producing the current epoch, planning it first if it is a new one.
+    fn start_producer(&mut self) -> Result<()> {
+        if self.planned_epoch != self.epoch {
+            self.prepared = self.block_on_replan()?;
+            self.planned_epoch = self.epoch;
+        }
+        let (tx, rx) = mpsc::channel(self.prepared.shared.options.prefetch.max(1));
+        let (shared, shards) = (
+            Arc::clone(&self.prepared.shared),
+            Arc::clone(&self.prepared.shards),
+        );
+        let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
+        let streams = Arc::clone(&self.streams);
+        let Some(runtime) = &self.runtime else {
+            return Err(ClientError::Closed("the loader is shut down"));
+        };
+        let handle = Task::spawn_on(runtime.handle(), async move {
+            let producer = Producer::new(shared, shards, epoch, echo, first);
+            let watch = EpochWatch {
+                totals: Arc::clone(&streams),
+                ..EpochWatch::default()
+            };
+            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        self.rx = Some(rx);
+        self.producer = Some(handle);
+        Ok(())
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<TensorBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.started.get_or_insert_with(Instant::now);
+        if self.failed {
+            return None;
+        }
+        loop {
+            if self.epoch >= self.end {
+                return None;
+            }
+            if self.rx.is_none()
+                && let Err(e) = self.start_producer()
+            {
+                self.failed = true;
+                return Some(Err(e));
+            }
+            let rx = self.rx.as_mut()?;
+            let start = Instant::now();
+            if self.batches == 0 && self.epoch_start.is_none() {
+                self.epoch_start = Some((start, self.stats.waited));
+            }
+            let got = rx.blocking_recv();
+            self.stats.waited += start.elapsed();
+            match got {
+                Some(Ok(batch)) => {
+                    self.batches += 1;
+                    self.stats.batches += 1;
+                    self.stats.rows += batch.rows as u64;
+                    self.watch_appetite();
+                    self.maybe_report();
+                    self.start_ahead();
+                    return Some(Ok(batch));
+                }
+                Some(Err(e)) => {
+                    self.failed = true;
+                    self.stop_producer();
+                    return Some(Err(e));
+                }
+                None => {
+                    let ahead = self.ahead.take();
+                    self.stop_producer();
+                    if let Some((since, waited)) = self.epoch_start.take() {
+                        let wait = (self.stats.waited - waited).as_secs_f64();
+                        self.last_wait = Some(wait / since.elapsed().as_secs_f64().max(1e-9));
+                    }
+                    self.echo = self.prepared.shared.options.echo.factor(self.last_wait);
+                    self.epoch += 1;
+                    self.batches = 0;
+                    if let Some(ahead) = ahead
+                        && let Err(e) = self.adopt_ahead(ahead)
+                    {
+                        self.failed = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.stop_producer();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_parse_and_bad_ones_are_named() {
+        assert_eq!("costed".parse::<Push>().ok(), Some(Push::Costed));
+        assert_eq!("server".parse::<Push>().ok(), Some(Push::First(usize::MAX)));
+        assert_eq!("trainer".parse::<Push>().ok(), Some(Push::First(0)));
+        assert_eq!("adaptive".parse::<Push>().ok(), Some(Push::Adaptive(usize::MAX)));
+        assert_eq!(
+            "split:0.45".parse::<Push>().ok(),
+            Some(Push::Split {
+                first: usize::MAX,
+                server_fraction: 0.45
+            })
+        );
+        for bad in ["split:1.5", "split:x", "split", "everywhere", ""] {
+            let e = bad.parse::<Push>().expect_err(bad).to_string();
+            assert!(e.contains("split:F"), "{bad}: {e}");
+        }
+    }
+}
