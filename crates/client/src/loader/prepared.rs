@@ -124,7 +124,7 @@ impl Shared {
 
 /// A query planned and ready to stream as the loader's sample sequence: connected, its ops
 /// placed, its shards known (and counted where ranks or resuming need it), its client steps
-/// bound. [`Loader`] and `pushdown run` are both built on it.
+/// bound. [`Loader`](super::Loader) and `pushdown run` are both built on it.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     pub(super) shared: Arc<Shared>,
