@@ -47,6 +47,20 @@ def _arrow(ipc: bytes):
     return table.column(0).combine_chunks()
 
 
+def _has_batch_step(pipeline: Union[str, Dict[str, Any]]) -> bool:
+    """Whether a pipeline (a dict, or its JSON or TOML text) has a batch step."""
+    if isinstance(pipeline, str):
+        try:
+            pipeline = json.loads(pipeline)
+        except ValueError:
+            try:
+                import tomllib
+            except ImportError:  # Python < 3.11: the step's name as TOML writes it
+                return '"batch"' in pipeline
+            pipeline = tomllib.loads(pipeline)
+    return any(step.get("op") == "batch" for step in pipeline.get("steps", []))
+
+
 class Loader:
     """Batches for one data-parallel rank, epoch after epoch.
 
@@ -146,7 +160,7 @@ class Loader:
             batch_size = None
         elif not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: rows per batch (1 or more), or None for single rows")
-        if self._unbatched and pipeline is not None and '"batch"' in json.dumps(pipeline):
+        if self._unbatched and pipeline is not None and _has_batch_step(pipeline):
             raise ValueError(
                 "batch_size=None asks for single rows, but the pipeline's batch step makes batches: "
                 "drop one of them"
