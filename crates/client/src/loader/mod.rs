@@ -331,11 +331,17 @@ impl Loader {
         let streams = *self.streams.lock().unwrap_or_else(|p| p.into_inner());
         (s.peak_streams, s.bytes_received) = (streams.peak_streams, streams.bytes_received);
         s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
-        s.distinct_rows = self
-            .prepared
-            .shared
-            .distinct
-            .load(std::sync::atomic::Ordering::Relaxed);
+        // Epochs up to the one the consumer is in: one started ahead (the next, before its
+        // first batch is given) is not yet the consumer's.
+        let reached = match self.batches {
+            0 => self.epoch.saturating_sub(1),
+            _ => self.epoch,
+        };
+        s.distinct_rows = (self.prepared.shared.distinct.lock())
+            .unwrap_or_else(|p| p.into_inner())
+            .range(..=reached)
+            .map(|(_, rows)| rows)
+            .sum();
         s.echo = self.echo;
         s.completed = self.prepared.completed();
         s

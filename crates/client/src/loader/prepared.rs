@@ -41,8 +41,9 @@ pub(super) struct Shared {
     pub(super) compression: Compression,
     /// Finishes shards the servers leave un-reduced; where each shard's ops run.
     pub(super) completion: Option<Arc<Completion>>,
-    /// Rows read into shuffle windows, every epoch (the distinct samples of [`LoaderStats`]).
-    pub(super) distinct: std::sync::atomic::AtomicU64,
+    /// Rows read into shuffle windows, by epoch (the distinct samples of [`LoaderStats`]):
+    /// by epoch so that an epoch started ahead is not counted before the consumer reaches it.
+    pub(super) distinct: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 /// The query planned on one version of its dataset: the shards the servers listed, and their

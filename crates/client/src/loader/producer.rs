@@ -229,9 +229,12 @@ impl Producer {
             };
             let parts = split_rows(&mut at.pending, take);
             at.pending_rows -= take;
-            shared
+            *shared
                 .distinct
-                .fetch_add(take as u64, std::sync::atomic::Ordering::Relaxed);
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(self.epoch)
+                .or_default() += take as u64;
             let rows: Vec<(u32, u32)> = parts
                 .iter()
                 .enumerate()
