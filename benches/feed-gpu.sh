@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # `harness feed` and its GPU companion on a machine with an accelerator and no Rust toolchain:
-# release binaries and the Python package are built elsewhere and unpacked into DIST
-# (`harness`, which also serves, and `python/pushdown/` with its `_native` module). Needs python3
-# with torch, pyarrow, numpy and pillow. Results go to OUT (default benches/results/gpu):
-# the feed section of RESULTS.md, and one JSON line per GPU run; the data goes to
-# PUSHDOWN_FEED_DATA (default /tmp/pushdown-feed-data).
+# release binaries and the Python package are built elsewhere into DIST by
+# `benches/cores-dist.sh DIST --python` (`harness`, which also serves, and `python/pushdown/`
+# with its `_native` module; either may be `.xz`-compressed). Needs python3 with torch,
+# pyarrow, numpy and pillow. Results go to OUT (default benches/results/gpu): the feed section
+# of RESULTS.md, and one JSON line per GPU run; the data goes to PUSHDOWN_FEED_DATA (default
+# /tmp/pushdown-feed-data). Arguments after OUT go to `harness feed` (e.g. `--reps 1`);
+# PUSHDOWN_GPU_STEPS sets the measured ResNet-50 steps of each GPU run (default 200).
 #
-#   benches/feed-gpu.sh DIST [OUT]
+#   benches/feed-gpu.sh DIST [OUT] [HARNESS-FEED-ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dist=$(realpath "$1")
+packed=$(realpath "$1")
 out=$(realpath -m "${2:-benches/results/gpu}")
+shift $(($# < 2 ? $# : 2))
 mkdir -p "$out"
+# Unpacked where it can run: a copy, with the compressed files expanded.
+dist=/tmp/pushdown-feed-dist
+rm -rf "$dist"
+cp -r "$packed" "$dist"
+find "$dist" -name '*.xz' -print0 | while IFS= read -r -d '' f; do
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$f" "${f%.xz}"
+  rm "$f"
+done
+chmod +x "$dist/harness"
+steps=${PUSHDOWN_GPU_STEPS:-200}
 cores=$(nproc)
 half=$((cores / 2))
 export PUSHDOWN_PYTHON=${PUSHDOWN_PYTHON:-python3}
@@ -19,13 +33,13 @@ export PUSHDOWN_PYTHON=${PUSHDOWN_PYTHON:-python3}
 # 1. The CPU-only suite: half the cores serve, the other half train.
 cp benches/RESULTS.md "$out/RESULTS.md"
 data=${PUSHDOWN_FEED_DATA:-/tmp/pushdown-feed-data}
-"$dist/harness" feed --results "$out/RESULTS.md" --data "$data" 2>&1 | tee "$out/feed.log"
+"$dist/harness" feed --results "$out/RESULTS.md" --data "$data" "$@" 2>&1 | tee "$out/feed.log"
 
 # 2. ResNet-50 on the GPU: the ceiling, pushdown (server on half the cores, trainer on the
 # other half), and the DataLoader on the trainer's half and on every core.
 images="$data/full/images"
 export PYTHONPATH="$dist/python${PYTHONPATH:+:$PYTHONPATH}"
-gpu() { python3 benches/python/bench_feed_gpu.py "$@" | tee -a "$out/gpu.jsonl"; }
+gpu() { python3 benches/python/bench_feed_gpu.py --steps "$steps" "$@" | tee -a "$out/gpu.jsonl"; }
 gpu --feed synthetic
 taskset -c "0-$((half - 1))" "$dist/harness" serve --data "$data/full" \
   --listen 127.0.0.1:0 --threads "$half" > "$out/serve.log" 2>&1 &
@@ -33,8 +47,8 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "listening on" "$out/serve.log" && break; sleep 0.2; done
 addr=$(grep -o "listening on [^ ]*" "$out/serve.log" | head -1 | cut -d' ' -f3)
-taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --feed pushdown \
+taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed pushdown \
   --server "http://$addr" --server-pid "$server" | tee -a "$out/gpu.jsonl"
-taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --feed dataloader \
+taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed dataloader \
   --data "$images" --workers "$half" | tee -a "$out/gpu.jsonl"
 gpu --feed dataloader --data "$images" --workers "$cores"

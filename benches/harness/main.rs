@@ -17,6 +17,7 @@ mod finished;
 mod fleet;
 mod link;
 mod load;
+mod order;
 mod placement;
 mod process;
 mod quota;
@@ -112,6 +113,12 @@ enum Command {
     /// and by a DataLoader-style contender decoding on the trainer's cores: samples/s, the
     /// consumer's wait, CPU per 1,000 samples on each side, the bottleneck named.
     Feed {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The global order against the per-rank order (partitions = world size): W = 1, 4 and 8
+    /// ranks against one server, rows/s, server CPU per 1,000 rows, bytes read per epoch.
+    Order {
         #[command(flatten)]
         options: Options,
     },
@@ -332,6 +339,7 @@ fn main() -> Result<()> {
         Command::Split { options } => ("split", options.resolve()),
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
+        Command::Order { options } => ("order", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0 (the 2-core suites) or in
     // the far-CPU order (`cpus::far_cpu`).
@@ -343,7 +351,7 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         // These suites read images alone: the others are not generated for them.
-        let images_only = matches!(suite, "feed" | "fleet" | "shared");
+        let images_only = matches!(suite, "feed" | "fleet" | "shared" | "order");
         let data = datasets(&options, images_only.then_some(Kind::Images))?;
         let command = format!(
             "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
@@ -359,6 +367,7 @@ fn main() -> Result<()> {
                 "split" => split::suite(&options, &data, &command).await?,
                 "shared" => shared::suite(&options, &data, &command).await?,
                 "feed" => feed::suite(&options, &data, &command).await?,
+                "order" => order::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");
@@ -440,7 +449,18 @@ fn serve(data: &Path, listen: std::net::SocketAddr, threads: usize) -> Result<()
     // where the harness pins it to a CPU).
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let running = open_server(data, threads).await?.spawn(listen).await?;
+        let server = open_server(data, threads).await?;
+        // `PUSHDOWN_METRICS_FILE`: the bytes its store has read, rewritten every 100 ms.
+        if let Ok(path) = std::env::var("PUSHDOWN_METRICS_FILE") {
+            let metrics = std::sync::Arc::clone(server.metrics());
+            pushdown_task::detach(async move {
+                loop {
+                    let _ = std::fs::write(&path, metrics.store_bytes_read.get().to_string());
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            });
+        }
+        let running = server.spawn(listen).await?;
         println!("listening on {}", running.addr());
         use std::io::Write;
         std::io::stdout().flush()?;

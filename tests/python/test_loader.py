@@ -93,6 +93,36 @@ def test_ranks_have_equal_batches_and_cover_the_epoch(server, world):
     assert len(seen) == len(set(seen)), "no row twice"
 
 
+def global_batches(server, world, state=None, **kw):
+    """Every rank of `world` (global batch 16, global window 64), joined batch by batch."""
+    ranks = []
+    for rank in range(world):
+        loader = make(server, rank=rank, world_size=world, batch_size=16 // world,
+                      shuffle_buffer=64 // world, **kw)
+        if state is not None:
+            loader.load_state_dict(state)
+        ranks.append(ids(loader))
+    assert len({len(r) for r in ranks}) == 1
+    return [sorted(i for r in ranks for i in r[t]) for t in range(len(ranks[0]))]
+
+
+def test_a_state_saved_at_one_world_size_continues_at_another(server):
+    whole = global_batches(server, 4, drop_last=True)
+    assert global_batches(server, 1, drop_last=True) == whole, "the same global batches at W=1"
+    states = []
+    for rank in range(4):
+        loader = make(server, rank=rank, world_size=4, batch_size=4, shuffle_buffer=16, drop_last=True)
+        for _ in range(6):
+            next(loader)
+        states.append(loader.state_dict())
+    assert all(s == states[0] for s in states), "the same state on every rank"
+    assert global_batches(server, 2, states[0], drop_last=True) == whole[6:]
+    # Another global batch is refused, saying what to pass.
+    loader = make(server, rank=0, world_size=2, batch_size=4, shuffle_buffer=32, drop_last=True)
+    with pytest.raises(ValueError, match="batch_size=8"):
+        loader.load_state_dict(states[0])
+
+
 def test_pipeline_pixels_and_flip_rate(server):
     def load(p):
         pipeline = {

@@ -228,7 +228,9 @@ def test_version_and_the_torch_hint(monkeypatch):
 
 
 def test_batch_size_none_is_unbatched_and_resumes_inside_a_batch(server):
-    batched = [i for b in pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=16)
+    # The order cuts shuffle windows in whole batches: unbatched rows are those of batches of
+    # one window.
+    batched = [i for b in pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=32)
                for i in b["id"].tolist()]
     single = pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=None)
     assert len(single) == len(batched), "len() counts rows when unbatched"
@@ -236,7 +238,7 @@ def test_batch_size_none_is_unbatched_and_resumes_inside_a_batch(server):
     for row in single:
         assert np.asarray(row["id"]).shape == () and isinstance(row["label"], np.ndarray)
         rows.append(int(row["id"]))
-        if len(rows) == 21:  # inside the second batch
+        if len(rows) == 45:  # inside the second batch
             state = single.state_dict()
             break
     resumed = pushdown.Loader(server, sql=SQL, shuffle_buffer=32, seed=4, batch_size=None)
@@ -246,3 +248,40 @@ def test_batch_size_none_is_unbatched_and_resumes_inside_a_batch(server):
     with pytest.raises(ValueError, match="single rows"):
         pushdown.Loader(server, batch_size=None, pipeline={"dataset": "images", "steps": [
             {"op": "batch", "size": 4}]})
+
+
+def test_workers_yield_the_ranks_batches_in_turn_whatever_their_number(torch, adapter, server):
+    """DataLoader workers (as ``get_worker_info`` tells them) each yield every n-th batch of
+    the rank's sequence; the DataLoader's round robin gives the sequence back, unchanged by
+    num_workers, and a restored state continues in every worker."""
+    if REAL_TORCH:
+        pytest.skip("test_torch.py drives real workers")
+    want = epochs_of(server, 1)[0]
+    data = sys.modules["torch.utils.data"]
+
+    def with_workers(ds, n):
+        streams = []
+        for k in range(n):
+            data.get_worker_info = lambda k=k: types.SimpleNamespace(num_workers=n, id=k)
+            copy = pickle.loads(pickle.dumps(ds))  # each worker has its own copy
+            streams.append([b["id"].tolist() for b in copy])
+        data.get_worker_info = lambda: None
+        out = []
+        while any(streams):
+            for s in streams:
+                if s:
+                    out.append(s.pop(0))
+        return out
+
+    try:
+        for n in [2, 3]:
+            ds = adapter.IterableDataset([server], rank=0, world_size=1, **ARGS)
+            assert with_workers(ds, n) == want, f"{n} workers"
+        first = pushdown.Loader([server], **ARGS)
+        head = [next(iter(first))["id"].tolist()]
+        state = first.state_dict()
+        restored = adapter.IterableDataset([server], rank=0, world_size=1, **ARGS)
+        restored.load_state_dict(state)
+        assert head + with_workers(restored, 2) == want
+    finally:
+        data.get_worker_info = lambda: None

@@ -283,6 +283,12 @@ fn loader_options() -> LoaderOptions {
         batch_size: Some(16),
         shuffle_buffer: Some(48),
         seed: 11,
+        // One partition: the links (1 MB/s) and the stall timeout (1.5 s) below are sized for
+        // `concurrency` streams in flight. The default order's 8 partitions would keep 8
+        // streams open on them (paused ones still fill their HTTP/2 windows), and a healthy
+        // server's messages would then take longer than the stall timeout. Faults are
+        // resumed per stream either way.
+        partitions: Some(1),
         stream: StreamOptions {
             concurrency: 3,
             buffered_bytes: 1,

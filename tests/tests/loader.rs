@@ -622,7 +622,9 @@ fn echoing_delivers_each_sample_k_times_augmented_anew_and_resumes_exactly() {
         ..LoaderOptions::default()
     };
     let mut l = Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), o.clone()).expect("loader");
-    assert_eq!(l.epoch_len(), (400, 13), "twice the rows per epoch");
+    // Each window is given twice, round after round, each round cut into the window's
+    // batches: 200 rows in batches of 32 are 6 full and one of 8, so 14 batches of 400 rows.
+    assert_eq!(l.epoch_len(), (400, 14), "twice the rows per epoch");
     let batches = id_crops(&mut l, usize::MAX);
     let stats = l.stats();
     assert_eq!((stats.rows, stats.distinct_rows, stats.echo), (400, 200, 2));
@@ -969,4 +971,267 @@ fn a_pipelines_batch_step_is_honoured_with_its_drop_last() {
             .contains("disagrees with the pipeline's batch step"),
         "{err}"
     );
+}
+
+/// Every rank of `world` (batches of `batch` rows, windows of `window` rows), from `state`
+/// if given, for `take` global batches: each global batch as the ranks' batches joined.
+fn global_batches(
+    servers: &[String],
+    world: usize,
+    batch: usize,
+    window: usize,
+    state: Option<LoaderState>,
+    take: usize,
+) -> Vec<Vec<i64>> {
+    let ranks: Vec<Vec<Vec<i64>>> = (0..world)
+        .map(|rank| {
+            let o = LoaderOptions {
+                batch_size: Some(batch),
+                shuffle_buffer: Some(window),
+                rank,
+                world_size: world,
+                ..options(21)
+            };
+            let mut l = loader(servers, o);
+            if let Some(state) = state {
+                l.restore(state).expect("restore");
+            }
+            drain(&mut l, take)
+        })
+        .collect();
+    let len = ranks[0].len();
+    assert!(
+        ranks.iter().all(|r| r.len() == len),
+        "as many batches on every rank"
+    );
+    (0..len)
+        .map(|t| {
+            let sizes: Vec<usize> = ranks.iter().map(|r| r[t].len()).collect();
+            assert!(sizes.iter().all(|&s| s == sizes[0]), "equal batches: {sizes:?}");
+            ranks.iter().flat_map(|r| r[t].clone()).collect()
+        })
+        .collect()
+}
+
+/// What `x` has that `y` lacks, and what `y` has that `x` lacks, counted as multisets.
+fn difference(x: &[i64], y: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    let mut extra = y.to_vec();
+    let mut missing = Vec::new();
+    for id in x {
+        match extra.iter().position(|e| e == id) {
+            Some(at) => {
+                extra.remove(at);
+            }
+            None => missing.push(*id),
+        }
+    }
+    (missing, extra)
+}
+
+fn sorted(batches: Vec<Vec<i64>>) -> Vec<Vec<i64>> {
+    batches
+        .into_iter()
+        .map(|mut b| {
+            b.sort_unstable();
+            b
+        })
+        .collect()
+}
+
+/// The global order: the same global batches (as sets of rows) at world sizes 1, 2 and 4,
+/// over uneven shards (a filter) with a shuffle window, both epochs.
+#[test]
+fn global_batches_are_the_same_at_every_world_size() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let n = s.runtime.block_on(s.fx.local_count("label < 600")) as usize;
+    let one = global_batches(&servers, 1, 24, 96, None, usize::MAX);
+    assert_eq!(one.len(), 2 * n.div_ceil(24));
+    let mut rows: Vec<i64> = one[..one.len() / 2].concat();
+    rows.sort_unstable();
+    rows.dedup();
+    assert_eq!(rows.len(), n, "every row once per epoch");
+    for world in [2, 4] {
+        let joined = global_batches(&servers, world, 24 / world, 96 / world, None, usize::MAX);
+        let last = one.len() / 2 - 1;
+        let (mut a, mut b) = (sorted(one.clone()), sorted(joined));
+        if !(n % 24).is_multiple_of(world) {
+            // The last batch of each epoch: its rows, and fewer than `world` repeated.
+            for t in [last, 2 * last + 1] {
+                assert!(b[t].len() - a[t].len() < world);
+                b[t].retain(|id| a[t].contains(id));
+                b[t].dedup();
+                a[t].dedup();
+            }
+        }
+        assert_eq!(a, b, "world size {world}");
+    }
+}
+
+/// A state saved at world size 4 is the same on every rank, and continues at 2 and at 8
+/// (the global batch unchanged) with the uninterrupted run's global batches.
+#[test]
+fn a_state_saved_at_one_world_size_continues_at_another() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let whole = sorted(global_batches(&servers, 4, 6, 24, None, usize::MAX));
+    for k in [3, 7, whole.len() / 2 + 1] {
+        let states: Vec<Vec<u8>> = (0..4)
+            .map(|rank| {
+                let o = LoaderOptions {
+                    batch_size: Some(6),
+                    shuffle_buffer: Some(24),
+                    rank,
+                    world_size: 4,
+                    ..options(21)
+                };
+                let mut l = loader(&servers, o);
+                drain(&mut l, k);
+                l.state().to_bytes()
+            })
+            .collect();
+        assert!(
+            states.iter().all(|s| *s == states[0]),
+            "the same state on every rank"
+        );
+        let state = LoaderState::from_bytes(&states[0]).expect("state");
+        for (world, batch, window) in [(2, 12, 48), (8, 3, 12)] {
+            let rest = sorted(global_batches(
+                &servers,
+                world,
+                batch,
+                window,
+                Some(state),
+                usize::MAX,
+            ));
+            let (a, b) = (&whole[k..], &rest[..]);
+            assert_eq!(a.len(), b.len(), "k={k} world {world}");
+            for (t, (x, y)) in a.iter().zip(b).enumerate() {
+                if x != y {
+                    // Only an epoch's padded last batch may differ: in its repeated rows
+                    // (fewer than the world size, the epoch's rows `r` of the short ranks).
+                    let (missing, extra) = difference(x, y);
+                    let last = (k + t + 1) % (whole.len() / 2) == 0;
+                    assert!(
+                        last && missing.len() < 4 && extra.len() < world,
+                        "k={k} world {world} batch {t}: {missing:?} {extra:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn states_that_cannot_continue_here_are_refused_by_what_differs() {
+    let s = setup(200);
+    let servers = vec![s.fx.running.url()];
+    let at4 = |o: LoaderOptions| LoaderOptions {
+        batch_size: Some(6),
+        shuffle_buffer: Some(24),
+        world_size: 4,
+        ..o
+    };
+    let mut saved = loader(&servers, at4(options(21)));
+    drain(&mut saved, 2);
+    let state = saved.state();
+    let refused = |o: LoaderOptions, sql: &str| {
+        let mut l = Loader::new(&servers, LoaderSource::Sql(sql.into()), o).expect("loader");
+        l.restore(state).expect_err("refused").to_string()
+    };
+    let half = |o: LoaderOptions| LoaderOptions {
+        world_size: 2,
+        batch_size: Some(12),
+        shuffle_buffer: Some(48),
+        ..o
+    };
+    let why = refused(
+        LoaderOptions {
+            batch_size: Some(6),
+            ..half(options(21))
+        },
+        SQL,
+    );
+    assert!(
+        why.contains("global batch is 24") && why.contains("batch_size=12"),
+        "{why}"
+    );
+    let why = refused(
+        LoaderOptions {
+            shuffle_buffer: Some(24),
+            ..half(options(21))
+        },
+        SQL,
+    );
+    assert!(
+        why.contains("shuffle window") && why.contains("shuffle_buffer=48"),
+        "{why}"
+    );
+    let why = refused(half(options(22)), SQL);
+    assert!(why.contains("seed is 21"), "{why}");
+    let why = refused(
+        half(options(21)),
+        "SELECT id, label FROM images WHERE label < 500",
+    );
+    assert!(why.contains("another query"), "{why}");
+    let why = refused(
+        LoaderOptions {
+            partitions: Some(16),
+            ..half(options(21))
+        },
+        SQL,
+    );
+    assert!(why.contains("8 partitions") && why.contains("16"), "{why}");
+    let why = refused(
+        LoaderOptions {
+            world_size: 3,
+            batch_size: Some(8),
+            shuffle_buffer: Some(32),
+            partitions: Some(24),
+            ..options(21)
+        },
+        SQL,
+    );
+    assert!(why.contains("8 partitions"), "{why}");
+    // A world size that does not divide the partitions is refused at the start.
+    let o = LoaderOptions {
+        world_size: 3,
+        partitions: Some(8),
+        ..options(21)
+    };
+    let err = Loader::new(&servers, LoaderSource::Sql(SQL.into()), o).expect_err("W=3 of 8");
+    assert!(err.to_string().contains("does not divide"), "{err}");
+}
+
+/// A state of the per-rank order (`PDL3`, earlier versions) restores at an epoch boundary
+/// and is refused mid-epoch, saying so.
+#[test]
+fn states_of_the_per_rank_order_restore_at_epoch_boundaries() {
+    let s = setup(200);
+    let servers = vec![s.fx.running.url()];
+    let mut l = loader(&servers, options(21));
+    let fingerprint = l.per_rank_fingerprint();
+    let v3 = |epoch: u64, batches: u64| {
+        let mut bytes = b"PDL3".to_vec();
+        for word in [fingerprint, epoch, batches, 0, 1] {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        LoaderState::from_bytes(&bytes).expect("v3 state")
+    };
+    l.restore(v3(1, 0)).expect("an epoch boundary restores");
+    assert_eq!(l.position(), (1, 0));
+    let whole = drain(&mut loader(&servers, options(21)), usize::MAX);
+    let second = drain(&mut l, usize::MAX);
+    assert_eq!(second, whole[whole.len() / 2..], "epoch 1 as the loader gives it");
+    let err = l.restore(v3(1, 3)).expect_err("mid-epoch");
+    assert!(
+        err.to_string().contains("mid-epoch 1") && err.to_string().contains("per-rank"),
+        "{err}"
+    );
+    let mut bytes = b"PDL3".to_vec();
+    for word in [fingerprint ^ 1, 0, 0, 0, 1] {
+        bytes.extend_from_slice(&word.to_le_bytes());
+    }
+    let other = LoaderState::from_bytes(&bytes).expect("state");
+    assert!(l.restore(other).is_err());
 }

@@ -67,7 +67,7 @@ impl PyLoader {
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
-        echo_max=4, report_every_s=1.0, placement="costed"
+        echo_max=4, report_every_s=1.0, placement="costed", partitions=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -98,6 +98,7 @@ impl PyLoader {
         echo_max: u32,
         report_every_s: f64,
         placement: &str,
+        partitions: Option<usize>,
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
@@ -128,6 +129,7 @@ impl PyLoader {
             seed,
             rank,
             world_size,
+            partitions,
             epochs,
             drop_last,
             prefetch,

@@ -53,7 +53,7 @@ use tokio::sync::mpsc;
 use crate::client::PushdownClient;
 use crate::completion::CompletionTotals;
 use crate::error::{ClientError, Result};
-use crate::order::{Echo, LoaderState, batches_in, rank_range};
+use crate::order::{Echo, LoaderState, Shape, check_world, rank_partitions};
 use crate::stream::StreamTotals;
 use pushdown_task::Task;
 
@@ -123,6 +123,8 @@ pub struct Loader {
     reported: Option<(Instant, Duration, u64)>,
     /// The next epoch, started once this one's last shards are in flight.
     ahead: Option<Ahead>,
+    /// The order's partitions: the options' (or their default), or a restored state's.
+    partitions: u64,
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
     streams: Arc<std::sync::Mutex<StreamTotals>>,
 }
@@ -184,6 +186,8 @@ impl Loader {
                     .into(),
             ));
         }
+        let partitions = shared.order.partitions;
+        check_world(partitions, shared.options.world_size as u64)?;
         Ok(Self {
             runtime: Some(runtime),
             prepared: Prepared {
@@ -208,6 +212,7 @@ impl Loader {
             reported: None,
             ahead: None,
             streams: Arc::default(),
+            partitions,
         })
     }
 
@@ -219,40 +224,45 @@ impl Loader {
     /// Rows each rank gets per epoch (echoes counted), and batches per epoch, as the current
     /// (or last) epoch was planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
+        let shared = &self.prepared.shared;
         let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
-        let (rows, _) = rank_range(n, &self.prepared.shared.options.sequence());
-        let rows = rows * self.echo;
-        (
-            rows,
-            batches_in(
-                rows,
-                self.prepared.shared.batch_size as u64,
-                self.prepared.shared.options.drop_last,
-            ),
-        )
+        let order = crate::order::Order {
+            partitions: self.partitions,
+            ..shared.order
+        };
+        let shape = Shape::new(n, &order);
+        let (rank, world) = (shared.options.rank as u64, shared.options.world_size as u64);
+        let rows: u64 = rank_partitions(self.partitions, rank, world)
+            .map(|p| shape.items_before(p, shape.batches()))
+            .sum::<u64>()
+            + shape.pad(rank, world);
+        (rows * self.echo, shape.batches() * self.echo)
     }
 
     pub fn state(&self) -> LoaderState {
         let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
         LoaderState {
-            fingerprint: self.prepared.shared.fingerprint,
+            order: crate::order::Order {
+                partitions: self.partitions,
+                ..self.prepared.shared.order
+            },
             epoch: self.epoch,
             batches: self.batches,
             version: if mid_epoch { self.prepared.version() } else { 0 },
             echo: self.echo,
+            per_rank: None,
         }
     }
 
-    /// Continues from `state`: the next batch is the one the saved loader would have given.
-    /// Mid-epoch, that needs the shards the epoch was planned on: a dataset changed since is
-    /// refused by name (restore at an epoch boundary instead, which plans on the new version).
+    /// Continues from `state`: the next batch is the global batch the saved loaders would
+    /// have given next, at this loader's world size (any that divides the state's partitions,
+    /// with the same global batch and window). Mid-epoch, that needs the shards the epoch was
+    /// planned on: a dataset changed since is refused by name (restore at an epoch boundary
+    /// instead, which plans on the new version).
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
-        if state.fingerprint != self.prepared.shared.fingerprint {
-            return Err(ClientError::Invalid(
-                "the state belongs to another query, seed, rank, world size or batching".into(),
-            ));
-        }
+        let partitions = self.check_state(&state)?;
         self.stop_producer();
+        self.partitions = partitions;
         if state.batches > 0 {
             if self.prepared.version() != state.version {
                 let replanned = self.block_on_replan()?;
@@ -283,6 +293,44 @@ impl Loader {
         Ok(())
     }
 
+    /// The partitions to continue `state` with, or why it cannot be continued here.
+    fn check_state(&self, state: &LoaderState) -> Result<u64> {
+        let shared = &self.prepared.shared;
+        if let Some(fingerprint) = state.per_rank {
+            if fingerprint != shared.per_rank {
+                return Err(ClientError::Invalid(
+                    "the state (saved by the per-rank order of an earlier pushdown) belongs to \
+                     another query, seed, rank, world size or batching"
+                        .into(),
+                ));
+            }
+            if state.batches > 0 {
+                return Err(ClientError::Invalid(format!(
+                    "the state was saved mid-epoch {} by the per-rank order of an earlier \
+                     pushdown, which this version's global order cannot continue: restart from \
+                     the start of epoch {} (a state saved at an epoch boundary restores)",
+                    state.epoch, state.epoch
+                )));
+            }
+            return Ok(self.partitions);
+        }
+        let world = shared.options.world_size as u64;
+        if let Some(why) = shared.order.differs(&state.order, world) {
+            return Err(ClientError::Invalid(why));
+        }
+        let saved = state.order.partitions;
+        if let Some(asked) = shared.options.partitions
+            && asked as u64 != saved
+        {
+            return Err(ClientError::Invalid(format!(
+                "the state's order has {saved} partitions, this loader asks for {asked}: drop \
+                 `partitions` to continue the state's"
+            )));
+        }
+        check_world(saved, world)?;
+        Ok(saved)
+    }
+
     /// Iterates `count` epochs from `first` (a pass, as a `for` loop over a torch dataset
     /// makes one per epoch); `continuing`: from where the loader is (after a restore, or
     /// when it has not begun `first`), only the pass's end set. The epoch started ahead is
@@ -311,6 +359,13 @@ impl Loader {
             // Planned again when the epoch starts; the error, if it stays, is its error.
             tracing::debug!(error = %e, "the epoch started ahead could not be adopted");
         }
+    }
+
+    /// What a state of the per-rank order (saved by earlier versions) of these options
+    /// carries: tests build such states with it.
+    #[doc(hidden)]
+    pub fn per_rank_fingerprint(&self) -> u64 {
+        self.prepared.shared.per_rank
     }
 
     /// The epoch the next batch belongs to, and batches of it already given.
@@ -439,6 +494,7 @@ impl Loader {
         let base = self.prepared.clone();
         let echo = options.echo.factor(None);
         let streams = Arc::clone(&self.streams);
+        let partitions = self.partitions;
         let producer = Task::spawn_on(runtime.handle(), async move {
             let next = match base.replan().await {
                 Ok(next) => next,
@@ -449,7 +505,7 @@ impl Loader {
             };
             let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
             let _ = planned.send(next);
-            let producer = Producer::new(shared, shards, epoch, echo, 0);
+            let producer = Producer::new(shared, shards, epoch, echo, 0).with_partitions(partitions);
             let watch = EpochWatch {
                 totals: Arc::clone(&streams),
                 ..EpochWatch::default()
@@ -516,12 +572,12 @@ impl Loader {
             Arc::clone(&self.prepared.shards),
         );
         let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
-        let streams = Arc::clone(&self.streams);
+        let (streams, partitions) = (Arc::clone(&self.streams), self.partitions);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Closed("the loader is shut down"));
         };
         let handle = Task::spawn_on(runtime.handle(), async move {
-            let producer = Producer::new(shared, shards, epoch, echo, first);
+            let producer = Producer::new(shared, shards, epoch, echo, first).with_partitions(partitions);
             let watch = EpochWatch {
                 totals: Arc::clone(&streams),
                 ..EpochWatch::default()

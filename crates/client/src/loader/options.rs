@@ -24,17 +24,27 @@ pub enum LoaderSource {
 /// How the loader orders, partitions and batches.
 #[derive(Debug, Clone)]
 pub struct LoaderOptions {
-    /// Rows per batch (default: the pipeline's batch step, else 256).
+    /// Rows per batch on this rank (default: the pipeline's batch step, else 256); the global
+    /// batch, which the order depends on, is `batch_size × world_size`.
     pub batch_size: Option<usize>,
-    /// Rows per shuffle window (default: the pipeline's shuffle step, else 1: no shuffle).
+    /// Rows per shuffle window on this rank (default: the pipeline's shuffle step, else 1: no
+    /// shuffle), rounded up to whole batches; the global window is `× world_size`.
     pub shuffle_buffer: Option<usize>,
     pub seed: u64,
     pub rank: usize,
     pub world_size: usize,
+    /// Canonical partitions of the global order: the epoch's rows are cut into this many
+    /// contiguous parts, each global batch takes a chunk of each, and rank `r` of `W` reads
+    /// `P/W` of them. Any world size dividing it sees the same global batches, so set it to a
+    /// multiple of every world size a job will run at. Default: 8 with a shuffle (or the
+    /// least multiple of 8 the world size divides), the world size without one. A restored
+    /// state's is kept.
+    pub partitions: Option<usize>,
     /// Epochs to iterate.
     pub epochs: usize,
-    /// Drop the rows that do not fill a batch (and those that would make ranks unequal);
-    /// otherwise ranks are padded by wrapping around the epoch, as `DistributedSampler`.
+    /// Drop the rows that do not fill a global batch; otherwise the last global batch holds
+    /// them, and a rank one row short of the others repeats one (as `DistributedSampler`
+    /// pads).
     pub drop_last: bool,
     /// Batches prepared ahead of the consumer.
     pub prefetch: usize,
@@ -152,6 +162,7 @@ impl Default for LoaderOptions {
             seed: 0,
             rank: 0,
             world_size: 1,
+            partitions: None,
             epochs: 1,
             drop_last: false,
             prefetch: 4,

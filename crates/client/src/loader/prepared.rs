@@ -16,7 +16,7 @@ use crate::client::PushdownClient;
 use crate::completion::{Completion, CompletionTotals, ShardPlacement};
 use crate::connect::plan_estimate;
 use crate::error::{ClientError, Result};
-use crate::order::{Echo, Fnv, fingerprint};
+use crate::order::{Echo, Fnv, Order, default_partitions, per_rank_fingerprint, sources};
 use crate::plan::{Link, LinkSource, costed_plan_for_ranks};
 use crate::steps::RowSteps;
 use crate::stream::StreamTotals;
@@ -34,9 +34,11 @@ pub(super) struct Shared {
     pub(super) counted: bool,
     pub(super) steps: RowSteps,
     pub(super) batch_size: usize,
-    pub(super) window: usize,
     pub(super) options: LoaderOptions,
-    pub(super) fingerprint: u64,
+    /// The global order (its partitions the options', or their default).
+    pub(super) order: Order,
+    /// What a state saved by the per-rank order (`PDL3`) of these options would carry.
+    pub(super) per_rank: u64,
     pub(super) plan: Option<Plan>,
     pub(super) compression: Compression,
     /// Finishes shards the servers leave un-reduced; where each shard's ops run.
@@ -296,7 +298,8 @@ pub(super) async fn prepare(
     let completion = completion_for(&client, plan.as_ref(), dataset.as_deref(), &schema).await?;
     let plan = plan.map(|(plan, _)| plan);
     let steps = RowSteps::new(&steps, schema, options.seed, resources)?;
-    let fingerprint = fingerprint(&request, &options.sequence(), batch_size, window);
+    let order = global_order(&request, &options, batch_size, window);
+    let per_rank = per_rank_fingerprint(&request, &options.sequence(), batch_size, window);
     let compression = request.compression;
     let shared = Shared {
         client,
@@ -304,9 +307,9 @@ pub(super) async fn prepare(
         counted: counts.is_some(),
         steps,
         batch_size,
-        window,
         options,
-        fingerprint,
+        order,
+        per_rank,
         plan,
         compression,
         completion,
@@ -465,6 +468,33 @@ pub(super) fn batch_and_window(
     Ok((batch_size, window))
 }
 
+/// The global order these options ask for: the global batch is `batch_size × world_size`,
+/// the window the shuffle buffer in whole batches.
+pub(super) fn global_order(
+    request: &ScanRequest,
+    options: &LoaderOptions,
+    batch_size: usize,
+    window: usize,
+) -> Order {
+    let world = options.world_size.max(1) as u64;
+    let shuffled = window > 1;
+    Order {
+        sources: sources(request),
+        seed: options.seed,
+        global_batch: batch_size as u64 * world,
+        window: if shuffled {
+            window.div_ceil(batch_size.max(1)) as u64
+        } else {
+            0
+        },
+        partitions: options
+            .partitions
+            .map_or_else(|| default_partitions(world, shuffled), |p| p as u64),
+        drop_last: options.drop_last,
+        echo: options.echo.code(),
+    }
+}
+
 /// Opens the query: the servers' plan of its shards (a query that is not row-wise refused
 /// where ranks, a shuffle window or `drop_last` need one), and each shard's rows where those
 /// or `count` need them (`None`: not counted).
@@ -486,7 +516,10 @@ pub(super) async fn plan_shards(
                 .into(),
         ));
     }
-    let counted = row_wise && (count || options.world_size > 1 || options.drop_last);
+    let partitions = options
+        .partitions
+        .unwrap_or_else(|| default_partitions(options.world_size as u64, window > 1) as usize);
+    let counted = row_wise && (count || options.world_size > 1 || options.drop_last || partitions > 1);
     let counts = if counted {
         Some(count_rows(client, &info, &Default::default()).await?)
     } else {

@@ -1,7 +1,11 @@
-//! One epoch's batches, produced: shards streamed in order, windows shuffled, batches cut.
+//! One epoch of a rank, produced: its partitions streamed side by side, each permuted by
+//! window, the windows' batches cut from every partition's chunk, each batch finished on a
+//! worker thread. What is read and in which order is `order.rs`'s; this module only follows it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
 use arrow::array::Array;
 use arrow::datatypes::SchemaRef;
@@ -11,12 +15,15 @@ use tokio::sync::mpsc;
 
 use super::prepared::{Shards, Shared};
 use crate::error::{ClientError, Result};
-use crate::order::{batch_key, batches_in, echoed_order, rank_range, segments, shard_order, window_rng};
+use crate::order::{
+    Permutation, RankSlice, Shape, batch_key, locate, plan_window, plan_window_at, segments, shard_order,
+};
 use crate::stream::StreamTotals;
 use crate::stream::{Order, Segment, ShardStream};
 
-/// One epoch of a prepared query from batch `first` on: its shards' rows read in the epoch's
-/// order, permuted by window, batched, and each batch finished on a worker thread.
+/// One epoch of a prepared query from batch `first` on: the rank's partitions read side by
+/// side in the epoch's order, permuted by window, batched, and each batch finished on a
+/// worker thread.
 pub(super) struct Producer {
     pub(super) shared: Arc<Shared>,
     pub(super) shards: Arc<Shards>,
@@ -24,60 +31,101 @@ pub(super) struct Producer {
     /// Times each sample repeats (at least 1).
     pub(super) echo: u64,
     pub(super) first: u64,
+    /// The order's partitions (the options', or a restored state's).
+    pub(super) partitions: u64,
 }
 
-/// A producer's rows on their way from its stream to its workers, and where it is in the
-/// epoch.
-pub(super) struct Batching<T> {
-    /// Rows of the current window.
+/// What a rank reads of an epoch: the global order's shape (`None`: not counted, when rank 0
+/// of 1 reads every shard whole in one partition) and its partitions.
+pub(super) struct RankPlan {
+    pub(super) shape: Option<Shape>,
+    pub(super) slice: RankSlice,
+    /// Batches the rank gives in the epoch (echoes counted); `u64::MAX` when not counted.
+    pub(super) total: u64,
+}
+
+/// One partition's stream and its rows not yet in a window.
+pub(super) struct Cursor {
+    pub(super) partition: u64,
+    pub(super) stream: Option<ShardStream>,
     pub(super) pending: VecDeque<RecordBatch>,
     pub(super) pending_rows: usize,
-    /// Permuted windows, not yet batched. Rows are never copied before their batch is
-    /// gathered, once, on a worker thread.
-    pub(super) shuffled: VecDeque<Window>,
-    pub(super) shuffled_rows: usize,
-    /// The next window to permute (without a shuffle, the next row).
+    /// Rows held beyond which it stops reading (two windows' worth).
+    pub(super) limit: usize,
+    pub(super) done: bool,
+    pub(super) started: Arc<AtomicBool>,
+}
+
+/// A producer's rows on their way from its streams to its workers, and where it is in the
+/// epoch.
+pub(super) struct Batching<T> {
+    pub(super) cursors: Vec<Cursor>,
+    /// The next window to build.
     pub(super) window: u64,
-    /// Rows of the first window permuted that come before batch `first`, not delivered.
-    pub(super) drop_rows: usize,
+    /// The first batch to queue (a resumed epoch's): the window holding it is built whole.
+    pub(super) skip: u64,
+    /// Batches cut from built windows, not yet handed to a worker: the rows they gather.
+    pub(super) ready: VecDeque<Gather>,
     pub(super) next_batch: u64,
     pub(super) total_batches: u64,
     pub(super) in_flight: futures::stream::FuturesOrdered<tokio::task::JoinHandle<Result<T>>>,
     pub(super) workers: usize,
-    /// Rows read ahead of the batches being handed out: the window being emitted and the next
-    /// one filling. Reading goes on while the consumer takes a window's batches, so the
-    /// servers never wait for a window to drain (they did: the epoch alternated between
-    /// filling a window, the consumer waiting, and emitting it, the servers idle).
-    pub(super) ahead: usize,
     pub(super) schema: SchemaRef,
     pub(super) finish: fn(RecordBatch, u64, u64) -> Result<T>,
-    /// The stream has ended.
-    pub(super) done: bool,
+    /// Every window is built.
+    pub(super) built: bool,
+    /// Where the poll over the cursors starts (turns, so that none is starved).
+    pub(super) turn: usize,
 }
 
 impl<T> Batching<T> {
     /// Whether every batch there is has been handed out.
     pub(super) fn finished(&self) -> bool {
-        self.done
-            && self.in_flight.is_empty()
-            && (self.next_batch >= self.total_batches || self.shuffled_rows == 0)
+        self.built && self.ready.is_empty() && self.in_flight.is_empty()
     }
 
-    /// Whether to read on: the stream has more, and fewer rows than `ahead` are held.
-    pub(super) fn reads(&self) -> bool {
-        !self.done && self.pending_rows + self.shuffled_rows < self.ahead
+    /// Whether a cursor should read on: windows are short of rows, and fewer than one
+    /// built window's batches wait (reading goes on while the consumer takes a window's
+    /// batches, so the servers never wait for it to drain).
+    fn reading(&self, cursor: &Cursor) -> bool {
+        !self.built && !cursor.done && cursor.pending_rows < cursor.limit
+    }
+
+    /// The cursors to read from now: of those that should read on, the `active` furthest
+    /// behind (the fewest rows held for their limit). The others' streams wait, paused by
+    /// back-pressure, so that `concurrency` bounds the streams transferring at once, however
+    /// many partitions the rank reads.
+    fn wants(&self, active: usize) -> Vec<bool> {
+        let mut behind: Vec<(usize, f64)> = (self.cursors.iter().enumerate())
+            .filter(|(_, c)| self.reading(c))
+            .map(|(i, c)| (i, c.pending_rows as f64 / c.limit.max(1) as f64))
+            .collect();
+        behind.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let mut wants = vec![false; self.cursors.len()];
+        for (i, _) in behind.into_iter().take(active.max(1)) {
+            wants[i] = true;
+        }
+        wants
     }
 }
 
 impl Producer {
     pub(super) fn new(shared: Arc<Shared>, shards: Arc<Shards>, epoch: u64, echo: u64, first: u64) -> Self {
+        let partitions = shared.order.partitions;
         Self {
             shared,
             shards,
             epoch,
             echo: echo.max(1),
             first,
+            partitions,
         }
+    }
+
+    /// The order's partitions, when a restored state's differ from the options'.
+    pub(super) fn with_partitions(mut self, partitions: u64) -> Self {
+        self.partitions = partitions;
+        self
     }
 
     /// Produces batches `first..` of `epoch` into `tx`, each finished by `finish(batch, epoch,
@@ -88,190 +136,348 @@ impl Producer {
         finish: fn(RecordBatch, u64, u64) -> Result<T>,
         watch: EpochWatch,
     ) -> Result<()> {
-        let (b, s) = (self.shared.batch_size as u64, self.shared.window as u64);
-        let echo = self.echo;
-        // Positions are in the echoed sequence: a window of `s` rows read gives `s × echo`.
-        let skip = self.first * b;
-        let window = skip / (s * echo);
-        let drop_rows = (skip - window * s * echo) as usize;
-        let Some((segments, total_batches)) = self.seek(window)? else {
+        let plan = self.plan()?;
+        if self.first >= plan.total {
             return Ok(());
-        };
-        let mut stream = self.open_stream(segments, &watch)?;
-        let mut at = self.batching(window, drop_rows, total_batches, stream.schema(), finish);
+        }
+        let mut at = self.batching(&plan, finish)?;
+        let result = self.produce(&plan, &mut at, &tx, &watch).await;
+        let mut totals = watch.totals.lock().unwrap_or_else(|p| p.into_inner());
+        for cursor in &at.cursors {
+            if let Some(stream) = &cursor.stream {
+                *totals += stream.totals();
+            }
+        }
+        result
+    }
+
+    async fn produce<T: Send + 'static>(
+        &self,
+        plan: &RankPlan,
+        at: &mut Batching<T>,
+        tx: &mpsc::Sender<Result<T>>,
+        watch: &EpochWatch,
+    ) -> Result<()> {
         loop {
-            self.permute_windows(&mut at);
-            self.dispatch(&mut at);
+            self.build_windows(plan, at)?;
+            self.dispatch(at);
             if at.finished() {
                 break;
             }
+            if !watch.all_started.load(Ordering::Relaxed)
+                && at.cursors.iter().all(|c| c.started.load(Ordering::Acquire))
+            {
+                watch.all_started.store(true, Ordering::Release);
+            }
             // Hand out the oldest batch, or read on: whichever can go first.
-            let read = at.reads();
+            let wants = at.wants(self.shared.options.stream.concurrency);
+            let read = wants.iter().any(|&w| w);
+            let Batching {
+                cursors,
+                in_flight,
+                turn,
+                ..
+            } = &mut *at;
             tokio::select! {
                 biased;
-                sent = send_next(&mut at.in_flight, &tx), if !at.in_flight.is_empty() => sent?,
-                batch = stream.next(), if read => match batch {
-                    Some(batch) => {
-                        let batch = batch?;
-                        at.pending_rows += batch.num_rows();
-                        at.pending.push_back(batch);
+                sent = send_next(in_flight, tx), if !in_flight.is_empty() => sent?,
+                (i, batch) = read_any(cursors, &wants, *turn), if read => {
+                    *turn = (i + 1) % cursors.len().max(1);
+                    let cursor = &mut cursors[i];
+                    match batch {
+                        Some(batch) => {
+                            let batch = batch?;
+                            cursor.pending_rows += batch.num_rows();
+                            cursor.pending.push_back(batch);
+                        }
+                        None => cursor.done = true,
                     }
-                    None => at.done = true,
-                },
-                else => break,
+                }
+                else => return Err(ClientError::Invalid(
+                    "the loader's producer stalled with batches left (a bug: please report it)".into(),
+                )),
             }
         }
         while !at.in_flight.is_empty() {
-            send_next(&mut at.in_flight, &tx).await?;
+            send_next(&mut at.in_flight, tx).await?;
         }
-        *watch.totals.lock().unwrap_or_else(|p| p.into_inner()) += stream.totals();
         Ok(())
     }
 
-    /// The parts of the shards this rank reads from window `window` on, in the epoch's shard
-    /// order, and the epoch's batches; `None` when it has no batch `first`.
-    pub(super) fn seek(&self, window: u64) -> Result<Option<(Vec<Segment>, u64)>> {
+    /// What this rank reads of the epoch.
+    pub(super) fn plan(&self) -> Result<RankPlan> {
+        let options = &self.shared.options;
+        let (rank, world) = (options.rank as u64, options.world_size as u64);
+        match &self.shards.counts {
+            Some(counts) => {
+                crate::order::check_world(self.partitions, world)?;
+                let n = counts.iter().sum();
+                let order = crate::order::Order {
+                    partitions: self.partitions,
+                    ..self.shared.order
+                };
+                let shape = Shape::new(n, &order);
+                Ok(RankPlan {
+                    shape: Some(shape),
+                    slice: RankSlice::new(&shape, rank, world),
+                    total: shape.batches() * self.permutation().rounds(),
+                })
+            }
+            // Not counted: rank 0 of 1 in one partition (the prepare step counts otherwise)
+            // reads every endpoint whole, in the epoch's shard order, to the end.
+            None if self.first > 0 => Err(ClientError::Invalid(
+                "resuming mid-epoch needs each shard's rows counted".into(),
+            )),
+            None => Ok(RankPlan {
+                shape: None,
+                slice: RankSlice {
+                    parts: 0..1,
+                    pad: false,
+                },
+                total: u64::MAX,
+            }),
+        }
+    }
+
+    /// The rank's cursors, each reading its partition from the window holding batch `first`,
+    /// and nothing batched yet.
+    pub(super) fn batching<T>(
+        &self,
+        plan: &RankPlan,
+        finish: fn(RecordBatch, u64, u64) -> Result<T>,
+    ) -> Result<Batching<T>> {
+        let (window, _, _) = plan
+            .shape
+            .map_or((0, 0, 0), |s| locate(&s, self.echo, self.first));
+        let cursors = self.cursors(plan, window)?;
+        let schema = match cursors.iter().find_map(|c| c.stream.as_ref()) {
+            Some(stream) => stream.schema(),
+            None => Arc::new(self.shards.info.clone().try_decode_schema()?),
+        };
+        Ok(Batching {
+            cursors,
+            window,
+            skip: self.first,
+            ready: VecDeque::new(),
+            next_batch: self.first,
+            total_batches: plan.total,
+            in_flight: futures::stream::FuturesOrdered::new(),
+            workers: self.shared.options.workers.max(1),
+            schema,
+            finish,
+            built: false,
+            turn: 0,
+        })
+    }
+
+    /// One cursor per partition of the rank, reading its items from window `window` to the
+    /// epoch's end (the last one then the repeated row, if the rank pads).
+    fn cursors(&self, plan: &RankPlan, window: u64) -> Result<Vec<Cursor>> {
         let (shared, shards, epoch) = (&self.shared, &self.shards, self.epoch);
-        let (b, s) = (shared.batch_size as u64, shared.window as u64);
         let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
         let endpoints = shards.info.endpoint.len() as u64;
-        let segment = |shard: usize, skip: u64, take: Option<u64>| Segment {
+        let segment = |(shard, skip, take): (usize, u64, u64), counted: bool| Segment {
             endpoint: shards.info.endpoint[shard].clone(),
             index: shard,
             skip,
-            take,
+            take: counted.then_some(take),
             position: epoch * endpoints + shard as u64,
         };
-        match &shards.counts {
-            Some(counts) => {
-                let n: u64 = counts.iter().sum();
-                let (per_rank, rank_start) = rank_range(n, &shared.options.sequence());
-                let total_batches = batches_in(per_rank * self.echo, b, shared.options.drop_last);
-                if self.first >= total_batches {
-                    return Ok(None);
+        let cursors = plan.slice.parts.end - plan.slice.parts.start;
+        let mut stream_options = shared.options.stream.clone();
+        stream_options.order = Order::Sequential;
+        stream_options.concurrency = (stream_options.concurrency / cursors as usize).max(1);
+        stream_options.max_concurrency = (stream_options.max_concurrency / cursors as usize).max(1);
+        stream_options.buffered_bytes = (stream_options.buffered_bytes / cursors as usize).max(1);
+        let mut out = Vec::new();
+        for p in plan.slice.parts.clone() {
+            let (parts, limit) = match (&plan.shape, &shards.counts) {
+                (Some(shape), Some(counts)) => {
+                    let from = shape.items_before(p, shape.window_batches(window).start);
+                    let to = shape.items_before(p, shape.batches());
+                    let range = shape.positions(p, from..to);
+                    let mut parts: Vec<Segment> = segments(counts, &order, range.start, range.end)
+                        .into_iter()
+                        .map(|s| segment(s, true))
+                        .collect();
+                    if plan.slice.pad && p + 1 == plan.slice.parts.end {
+                        let row = shared.options.rank as u64 % shape.n.max(1);
+                        parts.extend(
+                            segments(counts, &order, row, row + 1)
+                                .into_iter()
+                                .map(|s| segment(s, true)),
+                        );
+                    }
+                    let window_rows = shape.items_before(p, shape.window.min(shape.batches()));
+                    (parts, 2 * window_rows as usize + 2)
                 }
-                // Seek: to the window holding the first row of batch `first`.
-                let parts = segments(counts, &order, rank_start + window * s, rank_start + per_rank);
-                let segments: Vec<Segment> = parts
-                    .into_iter()
-                    .map(|(shard, skip, take)| segment(shard, skip, Some(take)))
-                    .collect();
-                Ok(Some((segments, total_batches)))
-            }
-            // Not counted: rank 0 of 1 reads every endpoint whole, in the epoch's shard order
-            // (the same rows, in the same order, as the counted segments), to the end.
-            None => {
-                if self.first > 0 {
-                    return Err(ClientError::Invalid(
-                        "resuming mid-epoch needs each shard's rows counted".into(),
-                    ));
-                }
-                let segments: Vec<Segment> = order.iter().map(|&shard| segment(shard, 0, None)).collect();
-                Ok(Some((segments, u64::MAX)))
-            }
-        }
-    }
-
-    /// Streams `segments` in order (the streams in flight only prefetch), finishing shards the
-    /// servers leave un-reduced, and telling `watch` once every one is in flight.
-    pub(super) fn open_stream(&self, segments: Vec<Segment>, watch: &EpochWatch) -> Result<ShardStream> {
-        let shared = &self.shared;
-        let mut options = shared.options.stream.clone();
-        options.order = Order::Sequential;
-        let fleet = Arc::clone(shared.client.fleet());
-        let stream = ShardStream::segments(fleet, &self.shards.info, segments, options)?;
-        Ok(stream
+                _ => (
+                    order.iter().map(|&shard| segment((shard, 0, 0), false)).collect(),
+                    2 * self.window_rows(),
+                ),
+            };
+            let started = Arc::new(AtomicBool::new(false));
+            let stream = ShardStream::segments(
+                Arc::clone(shared.client.fleet()),
+                &shards.info,
+                parts,
+                stream_options.clone(),
+            )?
             .with_completion(shared.completion.clone())
-            .signal_all_started(Arc::clone(&watch.all_started)))
+            .signal_all_started(Arc::clone(&started));
+            out.push(Cursor {
+                partition: p,
+                stream: Some(stream),
+                pending: VecDeque::new(),
+                pending_rows: 0,
+                limit,
+                done: false,
+                started,
+            });
+        }
+        Ok(out)
     }
 
-    /// Nothing read yet: the next window is `window`, and its first `drop_rows` rows come
-    /// before batch `first`.
-    pub(super) fn batching<T>(
-        &self,
-        window: u64,
-        drop_rows: usize,
-        total_batches: u64,
-        schema: SchemaRef,
-        finish: fn(RecordBatch, u64, u64) -> Result<T>,
-    ) -> Batching<T> {
-        let workers = self.shared.options.workers.max(1);
-        Batching {
-            pending: VecDeque::new(),
-            pending_rows: 0,
-            shuffled: VecDeque::new(),
-            shuffled_rows: 0,
-            window,
-            drop_rows,
-            next_batch: self.first,
-            total_batches,
-            in_flight: futures::stream::FuturesOrdered::new(),
-            workers,
-            ahead: 2 * self.shared.window.max(self.shared.batch_size * workers),
-            schema,
-            finish,
-            done: false,
+    /// Rows of a window when not counted: whole batches covering the shuffle buffer.
+    fn window_rows(&self) -> usize {
+        let b = self.shared.batch_size;
+        self.shared.order.window.max(1) as usize * b
+    }
+
+    /// Builds the windows whose rows are in, while the batches cut from built ones run short
+    /// of the workers'.
+    pub(super) fn build_windows<T>(&self, plan: &RankPlan, at: &mut Batching<T>) -> Result<()> {
+        while !at.built && at.ready.len() <= at.workers {
+            let built = match &plan.shape {
+                Some(shape) => self.build_counted(shape, plan, at)?,
+                None => self.build_whole(at),
+            };
+            if !built {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Window `at.window` of the global order, if every cursor holds its rows.
+    fn build_counted<T>(&self, shape: &Shape, plan: &RankPlan, at: &mut Batching<T>) -> Result<bool> {
+        let w = at.window;
+        if w >= shape.windows() {
+            at.built = true;
+            return Ok(true);
+        }
+        let window = plan_window(shape, &plan.slice, &self.permutation(), w);
+        for (c, &need) in at.cursors.iter().zip(&window.needs) {
+            if c.pending_rows < need {
+                if c.done {
+                    return Err(ClientError::Changed(format!(
+                        "partition {} of epoch {} ended {} rows short of the rows its shards were \
+                         counted with: the dataset changed while it was read",
+                        c.partition,
+                        self.epoch,
+                        need - c.pending_rows
+                    )));
+                }
+                return Ok(false);
+            }
+        }
+        let mut rows = WindowRows::default();
+        let held: Vec<Vec<(u32, u32)>> = at
+            .cursors
+            .iter_mut()
+            .zip(&window.needs)
+            .map(|(c, &need)| {
+                c.pending_rows -= need;
+                rows.add(&mut c.pending, need)
+            })
+            .collect();
+        let batches = window.batches.into_iter().map(|batch| {
+            batch
+                .into_iter()
+                .map(|(i, k)| {
+                    let (source, row) = held[i][k];
+                    (source as usize, row as usize)
+                })
+                .collect()
+        });
+        self.count_distinct(window.needs.iter().sum());
+        queue(at, rows.sources, batches, window.first);
+        at.window += 1;
+        Ok(true)
+    }
+
+    /// The next window when not counted (one partition, read whole): the buffer's rows, or
+    /// once the stream has ended, what is left, permuted and cut into batches as a counted
+    /// window is.
+    fn build_whole<T>(&self, at: &mut Batching<T>) -> bool {
+        let want = self.window_rows();
+        let c = &mut at.cursors[0];
+        if c.pending_rows < want && !c.done {
+            return false;
+        }
+        if c.pending_rows == 0 {
+            at.built = true;
+            return true;
+        }
+        let take = c.pending_rows.min(want);
+        c.pending_rows -= take;
+        let mut rows = WindowRows::default();
+        let held = rows.add(&mut c.pending, take);
+        // The window as a shape of its own: one partition, batches of the batch size.
+        let shape = Shape {
+            n: take as u64,
+            global: self.shared.batch_size as u64,
+            partitions: 1,
+            window: u64::MAX,
+            drop_last: false,
+        };
+        let slice = RankSlice {
+            parts: 0..1,
+            pad: false,
+        };
+        let window = plan_window_at(&shape, &slice, &self.permutation(), 0, at.window);
+        // Numbered after what was cut before (the window's own numbering starts at 0).
+        let first = at.next_batch + at.ready.len() as u64;
+        let batches = window.batches.into_iter().map(|batch| {
+            batch
+                .into_iter()
+                .map(|(_, k)| (held[k].0 as usize, held[k].1 as usize))
+                .collect()
+        });
+        self.count_distinct(take);
+        queue(at, rows.sources, batches, first);
+        at.window += 1;
+        true
+    }
+
+    /// Counts rows read into a window (the distinct samples of `LoaderStats`), by epoch.
+    fn count_distinct(&self, rows: usize) {
+        *self
+            .shared
+            .distinct
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(self.epoch)
+            .or_default() += rows as u64;
+    }
+
+    /// How this epoch's windows are permuted.
+    fn permutation(&self) -> Permutation {
+        Permutation {
+            seed: self.shared.options.seed,
+            epoch: self.epoch,
+            echo: self.echo,
+            shuffled: self.shared.order.shuffled(),
         }
     }
 
-    /// Permutes the full windows (or, once the stream has ended, the last one) and queues
-    /// them for batching.
-    pub(super) fn permute_windows<T>(&self, at: &mut Batching<T>) {
-        let shared = &self.shared;
-        while at.pending_rows >= shared.window || (at.done && at.pending_rows > 0) {
-            // Without a shuffle every row is a window of its own, in order: all the rows
-            // pending are taken at once (the same order, without a window per row).
-            let unshuffled = shared.window == 1;
-            let take = if unshuffled {
-                at.pending_rows
-            } else {
-                at.pending_rows.min(shared.window)
-            };
-            let parts = split_rows(&mut at.pending, take);
-            at.pending_rows -= take;
-            *shared
-                .distinct
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(self.epoch)
-                .or_default() += take as u64;
-            let rows: Vec<(u32, u32)> = parts
-                .iter()
-                .enumerate()
-                .flat_map(|(p, b)| (0..b.num_rows() as u32).map(move |r| (p as u32, r)))
-                .collect();
-            let order = if unshuffled {
-                at.window += take as u64;
-                rows
-            } else {
-                let order = echoed_order(
-                    rows,
-                    self.echo,
-                    &mut window_rng(&shared.options.sequence(), self.epoch, at.window),
-                );
-                at.window += 1;
-                order
-            };
-            let d = at.drop_rows.min(order.len());
-            at.drop_rows -= d;
-            let order: VecDeque<(u32, u32)> = order.into_iter().skip(d).collect();
-            at.shuffled_rows += order.len();
-            at.shuffled.push_back(Window { parts, order });
-        }
-    }
-
-    /// Hands whole batches (or, once the stream has ended, the last partial one) to the
-    /// workers, as many as they take.
+    /// Hands the batches cut to the workers, as many as they take.
     pub(super) fn dispatch<T: Send + 'static>(&self, at: &mut Batching<T>) {
         let shared = &self.shared;
-        while at.in_flight.len() < at.workers
-            && at.next_batch < at.total_batches
-            && (at.shuffled_rows >= shared.batch_size || (at.done && at.shuffled_rows > 0))
-        {
-            let take = at.shuffled_rows.min(shared.batch_size);
-            let gather = Gather::take(&mut at.shuffled, take);
-            at.shuffled_rows -= take;
-            let key = batch_key(&shared.options.sequence(), self.epoch, at.next_batch);
+        while at.in_flight.len() < at.workers && at.next_batch < at.total_batches {
+            let Some(gather) = at.ready.pop_front() else { break };
+            let first_partition = at.cursors.first().map_or(0, |c| c.partition);
+            let key = batch_key(shared.options.seed, self.epoch, first_partition, at.next_batch);
             let (epoch, index, finish) = (self.epoch, at.next_batch, at.finish);
             let worker_shared = Arc::clone(shared);
             let schema = Arc::clone(&at.schema);
@@ -281,7 +487,74 @@ impl Producer {
             }));
             at.next_batch += 1;
         }
+        if at.next_batch >= at.total_batches {
+            at.ready.clear();
+            at.built = true;
+        }
     }
+}
+
+/// Queues a built window's batches (rows as positions into `sources`), numbered from
+/// `first`; those before the producer's first batch are left out.
+fn queue<T>(
+    at: &mut Batching<T>,
+    sources: Vec<RecordBatch>,
+    batches: impl Iterator<Item = Vec<(usize, usize)>>,
+    first: u64,
+) {
+    let sources = Arc::new(sources);
+    for (t, indices) in (first..).zip(batches) {
+        if t >= at.skip {
+            at.ready.push_back(Gather {
+                sources: Arc::clone(&sources),
+                indices,
+            });
+        }
+    }
+}
+
+/// The rows of a window being built: the received batches holding them (all partitions').
+#[derive(Default)]
+struct WindowRows {
+    sources: Vec<RecordBatch>,
+}
+
+impl WindowRows {
+    /// Moves the first `n` rows of `pending` in; their (batch, row) positions.
+    fn add(&mut self, pending: &mut VecDeque<RecordBatch>, n: usize) -> Vec<(u32, u32)> {
+        let base = self.sources.len();
+        let parts = split_rows(pending, n);
+        let rows = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| (0..b.num_rows() as u32).map(move |r| ((base + i) as u32, r)))
+            .collect();
+        self.sources.extend(parts);
+        rows
+    }
+}
+
+/// The first of `cursors` (from `turn` on) that `wants` to read and has a batch (or its end).
+fn read_any<'a>(
+    cursors: &'a mut [Cursor],
+    wants: &'a [bool],
+    turn: usize,
+) -> impl Future<Output = (usize, Option<Result<RecordBatch>>)> + 'a {
+    futures::future::poll_fn(move |cx| {
+        let n = cursors.len();
+        for k in 0..n {
+            let i = (turn + k) % n;
+            if !wants[i] {
+                continue;
+            }
+            if let Some(stream) = cursors[i].stream.as_mut()
+                && let Poll::Ready(item) = stream.poll_next_unpin(cx)
+            {
+                return Poll::Ready((i, item));
+            }
+        }
+        Poll::Pending
+    })
 }
 
 /// What a producer tells its reader besides batches.
@@ -290,45 +563,16 @@ pub(super) struct EpochWatch {
     /// What the epoch's streams cost, added when it ends.
     pub(super) totals: Arc<std::sync::Mutex<StreamTotals>>,
     /// Set once every shard of the epoch is in flight.
-    pub(super) all_started: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// A permuted window: the received batches holding its rows, and the rows' order as
-/// (batch, row) positions, front first.
-pub(super) struct Window {
-    pub(super) parts: Vec<RecordBatch>,
-    pub(super) order: VecDeque<(u32, u32)>,
+    pub(super) all_started: Arc<AtomicBool>,
 }
 
 /// One batch's rows, as positions into the (shared) batches that hold them.
 pub(super) struct Gather {
-    pub(super) sources: Vec<RecordBatch>,
+    pub(super) sources: Arc<Vec<RecordBatch>>,
     pub(super) indices: Vec<(usize, usize)>,
 }
 
 impl Gather {
-    /// Takes the next `n` permuted rows, spanning windows where a batch does.
-    pub(super) fn take(windows: &mut VecDeque<Window>, n: usize) -> Self {
-        let mut sources = Vec::new();
-        let mut indices = Vec::with_capacity(n);
-        while indices.len() < n {
-            let Some(front) = windows.front_mut() else { break };
-            let base = sources.len();
-            sources.extend(front.parts.iter().cloned());
-            let want = (n - indices.len()).min(front.order.len());
-            indices.extend(
-                front
-                    .order
-                    .drain(..want)
-                    .map(|(p, r)| (base + p as usize, r as usize)),
-            );
-            if front.order.is_empty() {
-                windows.pop_front();
-            }
-        }
-        Self { sources, indices }
-    }
-
     /// Copies the rows into one batch: each value is copied once.
     pub(super) fn run(&self, schema: &SchemaRef) -> Result<RecordBatch> {
         let columns = (0..schema.fields().len())

@@ -10,7 +10,9 @@
     state = loader.state_dict()   # resume later with load_state_dict(state)
 
 Each ``for`` over a loader is the next epoch (its own permutation and augmentations). The
-sequence of samples a rank sees is a function of (seed, epoch, rank, world size) only.
+epoch's global batches (``batch_size × world_size`` rows) are a function of the seed, the
+epoch, the global batch and the shuffle window only, never of the world size: rank ``r``
+gets its slice of each. A state saved at one world size continues at another.
 PyTorch: ``pushdown.torch.IterableDataset`` (``pip install 'pushdown[torch]'``).
 """
 
@@ -77,7 +79,8 @@ class Loader:
     ``batch_size`` that disagrees with the pipeline's batch step is an error.
     ``batch_size=None`` is unbatched, as in torch: each item is one row (tensors as numpy
     arrays of the row's shape, other columns as Python values), for a DataLoader that
-    batches (a pipeline with a batch step refuses it).
+    batches (a pipeline with a batch step refuses it). Its rows are those of a loader with
+    ``batch_size=shuffle_buffer``, in order.
 
     A column's type is fixed by the schema, never by a batch: fixed-shape integer and float
     columns (pixels, padded token ids, numeric features) come out as numpy arrays of shape
@@ -117,6 +120,21 @@ class Loader:
     the seed and resumes exactly. Every ``report_every_s`` seconds (0: never) the loader
     tells its servers how long it waits, for their scaling signal.
 
+    **Ranks and elastic resume.** The epoch's rows are cut into ``partitions`` contiguous
+    parts (default 8 with a shuffle); each global batch of ``batch_size × world_size`` rows
+    takes a chunk of every part, and rank ``rank`` reads ``partitions / world_size`` whole
+    parts, so every rank gets ``batch_size`` rows of each global batch and reads only its own
+    contiguous part of the data. Any ``world_size`` that divides ``partitions`` sees the same
+    global batches, with the same shuffle window per global batch: at world size ``W`` give
+    ``batch_size = G / W`` and ``shuffle_buffer = S / W`` for a global batch ``G`` and window
+    ``S``. ``state_dict()`` is the same on every rank, and ``load_state_dict`` continues it at
+    another world size with the next global batch; a state whose global batch, window, seed
+    or query differ is refused, naming what differs. Jobs that will grow past 8 ranks set
+    ``partitions`` (e.g. 64) from their first run; a restored state keeps its own. Without a
+    shuffle the default is one part per rank (the dataset's order at world size 1). Without
+    ``drop_last`` a last global batch of fewer rows is split the same way, a rank one row
+    short repeating one (at most ``world_size - 1`` rows repeat, as ``DistributedSampler``).
+
     ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
     may split an op's shards between the servers and this process), ``"server"``,
     ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
@@ -152,12 +170,17 @@ class Loader:
         echo_max: int = 4,
         report_every_s: float = 1.0,
         placement: str = "costed",
+        partitions: Optional[int] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
         self._unbatched = batch_size is None
-        if batch_size == "auto" or batch_size is None:
+        if batch_size == "auto":
             batch_size = None
+        elif batch_size is None:
+            # Rows are read in batches of one shuffle window (the order cuts its windows in
+            # whole batches), or of 256 without one.
+            batch_size = shuffle_buffer if shuffle_buffer is not None and shuffle_buffer > 1 else None
         elif not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: rows per batch (1 or more), or None for single rows")
         if self._unbatched and pipeline is not None and _has_batch_step(pipeline):
@@ -194,6 +217,7 @@ class Loader:
             echo_max=echo_max,
             report_every_s=report_every_s,
             placement=placement,
+            partitions=partitions,
         )
         if epochs < 1:
             raise ValueError("epochs= is the epochs one pass covers: 1 or more")
@@ -284,7 +308,9 @@ class Loader:
         return self._inner.position()[0]
 
     def state_dict(self) -> Dict[str, bytes]:
-        """Where the loader is; a loader built with the same arguments continues from it."""
+        """Where the loader is: the same bytes on every rank. A loader with the same query,
+        seed, global batch and window continues from it, at any world size that divides its
+        partitions."""
         if self._unbatched and self._rows:
             return {"pushdown_loader": self._before, "pushdown_rows_taken": self._batch_rows - len(self._rows)}
         return {"pushdown_loader": bytes(self._inner.state())}

@@ -11,12 +11,18 @@ makes the next one epoch ``e``; ``len(ds)`` is the batches of one epoch on this 
 
 **Use ``num_workers=0``** (the default). The loader already runs on its own threads: streams,
 decoding and client-side ops happen outside the Python process's GIL, and batches are built
-ahead. DataLoader workers would each open their own loader (own threads, own read-ahead)
-for a slice of the rank; it works (each worker reads as rank ``rank * num_workers + worker``
-of ``world_size * num_workers``, and the DataLoader interleaves them), but each epoch's
-workers start afresh: call ``set_epoch(e)`` before each epoch (as with
-``DistributedSampler``) or use ``persistent_workers=True``, and a saved state can only be
-restored with ``num_workers=0`` (restoring it with workers is an error, never ignored).
+ahead. The batches do not depend on ``num_workers``: with workers, each opens the rank's
+loader and yields every ``num_workers``-th batch of it (worker ``k`` the ``k``-th), which the
+DataLoader's round-robin puts back in the rank's order; but each worker reads the rank's whole
+stream, so workers multiply the servers' work and the network by ``num_workers`` for nothing.
+Each epoch's workers start afresh: call ``set_epoch(e)`` before each epoch (as with
+``DistributedSampler``) or use ``persistent_workers=True``. A restored state continues in
+every worker.
+
+``rank``/``world_size`` default to ``torch.distributed``'s (or ``RANK``/``WORLD_SIZE``, as
+``torchrun`` sets them). The epoch's global batches do not depend on the world size (see
+``pushdown.Loader``): a state saved at one world size continues at another, with
+``batch_size × world_size`` unchanged.
 
 Batches are already made: give the DataLoader ``batch_size=None``. Integer columns come as
 int64 tensors (what losses and embeddings take), except uint8 (pixels), unless ``dtypes``
@@ -112,25 +118,16 @@ class IterableDataset(_data.IterableDataset):
         if workers > 1 and worker == 0 and not _warned_workers:
             _warned_workers = True
             warnings.warn(
-                "pushdown.torch.IterableDataset with num_workers > 0: the loader already runs on "
-                "its own threads, so num_workers=0 is faster and resumable; with workers, call "
-                "set_epoch(e) each epoch or use persistent_workers=True",
+                f"pushdown.torch.IterableDataset with num_workers={workers}: the loader already "
+                f"runs on its own threads; each worker reads the rank's whole stream to yield one "
+                f"batch in {workers} ({workers}x the servers' work and network): use num_workers=0",
                 stacklevel=2,
             )
-        if self._state is not None and workers > 1:
-            raise RuntimeError(
-                "a saved state resumes one loader per rank: iterate with num_workers=0 to "
-                "restore it (each worker reads another slice of the rank)"
-            )
-        loader = Loader(
-            self.servers,
-            rank=self.rank * workers + worker,
-            world_size=self.world_size * workers,
-            **self.kwargs,
-        )
+        loader = Loader(self.servers, rank=self.rank, world_size=self.world_size, **self.kwargs)
         if self._state is not None:
             loader.load_state_dict(self._state)
-            self._state = None
+            if workers == 1:
+                self._state = None
         self._loader, self._workers, self._pid = loader, workers, os.getpid()
         return loader
 
@@ -141,7 +138,7 @@ class IterableDataset(_data.IterableDataset):
             self._loader.set_epoch(epoch)
 
     def __len__(self) -> int:
-        """Batches of one epoch on this rank."""
+        """Batches of one epoch on this rank (all workers together)."""
         loader = self._loader or self._make()
         return len(loader)
 
@@ -156,11 +153,16 @@ class IterableDataset(_data.IterableDataset):
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         loader = self._make()
+        info = _data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         if self._epoch is not None:
             loader.set_epoch(self._epoch)
             self._epoch = None
-        for batch in loader:
-            yield {k: self._convert(k, v) for k, v in batch.items()}
+        # Worker k of n: the pass's batches k, k + n, ... (the DataLoader takes one from each
+        # worker in turn: the rank's sequence, whatever n is).
+        for i, batch in enumerate(loader):
+            if i % workers == worker:
+                yield {k: self._convert(k, v) for k, v in batch.items()}
 
     def state_dict(self) -> Dict[str, bytes]:
         """The position of the loader (main-process loading)."""
