@@ -276,11 +276,16 @@ impl Producer {
         let (shared, shards, epoch) = (&self.shared, &self.shards, self.epoch);
         let order = shard_order(shared.options.seed, epoch, shards.info.endpoint.len());
         let endpoints = shards.info.endpoint.len() as u64;
+        // A part that runs to its shard's end is read to the end: its stream's trailer (the
+        // server's accounting of it) then arrives too.
+        let to_end = |shard: usize, skip: u64, take: u64| {
+            shards.counts.as_ref().is_some_and(|c| skip + take >= c[shard])
+        };
         let segment = |(shard, skip, take): (usize, u64, u64), counted: bool| Segment {
             endpoint: shards.info.endpoint[shard].clone(),
             index: shard,
             skip,
-            take: counted.then_some(take),
+            take: (counted && !to_end(shard, skip, take)).then_some(take),
             position: epoch * endpoints + shard as u64,
         };
         let cursors = plan.slice.parts.end - plan.slice.parts.start;
