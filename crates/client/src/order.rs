@@ -110,10 +110,14 @@ pub struct Order {
 }
 
 impl Order {
-    /// Rows per shuffle window of partition-sized chunks: `window × global_batch` across
-    /// all partitions (1 row: no shuffle).
+    /// Whether windows are permuted (a window of 0 global batches: no shuffle).
     pub(crate) fn shuffled(&self) -> bool {
         self.window > 0
+    }
+
+    /// The same order over `partitions` partitions (a restored state's).
+    pub(crate) fn with_partitions(self, partitions: u64) -> Self {
+        Self { partitions, ..self }
     }
 
     /// The first difference from `saved` that makes its sequence another, in words, with
@@ -286,11 +290,16 @@ impl Fnv {
 /// The query as the order knows it: what is read, not how (the codec is left out: the
 /// planner's choice of it depends on timings, and a state must restore whatever codec the
 /// restoring process picks).
-pub(crate) fn sources(request: &ScanRequest) -> u64 {
+fn canonical(request: &ScanRequest) -> bytes::Bytes {
     let mut request = request.clone();
     request.compression = Compression::default();
+    request.encode()
+}
+
+/// A hash of [`canonical`]: the order's sources.
+pub(crate) fn sources(request: &ScanRequest) -> u64 {
     let mut h = Fnv::new();
-    h.eat(&request.encode());
+    h.eat(&canonical(request));
     h.finish()
 }
 
@@ -298,9 +307,7 @@ pub(crate) fn sources(request: &ScanRequest) -> u64 {
 /// depended on but the dataset's version. Computed to recognise such a state.
 pub(crate) fn per_rank_fingerprint(request: &ScanRequest, o: &Sequence, batch: usize, window: usize) -> u64 {
     let mut h = Fnv::new();
-    let mut request = request.clone();
-    request.compression = Compression::default();
-    h.eat(&request.encode());
+    h.eat(&canonical(request));
     for v in [
         o.seed,
         o.rank,
@@ -472,10 +479,10 @@ impl Permutation {
     /// Items `0..rows` of partition `partition`'s window `window` as delivered: `echo`
     /// rounds of a permutation (in order once, without a shuffle).
     pub(crate) fn apply(&self, rows: usize, partition: u64, window: u64) -> Vec<usize> {
-        let items: Vec<(u32, u32)> = (0..rows as u32).map(|k| (0, k)).collect();
         if !self.shuffled {
             return (0..rows).collect();
         }
+        let items: Vec<(u32, u32)> = (0..rows as u32).map(|k| (0, k)).collect();
         let mut rng = window_rng(self.seed, self.epoch, partition, window);
         echoed_order(items, self.echo, &mut rng)
             .into_iter()

@@ -408,20 +408,21 @@ mod tests {
                 Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("row {i}")))) as _,
             ),
         ])
-        .unwrap();
-        let mut encoder = Encoder::new(32 << 10).unwrap();
+        .expect("batch");
+        let mut encoder = Encoder::new(32 << 10).expect("encoder");
         let mut messages = vec![encoder.schema(&batch.schema())];
         for codec in [Compression::None, Compression::Zstd, Compression::Lz4] {
-            let pieces = encoder.batch(&batch, codec).unwrap();
+            let pieces = encoder.batch(&batch, codec).expect("encode");
             assert!(pieces.len() > 3, "{} pieces", pieces.len());
             assert!(pieces.iter().all(|m| m.data_body.len() <= 64 << 10));
             messages.extend(pieces);
         }
-        let decoded = arrow_flight::utils::flight_data_to_batches(&messages).unwrap();
+        let decoded = arrow_flight::utils::flight_data_to_batches(&messages).expect("decode");
         let rows: usize = decoded.iter().map(|b| b.num_rows()).sum();
         assert_eq!(rows, 3 * n as usize);
-        let whole = arrow::compute::concat_batches(&batch.schema(), &decoded).unwrap();
-        let three = arrow::compute::concat_batches(&batch.schema(), [&batch, &batch, &batch]).unwrap();
+        let whole = arrow::compute::concat_batches(&batch.schema(), &decoded).expect("concat");
+        let three =
+            arrow::compute::concat_batches(&batch.schema(), [&batch, &batch, &batch]).expect("concat");
         assert_eq!(whole, three);
     }
 
@@ -436,18 +437,18 @@ mod tests {
             ("i", Arc::new(Int32Array::from(vec![1, 2, 3, 4])) as _),
             ("cat", Arc::new(dict) as _),
         ])
-        .unwrap();
-        let mut encoder = Encoder::new(1 << 20).unwrap();
+        .expect("batch");
+        let mut encoder = Encoder::new(1 << 20).expect("encoder");
         let mut messages = vec![encoder.schema(&batch.schema())];
         for codec in [Compression::None, Compression::Zstd] {
-            messages.extend(encoder.batch(&batch, codec).unwrap());
+            messages.extend(encoder.batch(&batch, codec).expect("encode"));
         }
         // The full decoder (dictionary messages included), as a Flight client runs it.
         let stream = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
             futures::stream::iter(messages.into_iter().map(Ok)),
         );
         let decoded: Vec<RecordBatch> =
-            futures::executor::block_on(futures::TryStreamExt::try_collect(stream)).unwrap();
+            futures::executor::block_on(futures::TryStreamExt::try_collect(stream)).expect("decode");
         assert_eq!(decoded, vec![batch.clone(), batch]);
     }
 }

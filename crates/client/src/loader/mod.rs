@@ -226,11 +226,7 @@ impl Loader {
     pub fn epoch_len(&self) -> (u64, u64) {
         let shared = &self.prepared.shared;
         let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
-        let order = crate::order::Order {
-            partitions: self.partitions,
-            ..shared.order
-        };
-        let shape = Shape::new(n, &order);
+        let shape = Shape::new(n, &shared.order.with_partitions(self.partitions));
         let (rank, world) = (shared.options.rank as u64, shared.options.world_size as u64);
         let rows: u64 = rank_partitions(self.partitions, rank, world)
             .map(|p| shape.items_before(p, shape.batches()))
@@ -242,10 +238,7 @@ impl Loader {
     pub fn state(&self) -> LoaderState {
         let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
         LoaderState {
-            order: crate::order::Order {
-                partitions: self.partitions,
-                ..self.prepared.shared.order
-            },
+            order: self.prepared.shared.order.with_partitions(self.partitions),
             epoch: self.epoch,
             batches: self.batches,
             version: if mid_epoch { self.prepared.version() } else { 0 },

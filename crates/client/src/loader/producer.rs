@@ -212,11 +212,7 @@ impl Producer {
             Some(counts) => {
                 crate::order::check_world(self.partitions, world)?;
                 let n = counts.iter().sum();
-                let order = crate::order::Order {
-                    partitions: self.partitions,
-                    ..self.shared.order
-                };
-                let shape = Shape::new(n, &order);
+                let shape = Shape::new(n, &self.shared.order.with_partitions(self.partitions));
                 Ok(RankPlan {
                     shape: Some(shape),
                     slice: RankSlice::new(&shape, rank, world),
