@@ -178,6 +178,7 @@ async fn garbage_and_forged_tickets_are_rejected() {
                 bytes: 0,
             }),
             skip_rows: 0,
+            take_rows: None,
         };
         let status = client
             .do_get(Ticket::new(forged.encode()))
@@ -208,6 +209,7 @@ async fn garbage_and_forged_tickets_are_rejected() {
             ..real_shard.clone()
         }),
         skip_rows: 0,
+        take_rows: None,
     };
     let status = client
         .do_get(Ticket::new(forged.encode()))
@@ -219,6 +221,7 @@ async fn garbage_and_forged_tickets_are_rejected() {
         request: ScanRequest::new(Query::Sql("SELECT count(*) FROM images".into())),
         shard: Some(real_shard.clone()),
         skip_rows: 0,
+        take_rows: None,
     };
     let status = client
         .do_get(Ticket::new(forged.encode()))
@@ -230,6 +233,7 @@ async fn garbage_and_forged_tickets_are_rejected() {
         request: ScanRequest::new(Query::Sql("SELECT label FROM images WHERE random() < 0.5".into())),
         shard: Some(real_shard.clone()),
         skip_rows: 0,
+        take_rows: None,
     };
     let status = client
         .do_get(Ticket::new(forged.encode()))
@@ -241,6 +245,7 @@ async fn garbage_and_forged_tickets_are_rejected() {
         request: ScanRequest::new(Query::Sql("SELECT count(*) FROM images".into())),
         shard: None,
         skip_rows: 3,
+        take_rows: None,
     };
     let status = client
         .do_get(Ticket::new(forged.encode()))

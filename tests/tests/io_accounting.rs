@@ -441,3 +441,90 @@ mod cache {
         assert_eq!(metric(&fx, "pushdown_cache_admitted_total") as u64, shards);
     }
 }
+
+/// The batches of one `DoGet` of `ticket`, and the bytes the server read for it.
+async fn redeem(
+    fx: &Fixture,
+    ticket: &pushdown_protocol::ShardTicket,
+) -> (Vec<arrow::array::RecordBatch>, u64) {
+    use futures::TryStreamExt;
+    fx.bytes_read();
+    let mut client = pushdown_tests::raw_client(fx.running.url()).await;
+    let stream = client
+        .do_get(arrow_flight::Ticket::new(ticket.encode()))
+        .await
+        .expect("do_get")
+        .into_inner()
+        .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+    let batches: Vec<_> = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(stream)
+        .try_collect()
+        .await
+        .expect("stream");
+    (batches, fx.bytes_read())
+}
+
+/// A loader's part of a shard (`skip_rows`, `take_rows`: the global order cuts shards between
+/// readers) is the slice of the shard's output. With no filter, row `i` of the output is row
+/// `i` of the shard, so the server reads the part as a row selection: only the row group
+/// holding it is read. With a filter it stops at the part's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_of_a_shard_is_read_as_a_row_selection() {
+    let config = pushdown_server::ServerConfig {
+        shard_max_rows: 256,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| {
+        pushdown_tests::write_images(root, 512);
+    })
+    .await;
+    // Rows 150..190 of the output, without a filter: inside the shard's third 64-row row
+    // group, short of its end.
+    for (sql, selection, (skip, take)) in [
+        ("SELECT id, label, image FROM images", true, (150, 40)),
+        (
+            "SELECT id, label, image FROM images WHERE label % 3 <> 0",
+            false,
+            (100, 40),
+        ),
+    ] {
+        let info = fx
+            .client
+            .plan(&ScanRequest::new(Query::Sql(sql.into())))
+            .await
+            .expect("plan");
+        let ticket = &info.endpoint[0].ticket.as_ref().expect("ticket").ticket;
+        let whole = pushdown_protocol::ShardTicket::decode(ticket).expect("ours");
+        assert_eq!(whole.shard.as_ref().map(|s| s.row_groups.len()), Some(4), "{sql}");
+        let (all, whole_read) = redeem(&fx, &whole).await;
+        let all = arrow::compute::concat_batches(&all[0].schema(), &all).expect("concat");
+        assert!(all.num_rows() > skip + take, "{sql}: {} rows", all.num_rows());
+        let part = pushdown_protocol::ShardTicket {
+            skip_rows: skip as u64,
+            take_rows: Some(take as u64),
+            ..whole.clone()
+        };
+        let (got, part_read) = redeem(&fx, &part).await;
+        assert_eq!(
+            pushdown_tests::rows(&got),
+            pushdown_tests::rows(&[all.slice(skip, take)]),
+            "{sql}"
+        );
+        if selection {
+            assert!(
+                part_read * 3 < whole_read,
+                "{sql}: the part read {part_read} bytes, the whole shard {whole_read}"
+            );
+        }
+        // To the shard's end: only the rows past `skip`.
+        let tail = pushdown_protocol::ShardTicket {
+            skip_rows: skip as u64,
+            ..whole.clone()
+        };
+        let (got, _) = redeem(&fx, &tail).await;
+        assert_eq!(
+            pushdown_tests::rows(&got),
+            pushdown_tests::rows(&[all.slice(skip, all.num_rows() - skip)]),
+            "{sql}"
+        );
+    }
+}

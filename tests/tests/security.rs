@@ -623,6 +623,7 @@ async fn sql_length_and_nesting_are_bounded() {
         request: ScanRequest::new(Query::Sql(chain.clone())),
         shard: None,
         skip_rows: 0,
+        take_rows: None,
     };
     let status = raw(&fx)
         .await
@@ -895,6 +896,7 @@ async fn forged_tickets_cannot_carry_anything_but_a_select() {
                 request: ScanRequest::new(Query::Sql(text.clone())),
                 shard: shard.clone(),
                 skip_rows: 0,
+                take_rows: None,
             };
             let status = raw(&fx)
                 .await

@@ -553,9 +553,15 @@ impl EndpointRun {
     /// either matters; else the endpoint's own.
     fn request(&self, deferral: Option<Deferral>) -> bytes::Bytes {
         match &self.resumable {
-            Some(t) if self.delivered > 0 || deferral.is_some_and(|d| d != Deferral::Never) => {
+            Some(t)
+                if self.delivered > 0
+                    || self.end.is_some()
+                    || deferral.is_some_and(|d| d != Deferral::Never) =>
+            {
                 let mut t = t.clone();
                 t.skip_rows += self.delivered;
+                // The server stops there (and reads only the part, for a query with no filter).
+                t.take_rows = self.end.map(|e| e.saturating_sub(self.delivered));
                 if let Some(deferral) = deferral {
                     t.request.deferral = deferral;
                 }
@@ -585,6 +591,7 @@ impl EndpointRun {
             Progress {
                 delivered: &mut self.delivered,
                 end: self.end,
+                told_end: self.resumable.is_some(),
                 expect_trailer: self.expect_trailer,
                 stall: self.options.stall_timeout,
                 completion: self.completion.as_ref(),
@@ -695,6 +702,9 @@ async fn complete(
 struct Progress<'a> {
     delivered: &'a mut u64,
     end: Option<u64>,
+    /// The request told the server where to stop (`take_rows`): at `end` the stream ends, so
+    /// its trailer is read.
+    told_end: bool,
     /// The request asked for a trailing stats message: a stream without one was cut.
     expect_trailer: bool,
     /// Longest wait for the next message.
@@ -770,9 +780,9 @@ async fn fetch(
         match decoded.payload {
             DecodedPayload::RecordBatch(batch) => {
                 received += batch.num_rows() as u64;
-                progress.deliver(batch, !placed, node, index, tx).await?;
+                let cut = progress.deliver(batch, !placed, node, index, tx).await?;
                 placed = true;
-                if progress.done() {
+                if progress.done() && (cut || !progress.told_end) {
                     // The rest of the shard is not ours: dropping the response cancels it.
                     return Ok(());
                 }
@@ -819,7 +829,7 @@ impl Progress<'_> {
 
     /// Hands `batch` (of the stream from `node`) to the consumer: cut at `end`, with the ops
     /// the server left to this client run on it; `first`: the stream's first batch, which
-    /// shows where its ops run.
+    /// shows where its ops run. Returns whether it was cut: the server sends past `end`.
     async fn deliver(
         &mut self,
         mut batch: RecordBatch,
@@ -827,11 +837,13 @@ impl Progress<'_> {
         node: &Node,
         index: usize,
         tx: &Buffer,
-    ) -> Result<(), Fetch> {
+    ) -> Result<bool, Fetch> {
+        let mut cut = false;
         if let Some(end) = self.end {
-            let left = end - *self.delivered;
+            let left = end.saturating_sub(*self.delivered);
             if (batch.num_rows() as u64) > left {
                 batch = batch.slice(0, left as usize);
+                cut = true;
             }
         }
         let from = Completion::deferred_from(&batch).map_err(Fetch::Failed)?;
@@ -846,7 +858,7 @@ impl Progress<'_> {
             return Err(Fetch::ConsumerGone);
         }
         *self.delivered += rows;
-        Ok(())
+        Ok(cut)
     }
 
     /// Accounts for where the stream's ops run (`from`: the first it left to this client).

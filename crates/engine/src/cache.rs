@@ -619,6 +619,16 @@ impl FragmentCache {
         ))
     }
 
+    /// The stored entry of `cacheable`, if any: what a part of a shard (a ticket's
+    /// `skip_rows` and `take_rows`) is served from. A part is never computed into an entry,
+    /// so a miss claims nothing and waits for no stream computing the whole.
+    pub fn peek(&self, cacheable: &Cacheable, schema: &SchemaRef, grant: &Grant) -> Result<Option<Hit>> {
+        if cacheable.mode == CacheMode::Off {
+            return Ok(None);
+        }
+        self.hit(cacheable.key, schema, grant)
+    }
+
     /// Whether an entry of `key` is stored (not checked, not counted as a lookup).
     pub fn holds(&self, key: Key) -> bool {
         self.lock().entries.contains_key(&key)

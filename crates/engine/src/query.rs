@@ -93,6 +93,7 @@ impl Planned {
             request: self.request.clone(),
             shard,
             skip_rows: 0,
+            take_rows: None,
         };
         match &self.shape {
             Shape::RowWise { shards, .. } => shards.iter().cloned().map(|s| ticket(Some(s))).collect(),
@@ -146,6 +147,10 @@ pub struct Opened {
     pub started: Option<Started>,
     /// The shard's cache key and what it reads; `None` for whole queries and volatile plans.
     pub cacheable: Option<crate::cache::Cacheable>,
+    /// A part of the shard's output read as a row selection: the output rows the scan
+    /// skipped. `None`: the plan computes the whole output (and `skip_rows` is dropped from
+    /// its stream).
+    pub skipped: Option<u64>,
 }
 
 /// A plan's stream started ahead of its reader, and since when.
@@ -581,6 +586,7 @@ impl Engine {
             row_groups,
             limits,
             source,
+            skipped,
         } = framed;
         // Batches small enough that one batch of the largest op output stays under the cap.
         let rows = limits.batch_rows(self.config.batch_size);
@@ -622,6 +628,7 @@ impl Engine {
             parallelism,
             started: None,
             cacheable,
+            skipped,
         })
     }
 
@@ -649,16 +656,22 @@ impl Engine {
         ))
     }
 
-    /// The rows `ticket` would stream (after its `skip_rows`), counted by the engine: only
+    /// The rows `ticket` would stream (after its `skip_rows`, up to its `take_rows`), counted by the engine: only
     /// the filter's columns are read, and none at all when statistics answer.
     pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
         let checked = self.authorize(ticket, grant)?;
-        let df = self.dataframe_for(ticket, &checked, 1, grant).await?.df;
-        let n = df
+        let framed = self.dataframe_for(ticket, &checked, 1, grant).await?;
+        let n = framed
+            .df
             .count()
             .await
             .map_err(|e| ServerError::from_scan(e, ticket.shard.as_ref()))? as u64;
-        Ok(n.saturating_sub(ticket.skip_rows))
+        if framed.skipped.is_some() {
+            // Only the part was read.
+            return Ok(n);
+        }
+        let n = n.saturating_sub(ticket.skip_rows);
+        Ok(ticket.take_rows.map_or(n, |t| n.min(t)))
     }
 
     /// Whether `grant` may redeem `ticket`, checked before its shard is looked at: the names
@@ -698,7 +711,10 @@ impl Engine {
     }
 
     /// [`Self::dataframe_for`] a ticket for `shard`: its query over a table of the shard's
-    /// row groups, cut into partitions for `parallelism`.
+    /// row groups, cut into partitions for `parallelism`. A ticket for a part of the shard's
+    /// output (`skip_rows`, `take_rows`) whose query has no filter reads only that part: the
+    /// query's row `i` is the shard's row `i`, so the part is a row selection of the scan
+    /// (unless the fragment cache is `on` for the query's datasets).
     async fn shard_dataframe(
         &self,
         ticket: &ShardTicket,
@@ -708,11 +724,67 @@ impl Engine {
         grant: &Grant,
         datasets: &BTreeMap<String, Arc<Dataset>>,
     ) -> Result<Framed> {
-        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
         let (dataset, file) = self.current_shard_file(datasets, shard).await?;
-        let file = &file;
-        let units = shard_partitions(file, shard, parallelism);
-        let parts = split_range(shard.row_groups.clone(), units);
+        let frame = |rows: Option<Range<u64>>| ShardFrame {
+            ticket,
+            checked,
+            shard,
+            dataset: &dataset,
+            file: &file,
+            rows,
+            parallelism,
+        };
+        let whole = self.frame_shard(frame(None), grant, datasets).await?;
+        let partial = ticket.skip_rows > 0 || ticket.take_rows.is_some();
+        // A dataset cached `on` computes its shards whole, so that the next request for any
+        // part of it is a hit (see `TicketStream`).
+        if !partial
+            || !one_to_one(whole.df.logical_plan())
+            || self.cache_mode(checked.names()) == crate::CacheMode::On
+        {
+            return Ok(whole);
+        }
+        let first: u64 = (0..shard.row_groups.start as usize)
+            .map(|i| file.row_group_rows(i))
+            .sum();
+        let len: u64 = shard
+            .row_groups
+            .clone()
+            .map(|i| file.row_group_rows(i as usize))
+            .sum();
+        let from = ticket.skip_rows.min(len);
+        let to = ticket.take_rows.map_or(len, |t| from.saturating_add(t).min(len));
+        let mut part = self
+            .frame_shard(frame(Some(first + from..first + to)), grant, datasets)
+            .await?;
+        part.skipped = Some(from);
+        Ok(part)
+    }
+
+    /// The query of `frame` over its shard's table (only its rows, when it names some).
+    async fn frame_shard(
+        &self,
+        frame: ShardFrame<'_>,
+        grant: &Grant,
+        datasets: &BTreeMap<String, Arc<Dataset>>,
+    ) -> Result<Framed> {
+        let ShardFrame {
+            ticket,
+            checked,
+            shard,
+            dataset,
+            file,
+            rows,
+            parallelism,
+        } = frame;
+        let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
+        // The row groups holding the rows read (all of the shard's, without a selection).
+        let row_groups = match &rows {
+            Some(rows) => groups_holding(file, shard.row_groups.clone(), rows),
+            None => shard.row_groups.clone(),
+        };
+        let units = shard_partitions(file, &row_groups, parallelism);
+        let parts = split_range(row_groups.clone(), units);
         let ctx = self.session(parts.len());
         let table = ShardTable::new(
             Arc::clone(&dataset.file_schema),
@@ -721,6 +793,10 @@ impl Engine {
             parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
             self.parquet_options(pushdown),
         );
+        let table = match rows {
+            Some(rows) => table.with_rows(rows),
+            None => table,
+        };
         let table: Arc<ShardTable> = Arc::new(table);
         // Under every name the query gives the shard's dataset (`MyPets` and `mypets`).
         for name in checked.names().iter().flat_map(|n| self.views.bases_of(n)) {
@@ -744,11 +820,10 @@ impl Engine {
                 "the ticket's query is not row-wise over its shard's dataset".into(),
             ));
         }
-        let row_groups = u64::from(shard.row_groups.end - shard.row_groups.start);
         Ok(Framed {
             ctx,
             df,
-            row_groups,
+            row_groups: u64::from(row_groups.end - row_groups.start),
             limits,
             source: Some(ShardSource {
                 names: checked.names().to_vec(),
@@ -756,6 +831,7 @@ impl Engine {
                 file: file.clone(),
                 row_groups: shard.row_groups.clone(),
             }),
+            skipped: None,
         })
     }
 
@@ -807,11 +883,11 @@ impl Engine {
         datasets: &BTreeMap<String, Arc<Dataset>>,
     ) -> Result<Framed> {
         let pushdown = ticket.request.filter_pushdown == FilterPushdown::On;
-        if ticket.skip_rows > 0 {
+        if ticket.skip_rows > 0 || ticket.take_rows.is_some() {
             return Err(ServerError::BadRequest(
                 "a query that is not row-wise (an aggregate, join, sort or limit, or a \
-                 volatile function) has no total order, so its stream cannot be resumed: \
-                 run it again from the start"
+                 volatile function) has no total order, so its stream cannot be resumed or \
+                 cut: run it again from the start, whole"
                     .into(),
             ));
         }
@@ -838,6 +914,7 @@ impl Engine {
             row_groups,
             limits,
             source: None,
+            skipped: None,
         })
     }
 }
@@ -849,6 +926,42 @@ struct Framed {
     row_groups: u64,
     limits: OpLimits,
     source: Option<ShardSource>,
+    /// A part of the shard's output read as a row selection: the rows of the output the
+    /// scan skipped (the stream's first row is the output's row `skipped`). `None`: the
+    /// whole output is computed.
+    skipped: Option<u64>,
+}
+
+/// What [`Engine::frame_shard`] frames: a ticket's checked query over its shard of `file`,
+/// only the rows `rows` of the file when set.
+struct ShardFrame<'a> {
+    ticket: &'a ShardTicket,
+    checked: &'a CheckedQuery,
+    shard: &'a Shard,
+    dataset: &'a Dataset,
+    file: &'a DataFile,
+    rows: Option<Range<u64>>,
+    parallelism: usize,
+}
+
+/// The row groups of `row_groups` in `file` that hold any of `rows` (counted from the file's
+/// first row), as a range (empty, at the range's start, when none do).
+fn groups_holding(file: &DataFile, row_groups: Range<u32>, rows: &Range<u64>) -> Range<u32> {
+    let mut first = 0u64;
+    let (mut start, mut end) = (None, row_groups.start);
+    for i in 0..row_groups.end {
+        let len = file.row_group_rows(i as usize);
+        let group = first..first + len;
+        first += len;
+        if i >= row_groups.start && group.start < rows.end && rows.start < group.end {
+            start.get_or_insert(i);
+            end = i + 1;
+        }
+    }
+    match start {
+        Some(start) => start..end,
+        None => row_groups.start..row_groups.start,
+    }
 }
 
 /// What a shard's output is computed from, for its cache key.
@@ -863,13 +976,12 @@ struct ShardSource {
 
 /// How many partitions `shard` of `file` is read in with `parallelism` cores (see
 /// [`split_range`]).
-fn shard_partitions(file: &DataFile, shard: &Shard, parallelism: usize) -> usize {
+fn shard_partitions(file: &DataFile, row_groups: &Range<u32>, parallelism: usize) -> usize {
     // In parallel, partitions of about `UNIT_ROWS` rows (each has a fixed cost to
     // start), at least one per core: the stream's cores decode the next
     // partitions while one is sent (see `ordered_stream`).
     if parallelism > 1 {
-        let rows: i64 = file.metadata.row_groups()
-            [shard.row_groups.start as usize..shard.row_groups.end as usize]
+        let rows: i64 = file.metadata.row_groups()[row_groups.start as usize..row_groups.end as usize]
             .iter()
             .map(|rg| rg.num_rows())
             .sum();
@@ -1152,6 +1264,19 @@ fn is_row_wise_expr(expr: &Expr) -> bool {
                 ))
         })
         .unwrap_or(true)
+}
+
+/// Whether the plan's row `i` is its table's row `i`: a row-wise plan with no filter (in
+/// it, pushed into its scan, or in a view it reads) and no limit.
+fn one_to_one(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(p) => p.expr.iter().all(is_row_wise_expr) && one_to_one(&p.input),
+        LogicalPlan::SubqueryAlias(a) => one_to_one(&a.input),
+        LogicalPlan::TableScan(s) if s.fetch.is_none() && s.filters.is_empty() => {
+            s.source.get_logical_plan().is_none_or(|view| one_to_one(&view))
+        }
+        _ => false,
+    }
 }
 
 /// The one table a row-wise plan scans, or `None` when the plan is not row-wise.

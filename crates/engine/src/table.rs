@@ -46,6 +46,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 
 use crate::catalog::DataFile;
 
@@ -56,6 +57,9 @@ pub struct ShardTable {
     schema: TableSchema,
     store_url: ObjectStoreUrl,
     files: Vec<(DataFile, Option<Range<u32>>)>,
+    /// Rows of each file (counted from its first row) outside this range are never decoded:
+    /// a Parquet row selection on the row groups it cuts, the others not read.
+    rows: Option<Range<u64>>,
     options: TableParquetOptions,
 }
 
@@ -76,8 +80,17 @@ impl ShardTable {
                 .build(),
             store_url,
             files,
+            rows: None,
             options,
         }
+    }
+
+    /// The same table reading only the rows `rows` of each file (counted from the file's
+    /// first row; a shard table has one file): what a query with no filter needs for a part
+    /// of a shard's output.
+    pub fn with_rows(mut self, rows: Range<u64>) -> Self {
+        self.rows = Some(rows);
+        self
     }
 
     /// The same files with the file columns at `columns` (`Utf8` or `Binary`) read as Arrow
@@ -98,13 +111,17 @@ impl ShardTable {
                 _ => Arc::clone(f),
             })
             .collect();
-        Self::new(
+        let table = Self::new(
             Arc::new(Schema::new_with_metadata(fields, file_schema.metadata().clone())),
             self.schema.table_partition_cols().iter().cloned().collect(),
             self.store_url.clone(),
             self.files.clone(),
             self.options.clone(),
-        )
+        );
+        Self {
+            rows: self.rows.clone(),
+            ..table
+        }
     }
 
     /// The files whose path columns may pass `filters` (all of them when there are none),
@@ -122,19 +139,58 @@ impl ShardTable {
                     .map(|v| ScalarValue::Utf8(v.clone()))
                     .collect();
                 let pf = PartitionedFile::new_from_meta(file.meta.clone()).with_partition_values(values);
-                match row_groups {
-                    None => pf,
-                    Some(range) => {
-                        let mut access = ParquetAccessPlan::new_none(file.num_row_groups());
-                        for i in range.start as usize..(range.end as usize).min(file.num_row_groups()) {
-                            access.scan(i);
-                        }
-                        pf.with_extension(access)
+                match (row_groups, &self.rows) {
+                    (None, None) => pf,
+                    (row_groups, rows) => {
+                        let all = 0..file.num_row_groups() as u32;
+                        pf.with_extension(access_plan(
+                            file,
+                            row_groups.clone().unwrap_or(all),
+                            rows.as_ref(),
+                        ))
                     }
                 }
             })
             .collect()
     }
+}
+
+/// What of `file` to decode: the row groups in `row_groups`, and of them only the rows in
+/// `rows` (counted from the file's first row; all when `None`). A row group wholly outside
+/// `rows` is not read; one it cuts is read as a row selection, which skips the pages the
+/// page index shows to hold none of its rows.
+fn access_plan(file: &DataFile, row_groups: Range<u32>, rows: Option<&Range<u64>>) -> ParquetAccessPlan {
+    let n = file.num_row_groups();
+    let mut access = ParquetAccessPlan::new_none(n);
+    let mut first = 0u64;
+    for i in 0..n {
+        let len = file.row_group_rows(i);
+        let group = first..first + len;
+        first += len;
+        if !row_groups.contains(&(i as u32)) {
+            continue;
+        }
+        let Some(rows) = rows else {
+            access.scan(i);
+            continue;
+        };
+        let (from, to) = (rows.start.max(group.start), rows.end.min(group.end));
+        if from >= to {
+            continue;
+        }
+        // A selection narrows a row group scanned (it leaves a skipped one skipped).
+        access.scan(i);
+        if from > group.start || to < group.end {
+            let selectors = [
+                RowSelector::skip((from - group.start) as usize),
+                RowSelector::select((to - from) as usize),
+                RowSelector::skip((group.end - to) as usize),
+            ];
+            let selectors: Vec<_> = selectors.into_iter().filter(|s| s.row_count > 0).collect();
+            access.scan_selection(i, RowSelection::from(selectors));
+        }
+    }
+    access
 }
 
 #[async_trait]

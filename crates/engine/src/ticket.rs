@@ -321,7 +321,17 @@ impl Node {
         };
         // Counted as computing but while it waits for its client.
         let computing = Counted::new(Arc::clone(&self.computing));
+        // A part of the shard is served from a stored whole. It is computed into one only
+        // where the cache is `on` (the stream then computes the rest of the shard for the
+        // cache after its part is sent): a part read as a row selection never is.
+        let part = opened.skipped.is_some()
+            || (ticket.take_rows.is_some()
+                && opened.cacheable.as_ref().is_none_or(|c| c.mode != CacheMode::On));
         let lookup = match (&opened.cacheable, cache) {
+            (Some(cacheable), CacheUse::Read) if part => match self.cache.peek(cacheable, &schema, grant)? {
+                Some(hit) => Lookup::Hit(hit),
+                None => Lookup::Bypass,
+            },
             (Some(cacheable), CacheUse::Read) => self.cache.lookup(cacheable, &schema, grant).await?,
             _ => Lookup::Bypass,
         };
@@ -336,11 +346,15 @@ impl Node {
                 .map_err(ServerError::from),
         };
         let (mut claim, mut hit_bytes, mut producing) = (None, None, Duration::ZERO);
+        // The output row the stream's first batch starts at.
+        let mut first = opened.skipped.unwrap_or(0);
         let batches = match lookup {
             Lookup::Hit(hit) => {
                 // What was decoded ahead is not needed: dropping it stops its partitions.
                 drop(started);
-                hit_bytes = Some(hit.bytes());
+                first = 0;
+                // A part's read says nothing of the rate a whole entry reads at.
+                hit_bytes = (!part).then(|| hit.bytes());
                 futures::stream::iter(hit.batches().into_iter().map(Ok)).boxed()
             }
             Lookup::Compute(c, tee) => {
@@ -357,8 +371,9 @@ impl Node {
             row_groups: opened.row_groups,
             shard: ticket.shard.clone(),
             batches,
-            skip: ticket.skip_rows,
-            output: 0,
+            skip: ticket.skip_rows.saturating_sub(first),
+            take: ticket.take_rows,
+            output: first,
             rows_sent: 0,
             producing,
             copying: Duration::ZERO,
@@ -397,8 +412,11 @@ pub struct TicketStream {
     shard: Option<Shard>,
     batches: BoxStream<'static, datafusion::error::Result<RecordBatch>>,
     skip: u64,
+    /// Rows still to send (`take_rows` less those sent); `None`: to the end.
+    take: Option<u64>,
     /// Output rows of the query so far, skipped ones included: where a failing value is,
-    /// and the shard's whole output once the stream ends.
+    /// and where the stream ended in the shard's output (its whole output, without
+    /// `take_rows`).
     output: u64,
     rows_sent: u64,
     /// Time spent producing batches (scan, ops, the front end's encoding), not waiting for
@@ -429,10 +447,14 @@ impl TicketStream {
         &self.schema
     }
 
-    /// The next batch past `skip_rows`, or the error that ends the stream (a scan's error
-    /// names its shard and row).
+    /// The next batch past `skip_rows` (up to `take_rows`), or the error that ends the
+    /// stream (a scan's error names its shard and row).
     pub async fn next(&mut self) -> Option<Result<RecordBatch>> {
         loop {
+            if self.take == Some(0) {
+                self.fill_cache().await;
+                return None;
+            }
             let batch = match self.batches.next().await? {
                 Ok(batch) => batch,
                 Err(e) => {
@@ -448,16 +470,22 @@ impl TicketStream {
                 self.copying += copying.elapsed();
             }
             let n = batch.num_rows() as u64;
-            self.output += n;
-            if self.skip >= n {
-                self.skip -= n;
+            let skip = self.skip.min(n);
+            self.skip -= skip;
+            let len = self.take.map_or(n - skip, |t| t.min(n - skip));
+            self.output += skip + len;
+            if len == 0 {
                 continue;
             }
-            let batch = match std::mem::take(&mut self.skip) {
-                0 => batch,
-                skip => batch.slice(skip as usize, (n - skip) as usize),
+            if let Some(t) = &mut self.take {
+                *t -= len;
+            }
+            let batch = if len == n {
+                batch
+            } else {
+                batch.slice(skip as usize, len as usize)
             };
-            self.rows_sent += batch.num_rows() as u64;
+            self.rows_sent += len;
             // Batches say what their stream's schema says (a deferral).
             let batch = match self.placement.deferred_from {
                 Some(_) => match batch.with_schema(Arc::clone(&self.schema)) {
@@ -467,6 +495,30 @@ impl TicketStream {
                 None => batch,
             };
             return Some(Ok(batch));
+        }
+    }
+
+    /// A part sent (`take_rows`) of a shard computed for the cache: the rest of the shard's
+    /// output goes to the cache only, so the entry is whole. A failure there drops the
+    /// claim: the part sent is not affected.
+    async fn fill_cache(&mut self) {
+        let Some((_, tee)) = &mut self.claim else {
+            return;
+        };
+        // Drained once: the stream is not polled past its end.
+        let mut rest = std::mem::replace(&mut self.batches, futures::stream::empty().boxed());
+        while let Some(batch) = rest.next().await {
+            match batch {
+                Ok(batch) => {
+                    let so_far = (self.producing + self.ready_since.elapsed()).saturating_sub(self.copying);
+                    tee.push(&batch, so_far);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "computing the rest of a shard for the cache");
+                    self.claim = None;
+                    return;
+                }
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //!
 //! ```text
 //!  GetFlightInfo(Cmd = ScanRequest | SQL text) ──▶ FlightInfo { endpoint per Shard }
-//!  DoGet(Ticket = ShardTicket { request, shard, skip_rows }) ──▶ Arrow IPC stream
+//!  DoGet(Ticket = ShardTicket { request, shard, skip_rows, take_rows }) ──▶ Arrow IPC stream
 //! ```
 //!
 //! ```
@@ -268,8 +268,10 @@ pub struct ShardTicket {
     pub request: ScanRequest,
     /// `None`: the whole query as one stream (not row-wise).
     pub shard: Option<Shard>,
-    /// Output rows of this shard already delivered, to be skipped.
+    /// Output rows of this shard already delivered (or another reader's), to be skipped.
     pub skip_rows: u64,
+    /// Output rows to send after those skipped; `None`: to the shard's end.
+    pub take_rows: Option<u64>,
 }
 
 /// What one DoGet stream cost the server.
@@ -863,6 +865,7 @@ mod to_proto {
                 bytes: s.bytes,
             }),
             skip_rows: t.skip_rows,
+            take_rows: t.take_rows,
         }
     }
 
@@ -1032,6 +1035,7 @@ mod from_proto {
             request,
             shard,
             skip_rows: m.skip_rows,
+            take_rows: m.take_rows,
         })
     }
 
@@ -1114,6 +1118,7 @@ mod tests {
             request: fragment_request(),
             shard: None,
             skip_rows: 0,
+            take_rows: None,
         };
         ticket.request.deferral = Deferral::Always { from: 2 };
         assert!(matches!(
@@ -1143,6 +1148,7 @@ mod tests {
                 bytes: 99_000,
             }),
             skip_rows: 17,
+            take_rows: Some(40),
         };
         assert_eq!(ShardTicket::decode(&ticket.encode()).unwrap(), ticket);
     }

@@ -145,9 +145,14 @@ pub struct ShardTicket {
     /// limits, joins), which is answered as one stream over the whole dataset.
     #[prost(message, optional, tag = "3")]
     pub shard: ::core::option::Option<Shard>,
-    /// Rows of the shard's output to skip: resuming a stream where a failed one stopped.
+    /// Rows of the shard's output to skip: resuming a stream where a failed one stopped, or a
+    /// loader's part of a shard another part reads the head of.
     #[prost(uint64, tag = "4")]
     pub skip_rows: u64,
+    /// Rows to send after those skipped; absent: to the shard's end. A query with no filter is
+    /// then read as a row selection: the server decodes and reduces only the rows it sends.
+    #[prost(uint64, optional, tag = "5")]
+    pub take_rows: ::core::option::Option<u64>,
 }
 /// One file of a dataset and a range of its row groups.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
