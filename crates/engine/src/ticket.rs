@@ -321,20 +321,7 @@ impl Node {
         };
         // Counted as computing but while it waits for its client.
         let computing = Counted::new(Arc::clone(&self.computing));
-        // A part of the shard is served from a stored whole. It is computed into one only
-        // where the cache is `on` (the stream then computes the rest of the shard for the
-        // cache after its part is sent): a part read as a row selection never is.
-        let part = opened.skipped.is_some()
-            || (ticket.take_rows.is_some()
-                && opened.cacheable.as_ref().is_none_or(|c| c.mode != CacheMode::On));
-        let lookup = match (&opened.cacheable, cache) {
-            (Some(cacheable), CacheUse::Read) if part => match self.cache.peek(cacheable, &schema, grant)? {
-                Some(hit) => Lookup::Hit(hit),
-                None => Lookup::Bypass,
-            },
-            (Some(cacheable), CacheUse::Read) => self.cache.lookup(cacheable, &schema, grant).await?,
-            _ => Lookup::Bypass,
-        };
+        let (lookup, part) = self.cache_lookup(ticket, &opened, &schema, grant, cache).await?;
         let started = opened.started.take();
         // A stream decoded ahead had its head start to compute in: counted as producing (an
         // upper bound: it may have waited for its budget), so the cache weighs it fully.
@@ -384,6 +371,32 @@ impl Node {
             placement,
             computing,
         })
+    }
+
+    /// What the fragment cache does for `ticket`, and whether it asks for a part of its shard.
+    /// A part is served from a stored whole. It is computed into one only where the cache is
+    /// `on` (the stream then computes the rest of the shard for the cache after its part is
+    /// sent): a part read as a row selection never is.
+    async fn cache_lookup(
+        &self,
+        ticket: &ShardTicket,
+        opened: &Opened,
+        schema: &SchemaRef,
+        grant: &Grant,
+        cache: CacheUse,
+    ) -> Result<(Lookup, bool)> {
+        let part = opened.skipped.is_some()
+            || (ticket.take_rows.is_some()
+                && opened.cacheable.as_ref().is_none_or(|c| c.mode != CacheMode::On));
+        let lookup = match (&opened.cacheable, cache) {
+            (Some(cacheable), CacheUse::Read) if part => match self.cache.peek(cacheable, schema, grant)? {
+                Some(hit) => Lookup::Hit(hit),
+                None => Lookup::Bypass,
+            },
+            (Some(cacheable), CacheUse::Read) => self.cache.lookup(cacheable, schema, grant).await?,
+            _ => Lookup::Bypass,
+        };
+        Ok((lookup, part))
     }
 
     /// Runs `ticket` in this process as its `DoGet` does — the same checks, placement,
