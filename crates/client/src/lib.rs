@@ -31,6 +31,7 @@ mod control;
 mod error;
 mod fleet;
 mod loader;
+pub mod mixture;
 mod order;
 mod plan;
 mod retry;

@@ -26,7 +26,7 @@ use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral, Query, Shard, ShardTicket, 
 
 use crate::allow::CheckedQuery;
 use crate::auth::{Caller, Grant};
-use crate::cache::{CacheMode, Claim, Lookup, Tee};
+use crate::cache::{CacheMode, Cacheable, Claim, Lookup, Tee};
 use crate::error::{Result, ServerError};
 use crate::node::Node;
 use crate::prefetch::{Claim as Held, HELD_FOR};
@@ -62,6 +62,19 @@ impl Placement {
     /// it reads and sends, reducing nothing (see [`Node::runtime_for`]).
     pub fn reduces_nothing(&self) -> bool {
         !self.ops.is_empty() && self.on_server == 0
+    }
+
+    /// The schema a stream of `schema` is sent with: one whose ops were left to the client
+    /// says from which.
+    fn sent_schema(&self, schema: &SchemaRef) -> SchemaRef {
+        match self.deferred_from {
+            Some(from) => {
+                let mut metadata = schema.metadata().clone();
+                metadata.insert(DEFERRED_FROM_KEY.to_owned(), from.to_string());
+                Arc::new(schema.as_ref().clone().with_metadata(metadata))
+            }
+            None => Arc::clone(schema),
+        }
     }
 
     /// The stream waits for its client (`true`) or computes again.
@@ -310,18 +323,19 @@ impl Node {
         let start = Instant::now();
         let plan = Arc::clone(&opened.plan);
         let schema = plan.schema();
-        // A stream whose ops were left to the client says so in its schema.
-        let sent_schema = match placement.deferred_from {
-            Some(from) => {
-                let mut metadata = schema.metadata().clone();
-                metadata.insert(DEFERRED_FROM_KEY.to_owned(), from.to_string());
-                Arc::new(schema.as_ref().clone().with_metadata(metadata))
-            }
-            None => Arc::clone(&schema),
-        };
+        let sent_schema = placement.sent_schema(&schema);
         // Counted as computing but while it waits for its client.
         let computing = Counted::new(Arc::clone(&self.computing));
-        let (lookup, part) = self.cache_lookup(ticket, &opened, &schema, grant, cache).await?;
+        let (lookup, part) = self
+            .cache_lookup(
+                ticket,
+                opened.skipped,
+                opened.cacheable.as_ref(),
+                &schema,
+                grant,
+                cache,
+            )
+            .await?;
         let started = opened.started.take();
         // A stream decoded ahead had its head start to compute in: counted as producing (an
         // upper bound: it may have waited for its budget), so the cache weighs it fully.
@@ -380,15 +394,15 @@ impl Node {
     async fn cache_lookup(
         &self,
         ticket: &ShardTicket,
-        opened: &Opened,
+        skipped: Option<u64>,
+        cacheable: Option<&Cacheable>,
         schema: &SchemaRef,
         grant: &Grant,
         cache: CacheUse,
     ) -> Result<(Lookup, bool)> {
-        let part = opened.skipped.is_some()
-            || (ticket.take_rows.is_some()
-                && opened.cacheable.as_ref().is_none_or(|c| c.mode != CacheMode::On));
-        let lookup = match (&opened.cacheable, cache) {
+        let part = skipped.is_some()
+            || (ticket.take_rows.is_some() && cacheable.is_none_or(|c| c.mode != CacheMode::On));
+        let lookup = match (cacheable, cache) {
             (Some(cacheable), CacheUse::Read) if part => match self.cache.peek(cacheable, schema, grant)? {
                 Some(hit) => Lookup::Hit(hit),
                 None => Lookup::Bypass,
