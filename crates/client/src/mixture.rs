@@ -1,11 +1,11 @@
 //! A mixture of sources by weight, pure: how many rows of each source every global batch
-//! holds, and which of the batch's places they take. No I/O: like [`crate::order`], a
+//! holds, and which of the batch's places they take. No I/O: like `order.rs`, a
 //! function of the weights, the global batch, the partitions and the rows of each source
 //! given so far, never of the world size.
 //!
 //! The layout this schedule is built for (the loader does not follow it yet: issue 52):
 //!
-//! * every source keeps its own global order ([`crate::order`]) over the same `P`
+//! * every source keeps its own global order (`order.rs`) over the same `P`
 //!   partitions, with its own epochs: a source that runs out begins its next epoch, its rows
 //!   once per its own epoch, counted apart from the others';
 //! * global batch `b` of `G` rows holds `n_s(b)` rows of source `s` ([`Schedule::batch`]): the
@@ -14,7 +14,7 @@
 //!   within a row of its `w_s·t` (tested), over any run of batches within two rows;
 //! * within the batch its places are dealt by the same rule ([`Schedule::places`]), so the
 //!   chunk of places of each canonical partition (`⌊(p+1)G/P⌋ − ⌊pG/P⌋` of them, as in
-//!   [`crate::order::Shape`]) holds each source in proportion ([`Schedule::chunks`]);
+//!   `order::Shape`) holds each source in proportion ([`Schedule::chunks`]);
 //!   partition `p` of the mixture takes its rows of source `s` from partition `p` of source
 //!   `s`. Rank `r` of `W` holds places `[r·G/W, (r+1)·G/W)`, which are its partitions'
 //!   chunks: it reads only its partitions of every source, and the global batches, as sets of

@@ -479,7 +479,7 @@ impl TicketStream {
     pub async fn next(&mut self) -> Option<Result<RecordBatch>> {
         loop {
             if self.take == Some(0) {
-                self.fill_cache().await;
+                self.fill_cache();
                 return None;
             }
             let batch = match self.batches.next().await? {
@@ -526,27 +526,30 @@ impl TicketStream {
     }
 
     /// A part sent (`take_rows`) of a shard computed for the cache: the rest of the shard's
-    /// output goes to the cache only, so the entry is whole. A failure there drops the
-    /// claim: the part sent is not affected.
-    async fn fill_cache(&mut self) {
-        let Some((_, tee)) = &mut self.claim else {
+    /// output is computed for the cache alone, on a task of its own, so the stream ends (and
+    /// its client gets the trailer) at the part's end, not the shard's. The claim stays held
+    /// until the entry is whole: a request for the shard meanwhile waits for it, then hits.
+    /// A failure there drops the claim; the part sent is not affected.
+    fn fill_cache(&mut self) {
+        let Some((claim, mut tee)) = self.claim.take() else {
             return;
         };
-        // Drained once: the stream is not polled past its end.
         let mut rest = std::mem::replace(&mut self.batches, futures::stream::empty().boxed());
-        while let Some(batch) = rest.next().await {
-            match batch {
-                Ok(batch) => {
-                    let so_far = (self.producing + self.ready_since.elapsed()).saturating_sub(self.copying);
-                    tee.push(&batch, so_far);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "computing the rest of a shard for the cache");
-                    self.claim = None;
-                    return;
+        let before = (self.producing + self.ready_since.elapsed()).saturating_sub(self.copying);
+        self.node.cpu.spawn_detached(async move {
+            let start = Instant::now();
+            while let Some(batch) = rest.next().await {
+                match batch {
+                    Ok(batch) => tee.push(&batch, before + start.elapsed()),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "computing the rest of a shard for the cache");
+                        return;
+                    }
                 }
             }
-        }
+            let decision = claim.finish(*tee, before + start.elapsed());
+            tracing::debug!(%decision, "fragment cache, a shard completed after its part");
+        });
     }
 
     /// The front end waits for its client from now on: not computing (the stream's cores

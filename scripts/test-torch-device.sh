@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The PyTorch adapter's tests under real torch on a machine with torch and no Rust toolchain
+# (a lent GPU machine): the release `pushdown` binary and Python package packed into DIST by
+# `benches/cores-dist.sh DIST --python` (either may be `.xz`-compressed). Runs what
+# `scripts/test-torch.sh` runs, with that machine's python3 (which needs torch, pyarrow, numpy
+# and pytest). Arguments go to pytest.
+#
+#   scripts/test-torch-device.sh DIST [PYTEST-ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+packed=$(realpath "$1")
+shift
+dist=/tmp/pushdown-torch-dist
+rm -rf "$dist"
+cp -r "$packed" "$dist"
+find "$dist" -name '*.xz' -print0 | while IFS= read -r -d '' f; do
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$f" "${f%.xz}"
+  rm "$f"
+done
+chmod +x "$dist/pushdown"
+PYTHONPATH="$dist/python" PUSHDOWN_BIN="$dist/pushdown" PUSHDOWN_REQUIRE_TORCH=1 \
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_torch.py tests/python/test_torch_loop.py \
+  tests/python/test_loader.py -k "torch or loop or epoch or pickles or int64 or batch_step or cast_to or version" "$@"
