@@ -17,14 +17,7 @@ shift $(($# < 2 ? $# : 2))
 mkdir -p "$out"
 # Unpacked where it can run: a copy, with the compressed files expanded.
 dist=/tmp/pushdown-feed-dist
-rm -rf "$dist"
-cp -r "$packed" "$dist"
-find "$dist" -name '*.xz' -print0 | while IFS= read -r -d '' f; do
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$f" "${f%.xz}"
-  rm "$f"
-done
-chmod +x "$dist/harness"
+scripts/unpack-dist.sh "$packed" "$dist"
 steps=${PUSHDOWN_GPU_STEPS:-200}
 cores=$(nproc)
 half=$((cores / 2))

@@ -11,14 +11,7 @@ cd "$(dirname "$0")/.."
 packed=$(realpath "$1")
 shift
 dist=/tmp/pushdown-torch-dist
-rm -rf "$dist"
-cp -r "$packed" "$dist"
-find "$dist" -name '*.xz' -print0 | while IFS= read -r -d '' f; do
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$f" "${f%.xz}"
-  rm "$f"
-done
-chmod +x "$dist/pushdown"
+scripts/unpack-dist.sh "$packed" "$dist"
 PYTHONPATH="$dist/python" PUSHDOWN_BIN="$dist/pushdown" PUSHDOWN_REQUIRE_TORCH=1 \
   python3 -m pytest -q -p no:cacheprovider tests/python/test_torch.py tests/python/test_torch_loop.py \
   tests/python/test_loader.py -k "torch or loop or epoch or pickles or int64 or batch_step or cast_to or version" "$@"

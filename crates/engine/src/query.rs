@@ -656,8 +656,9 @@ impl Engine {
         ))
     }
 
-    /// The rows `ticket` would stream (after its `skip_rows`, up to its `take_rows`), counted by the engine: only
-    /// the filter's columns are read, and none at all when statistics answer.
+    /// The rows `ticket` would stream (after its `skip_rows`, up to its `take_rows`), counted
+    /// by the engine: only the filter's columns are read, and none at all when statistics
+    /// answer.
     pub async fn count(&self, ticket: &ShardTicket, grant: &Grant) -> Result<u64> {
         let checked = self.authorize(ticket, grant)?;
         let framed = self.dataframe_for(ticket, &checked, 1, grant).await?;
