@@ -3,7 +3,9 @@
 
 use arrow::array::AsArray;
 use arrow::datatypes::{Int64Type, UInt8Type};
-use pushdown_client::{Column, Loader, LoaderOptions, LoaderSource, LoaderState, StreamOptions};
+use pushdown_client::{
+    Column, Loader, LoaderOptions, LoaderSource, LoaderState, MixtureSource, StreamOptions,
+};
 use pushdown_planner::Pipeline;
 use pushdown_protocol::Compression;
 use pushdown_server::Server;
@@ -563,7 +565,9 @@ fn datasets_that_grow_change_the_next_epoch_only() {
 
     // Restoring the mid-epoch state: its shards are gone, so it is refused by name.
     let mut restored = Loader::new(&servers, source(), o.clone()).expect("loader");
-    let err = restored.restore(mid_epoch).expect_err("the dataset changed");
+    let err = restored
+        .restore(mid_epoch.clone())
+        .expect_err("the dataset changed");
     assert!(err.to_string().contains("dataset changed"), "{err}");
     // At an epoch boundary a state restores on what the servers list now.
     let mut restored = Loader::new(&servers, source(), o).expect("loader");
@@ -654,7 +658,7 @@ fn echoing_delivers_each_sample_k_times_augmented_anew_and_resumes_exactly() {
     assert_eq!(state.echo, 2);
     let mut resumed =
         Loader::new(&servers, LoaderSource::Pipeline(crop_pipeline()), o.clone()).expect("loader");
-    resumed.restore(state).expect("restore");
+    resumed.restore(state.clone()).expect("restore");
     assert_eq!(id_crops(&mut resumed, usize::MAX), batches[5..]);
 
     // A state of another echo factor belongs to another sequence.
@@ -983,6 +987,17 @@ fn global_batches(
     state: Option<LoaderState>,
     take: usize,
 ) -> Vec<Vec<i64>> {
+    global_batches_of(loader, servers, (world, batch, window), state, take)
+}
+
+/// [`global_batches`] of the loaders `make` builds.
+fn global_batches_of(
+    make: fn(&[String], LoaderOptions) -> Loader,
+    servers: &[String],
+    (world, batch, window): (usize, usize, usize),
+    state: Option<LoaderState>,
+    take: usize,
+) -> Vec<Vec<i64>> {
     let ranks: Vec<Vec<Vec<i64>>> = (0..world)
         .map(|rank| {
             let o = LoaderOptions {
@@ -992,9 +1007,9 @@ fn global_batches(
                 world_size: world,
                 ..options(21)
             };
-            let mut l = loader(servers, o);
-            if let Some(state) = state {
-                l.restore(state).expect("restore");
+            let mut l = make(servers, o);
+            if let Some(state) = &state {
+                l.restore(state.clone()).expect("restore");
             }
             drain(&mut l, take)
         })
@@ -1101,7 +1116,7 @@ fn a_state_saved_at_one_world_size_continues_at_another() {
                 world,
                 batch,
                 window,
-                Some(state),
+                Some(state.clone()),
                 usize::MAX,
             ));
             let (a, b) = (&whole[k..], &rest[..]);
@@ -1137,7 +1152,7 @@ fn states_that_cannot_continue_here_are_refused_by_what_differs() {
     let state = saved.state();
     let refused = |o: LoaderOptions, sql: &str| {
         let mut l = Loader::new(&servers, LoaderSource::Sql(sql.into()), o).expect("loader");
-        l.restore(state).expect_err("refused").to_string()
+        l.restore(state.clone()).expect_err("refused").to_string()
     };
     let half = |o: LoaderOptions| LoaderOptions {
         world_size: 2,
@@ -1233,4 +1248,227 @@ fn states_of_the_per_rank_order_restore_at_epoch_boundaries() {
         l.restore(v3(fingerprint ^ 1, 0, 0)).is_err(),
         "another configuration's"
     );
+}
+
+/// The two sources of the mixture tests: a third of the rows weighted 0.7, the rest 0.3 (so
+/// the first runs through several of its epochs while the second is in its first).
+const MIX_A: &str = "SELECT id, label FROM images WHERE id % 3 = 0";
+const MIX_B: &str = "SELECT id, label FROM images WHERE id % 3 <> 0";
+
+fn mix_sources(weights: [f64; 2]) -> Vec<MixtureSource> {
+    [MIX_A, MIX_B]
+        .into_iter()
+        .zip(weights)
+        .map(|(sql, weight)| MixtureSource {
+            source: LoaderSource::Sql(sql.into()),
+            weight,
+            servers: None,
+        })
+        .collect()
+}
+
+fn mixed(servers: &[String], o: LoaderOptions) -> Loader {
+    Loader::mixture(servers, mix_sources([0.7, 0.3]), o).expect("mixture")
+}
+
+/// Each global batch holds the sources by weight (within a row), over 10 batches within
+/// 10% and over the run within 2%; each source's rows come once per its own epoch: the
+/// small, heavy source cycles through its epochs while the other is in its first.
+#[test]
+fn a_mixture_holds_its_sources_by_weight_and_each_source_once_per_its_epoch() {
+    let s = setup(600);
+    let servers = vec![s.fx.running.url()];
+    let o = LoaderOptions {
+        batch_size: Some(32),
+        shuffle_buffer: Some(64),
+        epochs: 2,
+        ..options(5)
+    };
+    let mut l = mixed(&servers, o.clone());
+    assert_eq!(l.epoch_len(), (600 / 32 * 32, 600 / 32), "⌊Σ rows / G⌋ batches");
+    let batches = drain(&mut l, usize::MAX);
+    assert_eq!(batches.len(), 2 * (600 / 32), "two mixture epochs");
+    let from_a = |b: &Vec<i64>| b.iter().filter(|id| *id % 3 == 0).count();
+    for (t, b) in batches.iter().enumerate() {
+        assert_eq!(b.len(), 32, "every batch whole");
+        let a = from_a(b) as f64;
+        assert!(
+            (a - 0.7 * 32.0).abs() <= 1.0,
+            "batch {t}: {a} of 32 from the first source"
+        );
+    }
+    let share = |bs: &[Vec<i64>]| bs.iter().map(from_a).sum::<usize>() as f64 / (32 * bs.len()) as f64;
+    for w in batches.windows(10) {
+        assert!((share(w) - 0.7).abs() <= 0.07, "10 batches: {}", share(w));
+    }
+    assert!(
+        (share(&batches) - 0.7).abs() <= 0.014,
+        "the run: {}",
+        share(&batches)
+    );
+    // Once per its epoch: every row of a source seen as often as every other, within one.
+    let mut seen = std::collections::BTreeMap::<i64, usize>::new();
+    for id in batches.concat() {
+        *seen.entry(id).or_default() += 1;
+    }
+    for (name, rest) in [("first", 0), ("second", 1)] {
+        let counts: Vec<usize> = (0..600)
+            .filter(|id| (id % 3 == 0) == (rest == 0))
+            .map(|id| seen.get(&id).copied().unwrap_or(0))
+            .collect();
+        let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(hi - lo <= 1, "the {name} source: rows seen {lo} to {hi} times");
+        if rest == 0 {
+            assert!(*lo >= 3, "the first source ran through its epochs: {lo}");
+        } else {
+            assert_eq!(*hi, 1, "the second source is still in its first epoch");
+        }
+    }
+    // The same seed, the same mixture.
+    assert_eq!(drain(&mut mixed(&servers, o), usize::MAX), batches);
+}
+
+/// A mixture's global batches are the same at world sizes 1, 2 and 4, and a state saved at
+/// 4 (the same bytes on every rank) continues at 2 and 8 with the uninterrupted batches,
+/// across a mixture epoch's end.
+#[test]
+fn a_mixture_is_elastic_and_resumes_exactly() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let one = sorted(global_batches_of(mixed, &servers, (1, 24, 96), None, usize::MAX));
+    assert_eq!(one.len(), 2 * (300 / 24));
+    for world in [2, 4] {
+        let joined = global_batches_of(mixed, &servers, (world, 24 / world, 96 / world), None, usize::MAX);
+        assert_eq!(sorted(joined), one, "world size {world}");
+    }
+    for k in [5, 300 / 24 + 2] {
+        let states: Vec<Vec<u8>> = (0..4)
+            .map(|rank| {
+                let o = LoaderOptions {
+                    batch_size: Some(6),
+                    shuffle_buffer: Some(24),
+                    rank,
+                    world_size: 4,
+                    ..options(21)
+                };
+                let mut l = mixed(&servers, o);
+                drain(&mut l, k);
+                l.state().to_bytes()
+            })
+            .collect();
+        assert!(
+            states.iter().all(|s| *s == states[0]),
+            "the same state on every rank"
+        );
+        let state = LoaderState::from_bytes(&states[0]).expect("state");
+        for (world, batch, window) in [(2, 12, 48), (8, 3, 12)] {
+            let rest = global_batches_of(
+                mixed,
+                &servers,
+                (world, batch, window),
+                Some(state.clone()),
+                usize::MAX,
+            );
+            assert_eq!(sorted(rest), one[k..], "k={k} world {world}");
+        }
+    }
+}
+
+/// What a mixture cannot be, or cannot continue, is refused by name.
+#[test]
+fn mixtures_that_cannot_be_are_refused_by_what_differs() {
+    let s = setup(200);
+    let servers = vec![s.fx.running.url()];
+    let o = || LoaderOptions {
+        batch_size: Some(8),
+        shuffle_buffer: Some(32),
+        ..options(3)
+    };
+    let mut sources = mix_sources([0.5, 0.5]);
+    sources[1].source = LoaderSource::Sql("SELECT id FROM images WHERE id % 3 <> 0".into());
+    let e = Loader::mixture(&servers, sources, o())
+        .expect_err("schemas differ")
+        .to_string();
+    assert!(
+        e.contains("source 1's columns differ") && e.contains("\"label\""),
+        "{e}"
+    );
+    let e = Loader::mixture(&servers, mix_sources([0.5, -1.0]), o())
+        .expect_err("weight")
+        .to_string();
+    assert!(e.contains("source 1 has weight -1"), "{e}");
+    let mut sources = mix_sources([0.5, 0.5]);
+    sources[0].source = LoaderSource::Sql("SELECT id, label FROM images WHERE id < 4".into());
+    let e = Loader::mixture(&servers, sources, o())
+        .expect_err("small")
+        .to_string();
+    assert!(
+        e.contains("source 0 has 4 rows, fewer than one global batch"),
+        "{e}"
+    );
+    let mut sources = mix_sources([0.5, 0.5]);
+    sources[1].source = LoaderSource::Sql("SELECT label, COUNT(*) AS id FROM images GROUP BY label".into());
+    let e = Loader::mixture(&servers, sources, o())
+        .expect_err("whole")
+        .to_string();
+    assert!(e.contains("source 1"), "{e}");
+    let e = Loader::mixture(
+        &servers,
+        mix_sources([1.0, 1.0]),
+        LoaderOptions {
+            echo: pushdown_client::Echo::Fixed(2),
+            ..o()
+        },
+    )
+    .expect_err("echo")
+    .to_string();
+    assert!(e.contains("echo"), "{e}");
+    // States: a mixture's is not a single loader's, nor another mixture's.
+    let mut m = Loader::mixture(&servers, mix_sources([0.7, 0.3]), o()).expect("mixture");
+    drain(&mut m, 2);
+    let mixture_state = m.state();
+    let mut single = loader(&servers, o());
+    drain(&mut single, 2);
+    let e = single
+        .restore(mixture_state.clone())
+        .expect_err("mixture state")
+        .to_string();
+    assert!(e.contains("saved by a mixture of 2 sources"), "{e}");
+    let e = m.restore(single.state()).expect_err("single state").to_string();
+    assert!(e.contains("one source"), "{e}");
+    let mut other = Loader::mixture(&servers, mix_sources([0.6, 0.4]), o()).expect("mixture");
+    let e = other
+        .restore(mixture_state.clone())
+        .expect_err("weights")
+        .to_string();
+    assert!(e.contains("another mixture"), "{e}");
+    let mut other = Loader::mixture(
+        &servers,
+        mix_sources([0.7, 0.3]),
+        LoaderOptions { seed: 4, ..o() },
+    )
+    .expect("mixture");
+    let e = other
+        .restore(mixture_state.clone())
+        .expect_err("seed")
+        .to_string();
+    assert!(e.contains("seed is 3"), "{e}");
+    let mut other = Loader::mixture(
+        &servers,
+        mix_sources([0.7, 0.3]),
+        LoaderOptions {
+            batch_size: Some(4),
+            ..o()
+        },
+    )
+    .expect("mixture");
+    let e = other
+        .restore(mixture_state.clone())
+        .expect_err("batch")
+        .to_string();
+    assert!(e.contains("global batch is 8"), "{e}");
+    // And the same mixture continues it.
+    let mut same = Loader::mixture(&servers, mix_sources([0.7, 0.3]), o()).expect("mixture");
+    same.restore(mixture_state).expect("the same mixture");
+    assert_eq!(same.position(), (0, 2));
 }

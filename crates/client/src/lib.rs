@@ -45,7 +45,8 @@ pub use completion::{Completion, CompletionTotals, ShardPlacement};
 pub use connect::{ConnectOptions, DEFAULT_CALL_TIMEOUT, MAX_MESSAGE_BYTES, plan_estimate};
 pub use error::{ClientError, Result, status_text};
 pub use loader::{
-    Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderStats, Prepared, Push, TensorBatch,
+    Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderStats, MixtureSource, Prepared, Push,
+    TensorBatch,
 };
 pub use order::{Echo, LoaderState};
 pub use plan::{Link, LinkSource, costed_plan, costed_plan_for_ranks, is_on_this_host};

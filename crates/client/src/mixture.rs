@@ -3,7 +3,7 @@
 //! function of the weights, the global batch, the partitions and the rows of each source
 //! given so far, never of the world size.
 //!
-//! The layout this schedule is built for (the loader does not follow it yet: issue 52):
+//! The layout this schedule is built for, which the loader follows (`loader/mixed.rs`):
 //!
 //! * every source keeps its own global order (`order.rs`) over the same `P`
 //!   partitions, with its own epochs: a source that runs out begins its next epoch, its rows
@@ -80,20 +80,46 @@ impl Schedule {
     }
 
     /// The source of each of a global batch's `G` places, for a batch holding `counts[s]`
-    /// rows of source `s`: spread through the batch, so any run of places holds each source
-    /// within a row or two of its share.
-    pub fn places(&self, counts: &[u64]) -> Vec<usize> {
-        let total: u64 = counts.iter().sum();
-        let shares: Vec<f64> = counts.iter().map(|&c| c as f64 / total.max(1) as f64).collect();
-        let mut dealt = vec![0u64; counts.len()];
-        (0..total)
-            .map(|t| {
-                // Only sources with rows left: a share's rounding never overdraws one.
-                let s = furthest_behind_within(&shares, &dealt, counts, t);
-                dealt[s] += 1;
-                s
+    /// rows of source `s`, after `taken` (the rows of each source each partition gave so
+    /// far). The batch's rows are dealt one at a time to the (partition, source) furthest
+    /// behind its weight in that partition by the batch's end, counting its earlier
+    /// batches, among partitions with places left and sources with rows left: so every
+    /// partition gives each source its weight over time (tested: within two rows), and a
+    /// source's partitions run out together. (A partition given a fixed share of each
+    /// batch instead would cycle through its rows faster than its neighbours.) Within a
+    /// partition's chunk the sources are spread evenly.
+    pub fn places(&self, counts: &[u64], taken: &Taken) -> Vec<usize> {
+        let (g, parts) = (self.global, self.partitions as usize);
+        let mut left = counts.to_vec();
+        let mut room: Vec<u64> = (0..parts as u64)
+            .map(|p| cut(g, p + 1, self.partitions) - cut(g, p, self.partitions))
+            .collect();
+        // Each partition's weighted target by the batch's end, less what it holds by then.
+        let mut behind: Vec<Vec<f64>> = (0..parts)
+            .map(|p| {
+                let end = taken.0.iter().map(|row| row[p]).sum::<u64>() + room[p];
+                (self.weights.iter().zip(&taken.0))
+                    .map(|(w, row)| w * end as f64 - row[p] as f64)
+                    .collect()
             })
-            .collect()
+            .collect();
+        let mut chunks = vec![vec![0u64; counts.len()]; parts];
+        for _ in 0..g {
+            let mut best = (0, 0, f64::NEG_INFINITY);
+            for p in (0..parts).filter(|&p| room[p] > 0) {
+                for s in (0..counts.len()).filter(|&s| left[s] > 0) {
+                    if behind[p][s] > best.2 {
+                        best = (p, s, behind[p][s]);
+                    }
+                }
+            }
+            let (p, s, _) = best;
+            chunks[p][s] += 1;
+            behind[p][s] -= 1.0;
+            room[p] -= 1;
+            left[s] -= 1;
+        }
+        chunks.iter().flat_map(|chunk| spread(chunk)).collect()
     }
 
     /// Rows of each source in each partition's chunk of a batch whose places are `places`:
@@ -116,6 +142,54 @@ impl Schedule {
     pub fn epoch_batches(&self, rows: &[u64]) -> u64 {
         rows.iter().sum::<u64>() / self.global
     }
+
+    /// The canonical partitions.
+    pub fn partitions(&self) -> u64 {
+        self.partitions
+    }
+
+    /// The next global batch after `taken`, which it advances: the source of each of its
+    /// places ([`Self::places`]).
+    pub fn step(&self, taken: &mut Taken) -> Vec<usize> {
+        let sources = self.weights.len();
+        let counts = self.batch(&taken.per_source());
+        let places = self.places(&counts, taken);
+        for (p, chunk) in self.chunks(&places, sources).into_iter().enumerate() {
+            for (s, rows) in chunk.into_iter().enumerate() {
+                taken.0[s][p] += rows;
+            }
+        }
+        places
+    }
+
+    /// Where the mixture is after its first `batches` global batches (replayed from the
+    /// start: a loader that moves to another epoch without a state computes it so).
+    pub fn replay(&self, batches: u64) -> Taken {
+        let mut taken = Taken::start(self.weights.len(), self.partitions);
+        for _ in 0..batches {
+            self.step(&mut taken);
+        }
+        taken
+    }
+}
+
+/// Where a mixture is: the rows taken of each source from each canonical partition,
+/// `[source][partition]`, since the loader's start. The same on every rank (each computes
+/// every partition's chunks), and all a resumed mixture needs beside its sources' versions:
+/// source `s`'s partition `p` is in its epoch `taken / len` at row `taken % len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken(pub Vec<Vec<u64>>);
+
+impl Taken {
+    /// Nothing taken yet.
+    pub fn start(sources: usize, partitions: u64) -> Self {
+        Self(vec![vec![0; partitions as usize]; sources])
+    }
+
+    /// Rows taken of each source, all partitions together (the schedule's state).
+    pub fn per_source(&self) -> Vec<u64> {
+        self.0.iter().map(|parts| parts.iter().sum()).collect()
+    }
 }
 
 /// The source furthest behind its weight when the mixture's row `t` is dealt (`counts`: rows
@@ -132,17 +206,30 @@ fn furthest_behind(weights: &[f64], counts: &[u64], t: u64) -> usize {
     best.0
 }
 
-/// [`furthest_behind`] among the sources that have rows left (`dealt[s] < limit[s]`).
-fn furthest_behind_within(weights: &[f64], dealt: &[u64], limit: &[u64], t: u64) -> usize {
-    let target = (t + 1) as f64;
-    let mut best = (None, f64::NEG_INFINITY);
-    for (s, ((&w, &d), &l)) in weights.iter().zip(dealt).zip(limit).enumerate() {
-        let behind = w * target - d as f64;
-        if d < l && behind > best.1 {
-            best = (Some(s), behind);
-        }
-    }
-    best.0.unwrap_or(0)
+/// A chunk holding `chunk[s]` rows of each source, its sources spread evenly: each place
+/// to the source furthest behind its share of the chunk.
+fn spread(chunk: &[u64]) -> Vec<usize> {
+    let total: u64 = chunk.iter().sum();
+    let mut dealt = vec![0u64; chunk.len()];
+    (0..total)
+        .map(|t| {
+            let target = (t + 1) as f64 / total as f64;
+            let mut best = (0, f64::NEG_INFINITY);
+            for (s, (&c, &d)) in chunk.iter().zip(&dealt).enumerate() {
+                let behind = c as f64 * target - d as f64;
+                if d < c && behind > best.1 {
+                    best = (s, behind);
+                }
+            }
+            dealt[best.0] += 1;
+            best.0
+        })
+        .collect()
+}
+
+/// `⌊p·rows/parts⌋`: where partition `p`'s places begin.
+fn cut(rows: u64, p: u64, parts: u64) -> u64 {
+    crate::order::cut(rows, p, parts)
 }
 
 #[cfg(test)]
@@ -247,21 +334,44 @@ mod tests {
 
     #[test]
     fn every_partition_holds_each_source_in_proportion() {
-        let schedule = Schedule::new(&[0.7, 0.2, 0.1], 240, 8).expect("schedule");
-        for counts in run(&schedule, 50) {
-            let places = schedule.places(&counts);
-            assert_eq!(places.len(), 240);
-            let chunks = schedule.chunks(&places, 3);
-            for s in 0..3 {
-                // The chunks hold the batch's rows of each source, all of them.
-                assert_eq!(chunks.iter().map(|c| c[s]).sum::<u64>(), counts[s]);
-                for (p, chunk) in chunks.iter().enumerate() {
-                    let expected = counts[s] as f64 / 8.0;
-                    assert!(
-                        (chunk[s] as f64 - expected).abs() <= 2.0,
-                        "partition {p} holds {} rows of source {s}, its share is {expected}",
-                        chunk[s]
-                    );
+        // Per batch, each partition's chunk holds each source within two rows of its share;
+        // over time, each partition gives each source its weight within two rows, even
+        // where chunks are a row or two (so a source's partitions run out together).
+        for (weights, global) in [
+            (vec![0.7, 0.2, 0.1], 240),
+            (vec![0.7, 0.3], 10),
+            (vec![0.5, 0.3, 0.2], 12),
+        ] {
+            let schedule = Schedule::new(&weights, global, 8).expect("schedule");
+            let mut taken = Taken::start(weights.len(), 8);
+            for b in 0..500 {
+                let counts = schedule.batch(&taken.per_source());
+                let places = schedule.step(&mut taken);
+                assert_eq!(places.len(), global as usize);
+                let chunks = schedule.chunks(&places, weights.len());
+                for (s, &count) in counts.iter().enumerate() {
+                    // The chunks hold the batch's rows of each source, all of them.
+                    assert_eq!(chunks.iter().map(|c| c[s]).sum::<u64>(), count);
+                    for (p, chunk) in chunks.iter().enumerate() {
+                        let expected = count as f64 / 8.0;
+                        assert!(
+                            global < 64 || (chunk[s] as f64 - expected).abs() <= 2.0,
+                            "batch {b} partition {p} holds {} rows of source {s}, its share is {expected}",
+                            chunk[s]
+                        );
+                    }
+                }
+                for p in 0..8 {
+                    let total: u64 = taken.0.iter().map(|row| row[p]).sum();
+                    for (s, w) in weights.iter().enumerate() {
+                        let off = taken.0[s][p] as f64 - w * total as f64;
+                        assert!(
+                            off.abs() <= 2.0,
+                            "{weights:?} G={global} batch {b}: partition {p} gave source {s} {} \
+                             rows of {total}",
+                            taken.0[s][p]
+                        );
+                    }
                 }
             }
         }
@@ -273,7 +383,7 @@ mod tests {
         // [rP/W, (r+1)P/W). So the rows a rank reads of each source are its partitions'.
         let schedule = Schedule::new(&[0.5, 0.3, 0.2], 96, 8).expect("schedule");
         let counts = schedule.batch(&[0, 0, 0]);
-        let places = schedule.places(&counts);
+        let places = schedule.places(&counts, &Taken::start(3, 8));
         let chunks = schedule.chunks(&places, 3);
         for world in [1u64, 2, 4, 8] {
             let per_rank = 96 / world;
@@ -292,6 +402,24 @@ mod tests {
                 assert_eq!(held, from_partitions, "W={world} rank {rank}");
             }
         }
+    }
+
+    #[test]
+    fn stepping_follows_the_chunks_and_replays_from_the_start() {
+        let schedule = Schedule::new(&[0.6, 0.4], 40, 4).expect("schedule");
+        let mut taken = Taken::start(2, 4);
+        let mut totals = vec![0u64; 2];
+        for _ in 0..25 {
+            let counts = schedule.batch(&totals);
+            let before = taken.clone();
+            let places = schedule.step(&mut taken);
+            assert_eq!(places, schedule.places(&counts, &before));
+            for (t, c) in totals.iter_mut().zip(&counts) {
+                *t += c;
+            }
+            assert_eq!(taken.per_source(), totals);
+        }
+        assert_eq!(schedule.replay(25), taken);
     }
 
     #[test]

@@ -34,6 +34,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ClientError, Result};
+use crate::mixture::Taken;
 
 /// What a rank's sample sequence depends on, beside the query, the batching and the
 /// dataset's version: the order's parameters ([`Order`]) and where the rank is.
@@ -167,7 +168,7 @@ impl Order {
 
 /// Where a loader is: the next batch is global batch `batches` of epoch `epoch` (every rank
 /// is at the same one), in `order`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoaderState {
     pub order: Order,
     pub epoch: u64,
@@ -181,9 +182,16 @@ pub struct LoaderState {
     /// fingerprint of (query, seed, rank, world size, batching). It restores at an epoch
     /// boundary; mid-epoch its sequence is not this version's.
     pub per_rank: Option<u64>,
+    /// A mixture's state (`PDM1`): the rows taken of each source from each partition. Its
+    /// `version` is then its sources' together, needed at any position (a source's epochs
+    /// run across the mixture's).
+    pub mixture: Option<Taken>,
 }
 
 const STATE_MAGIC: &[u8; 4] = b"PDL4";
+/// A mixture's state: a `PDL4` state's words, then sources `S`, partitions `P` and the
+/// `S × P` rows taken.
+const MIXTURE_MAGIC: &[u8; 4] = b"PDM1";
 const STATE_WORDS: usize = 11;
 const STATE_LEN: usize = 4 + STATE_WORDS * 8;
 /// States of the per-rank order: a fingerprint, epoch, batches, version and (`PDL3`) echo.
@@ -208,10 +216,53 @@ impl LoaderState {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&self.echo.to_le_bytes());
+        if let Some(Taken(taken)) = &self.mixture {
+            out[..4].copy_from_slice(MIXTURE_MAGIC);
+            let partitions = taken.first().map_or(0, Vec::len);
+            for v in [taken.len(), partitions] {
+                out.extend_from_slice(&(v as u64).to_le_bytes());
+            }
+            for rows in taken.iter().flatten() {
+                out.extend_from_slice(&rows.to_le_bytes());
+            }
+        }
         out
     }
 
+    /// A mixture's state: the `PDL4` words, then its rows taken.
+    fn mixture_from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad = || {
+            ClientError::Invalid(
+                "a damaged pushdown mixture state (PDM1): its length does not match its sources \
+                 and partitions"
+                    .into(),
+            )
+        };
+        if bytes.len() < STATE_LEN + 16 {
+            return Err(bad());
+        }
+        let mut head = bytes[..STATE_LEN].to_vec();
+        head[..4].copy_from_slice(STATE_MAGIC);
+        let mut state = Self::from_bytes(&head)?;
+        let words: Vec<u64> = bytes[STATE_LEN..]
+            .chunks(8)
+            .map(|w| w.try_into().map(u64::from_le_bytes).map_err(|_| bad()))
+            .collect::<Result<_>>()?;
+        let (sources, partitions) = (words[0] as usize, words[1] as usize);
+        let cells = sources.checked_mul(partitions).ok_or_else(bad)?;
+        if sources == 0 || partitions as u64 != state.order.partitions || words.len() != 2 + cells {
+            return Err(bad());
+        }
+        state.mixture = Some(Taken(
+            words[2..].chunks(partitions).map(<[u64]>::to_vec).collect(),
+        ));
+        Ok(state)
+    }
+
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.starts_with(MIXTURE_MAGIC) {
+            return Self::mixture_from_bytes(bytes);
+        }
         if bytes.starts_with(b"PDL1") {
             return Err(ClientError::Invalid(
                 "a loader state saved by an older pushdown (PDL1, without the dataset version): \
@@ -242,6 +293,7 @@ impl LoaderState {
                 version: word(3),
                 echo: if v2 { 1 } else { word(4).max(1) },
                 per_rank: Some(word(0)),
+                mixture: None,
             });
         }
         if bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC {
@@ -264,6 +316,7 @@ impl LoaderState {
             version: word(9),
             echo: word(10).max(1),
             per_rank: None,
+            mixture: None,
         })
     }
 }
@@ -348,7 +401,7 @@ fn share(rows: u64, p: u64, parts: u64) -> u64 {
 }
 
 /// `⌊p·rows/parts⌋`, without overflow.
-fn cut(rows: u64, p: u64, parts: u64) -> u64 {
+pub(crate) fn cut(rows: u64, p: u64, parts: u64) -> u64 {
     (u128::from(rows) * u128::from(p) / u128::from(parts.max(1))) as u64
 }
 
@@ -417,6 +470,17 @@ impl Shape {
         let parts = self.partitions;
         let start = self.full() * cut(self.global, p, parts) + cut(self.tail(), p, parts);
         start + items.start..start + items.end
+    }
+
+    /// Where partition `p`'s item `item` is: the global batch holding it, and the items of
+    /// `p` before it in that batch.
+    pub(crate) fn item_at(&self, p: u64, item: u64) -> (u64, u64) {
+        let per = share(self.global, p, self.partitions);
+        let batch = match per {
+            0 => self.full(),
+            per => (item / per).min(self.full()),
+        };
+        (batch, item - self.items_before(p, batch))
     }
 
     /// The rows rank `rank` of `world` repeats in the last batch so that its batch is as
@@ -874,8 +938,23 @@ mod tests {
             version: 0xfeed,
             echo: 3,
             per_rank: None,
+            mixture: None,
         };
         assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
+        // A mixture's rows taken travel with it; a damaged one is refused.
+        let mixed = LoaderState {
+            mixture: Some(Taken(vec![(0..8).collect(), (10..18).collect()])),
+            ..s.clone()
+        };
+        let bytes = mixed.to_bytes();
+        assert!(bytes.starts_with(b"PDM1"));
+        assert_eq!(LoaderState::from_bytes(&bytes).expect("mixture state"), mixed);
+        for cut in [bytes.len() - 8, bytes.len() - 3, STATE_LEN + 8] {
+            let e = LoaderState::from_bytes(&bytes[..cut])
+                .expect_err("damaged")
+                .to_string();
+            assert!(e.contains("damaged"), "{e}");
+        }
         assert!(LoaderState::from_bytes(b"PDL4").is_err());
         assert!(LoaderState::from_bytes(&[0u8; STATE_LEN]).is_err());
         // The per-rank order's states are recognised (to restore at an epoch boundary).

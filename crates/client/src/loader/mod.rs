@@ -32,12 +32,14 @@
 //! [`Column::Tensor`], whether the schema calls it nullable or not; a null in it is an error
 //! naming the column and row. Every other column arrives as [`Column::Arrow`] with its nulls.
 
+mod mixed;
 mod options;
 mod prepared;
 mod producer;
 mod tensors;
 
-pub use options::{LoaderOptions, LoaderSource, Push};
+use mixed::{MixProducer, Mixture};
+pub use options::{LoaderOptions, LoaderSource, MixtureSource, Push};
 use prepared::*;
 pub use prepared::{EpochBatches, Prepared};
 use producer::*;
@@ -53,6 +55,7 @@ use tokio::sync::mpsc;
 use crate::client::PushdownClient;
 use crate::completion::CompletionTotals;
 use crate::error::{ClientError, Result};
+use crate::mixture::Taken;
 use crate::order::{Echo, LoaderState, Shape, check_world, rank_partitions};
 use crate::stream::StreamTotals;
 use pushdown_task::Task;
@@ -127,6 +130,9 @@ pub struct Loader {
     partitions: u64,
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
     streams: Arc<std::sync::Mutex<StreamTotals>>,
+    /// A mixture of sources (`prepared` is then its first source's), and where the consumer
+    /// is in it.
+    mixture: Option<(Arc<Mixture>, Taken)>,
 }
 
 /// How long the consumer's wait is watched before the split is told whether it waits, and
@@ -165,16 +171,8 @@ impl std::fmt::Debug for Loader {
 impl Loader {
     /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread.
     pub fn new<S: AsRef<str>>(servers: &[S], source: LoaderSource, options: LoaderOptions) -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .max_blocking_threads(options.workers.max(1))
-            .thread_name("pushdown-loader")
-            .enable_all()
-            .build()
-            .map_err(|e| ClientError::io("starting the loader's threads", e))?;
+        let runtime = loader_runtime(&options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
-        let shared_echo = options.echo;
-        let options_epochs = options.epochs as u64;
         let (shared, shards) = runtime.block_on(async move {
             let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
             prepare(client, source, options, true).await
@@ -188,12 +186,46 @@ impl Loader {
         }
         let partitions = shared.order.partitions;
         check_world(partitions, shared.options.world_size as u64)?;
-        Ok(Self {
+        let prepared = Prepared {
+            shared: Arc::new(shared),
+            shards: Arc::new(shards),
+        };
+        Ok(Self::assemble(runtime, prepared, partitions))
+    }
+
+    /// Batches of a mixture of sources, each global batch holding rows of every source in
+    /// proportion to its weight (see [`crate::mixture`] for the schedule, and the README's
+    /// "Mixtures"): each source a row-wise query or pipeline of its own, on its own servers
+    /// or `servers`, all with the same columns. A source that runs out begins its own next
+    /// epoch; the mixture's epoch is `⌊Σ rows / G⌋` global batches (`G = batch_size ×
+    /// world_size`), every batch whole (`drop_last` has nothing to drop). The sources are
+    /// planned once, when the loader is made: a file replaced under it fails its stream by
+    /// name, and files added join when the loader is made again. Elastic as one source is:
+    /// any world size dividing the partitions sees the same global batches, and a state
+    /// continues at any of them.
+    pub fn mixture<S: AsRef<str>>(
+        servers: &[S],
+        sources: Vec<MixtureSource>,
+        options: LoaderOptions,
+    ) -> Result<Self> {
+        let runtime = loader_runtime(&options)?;
+        let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let mixture = runtime.block_on(Mixture::prepare(&servers, sources, &options))?;
+        let partitions = mixture.order.partitions;
+        check_world(partitions, options.world_size as u64)?;
+        let prepared = mixture.sources[0].clone();
+        let taken = Taken::start(mixture.sources.len(), partitions);
+        let mut loader = Self::assemble(runtime, prepared, partitions);
+        loader.mixture = Some((Arc::new(mixture), taken));
+        Ok(loader)
+    }
+
+    fn assemble(runtime: tokio::runtime::Runtime, prepared: Prepared, partitions: u64) -> Self {
+        let options = &prepared.shared.options;
+        let (shared_echo, options_epochs) = (options.echo, options.epochs as u64);
+        Self {
             runtime: Some(runtime),
-            prepared: Prepared {
-                shared: Arc::new(shared),
-                shards: Arc::new(shards),
-            },
+            prepared,
             planned_epoch: 0,
             epoch: 0,
             batches: 0,
@@ -213,18 +245,26 @@ impl Loader {
             ahead: None,
             streams: Arc::default(),
             partitions,
-        })
+            mixture: None,
+        }
     }
 
     /// The schema of the batches' columns.
     pub fn schema(&self) -> SchemaRef {
-        self.prepared.shared.steps.schema()
+        match &self.mixture {
+            Some((m, _)) => Arc::clone(&m.schema),
+            None => self.prepared.shared.steps.schema(),
+        }
     }
 
     /// Rows each rank gets per epoch (echoes counted), and batches per epoch, as the current
     /// (or last) epoch was planned: a growing dataset gives later epochs more.
     pub fn epoch_len(&self) -> (u64, u64) {
         let shared = &self.prepared.shared;
+        if let Some((m, _)) = &self.mixture {
+            let world = shared.options.world_size.max(1) as u64;
+            return (m.epoch_batches * m.order.global_batch / world, m.epoch_batches);
+        }
         let n: u64 = self.prepared.shards.counts.iter().flatten().sum();
         let shape = Shape::new(n, &shared.order.with_partitions(self.partitions));
         let (rank, world) = (shared.options.rank as u64, shared.options.world_size as u64);
@@ -236,6 +276,17 @@ impl Loader {
     }
 
     pub fn state(&self) -> LoaderState {
+        if let Some((m, taken)) = &self.mixture {
+            return LoaderState {
+                order: m.order,
+                epoch: self.epoch,
+                batches: self.batches,
+                version: m.version,
+                echo: 1,
+                per_rank: None,
+                mixture: Some(taken.clone()),
+            };
+        }
         let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
         LoaderState {
             order: self.prepared.shared.order.with_partitions(self.partitions),
@@ -244,6 +295,7 @@ impl Loader {
             version: if mid_epoch { self.prepared.version() } else { 0 },
             echo: self.echo,
             per_rank: None,
+            mixture: None,
         }
     }
 
@@ -253,6 +305,9 @@ impl Loader {
     /// planned on: a dataset changed since is refused by name (restore at an epoch boundary
     /// instead, which plans on the new version).
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
+        if self.mixture.is_some() {
+            return self.restore_mixture(state);
+        }
         let partitions = self.check_state(&state)?;
         self.stop_producer();
         self.partitions = partitions;
@@ -286,8 +341,63 @@ impl Loader {
         Ok(())
     }
 
+    /// [`Self::restore`] of a mixture: the same sources, weights, seed and batching, on the
+    /// same versions of the sources (a source's epochs run across the mixture's, so its
+    /// position depends on its rows at any point).
+    fn restore_mixture(&mut self, state: LoaderState) -> Result<()> {
+        let Some((m, _)) = &self.mixture else {
+            return Err(ClientError::Invalid("not a mixture".into()));
+        };
+        let Some(taken) = state.mixture.clone() else {
+            return Err(ClientError::Invalid(
+                "the state was saved by a loader of one source, not by a mixture".into(),
+            ));
+        };
+        if taken.0.len() != m.sources.len() {
+            return Err(ClientError::Invalid(format!(
+                "the state was saved by a mixture of {} sources, this loader mixes {}",
+                taken.0.len(),
+                m.sources.len()
+            )));
+        }
+        if state.order.sources != m.order.sources {
+            return Err(ClientError::Invalid(
+                "the state was saved by another mixture (its sources' queries or weights differ)".into(),
+            ));
+        }
+        let world = self.prepared.shared.options.world_size as u64;
+        if let Some(why) = m.order.differs(&state.order, world) {
+            return Err(ClientError::Invalid(why));
+        }
+        let partitions = self.state_partitions(&state)?;
+        if state.version != m.version {
+            return Err(ClientError::Changed(format!(
+                "a mixture source changed since the state was saved in epoch {}: the sources were                  version {:016x}, they are now {:016x}; a mixture continues only on the files it                  was saved on",
+                state.epoch, state.version, m.version
+            )));
+        }
+        let mixture = match partitions == m.order.partitions {
+            true => Arc::clone(m),
+            false => Arc::new(m.with_partitions(partitions)?),
+        };
+        self.stop_producer();
+        self.partitions = partitions;
+        self.mixture = Some((mixture, taken));
+        self.epoch = state.epoch;
+        self.batches = state.batches;
+        self.epoch_start = None;
+        self.failed = false;
+        Ok(())
+    }
+
     /// The partitions to continue `state` with, or why it cannot be continued here.
     fn check_state(&self, state: &LoaderState) -> Result<u64> {
+        if let Some(taken) = &state.mixture {
+            return Err(ClientError::Invalid(format!(
+                "the state was saved by a mixture of {} sources, not by a loader of one",
+                taken.0.len()
+            )));
+        }
         let shared = &self.prepared.shared;
         if let Some(fingerprint) = state.per_rank {
             if fingerprint != shared.per_rank {
@@ -311,6 +421,13 @@ impl Loader {
         if let Some(why) = shared.order.differs(&state.order, world) {
             return Err(ClientError::Invalid(why));
         }
+        self.state_partitions(state)
+    }
+
+    /// The state's partitions, if this loader can read them.
+    fn state_partitions(&self, state: &LoaderState) -> Result<u64> {
+        let shared = &self.prepared.shared;
+        let world = shared.options.world_size as u64;
         let saved = state.order.partitions;
         if let Some(asked) = shared.options.partitions
             && asked as u64 != saved
@@ -346,6 +463,9 @@ impl Loader {
         self.epoch = first;
         self.batches = 0;
         self.epoch_start = None;
+        if let Some((m, taken)) = &mut self.mixture {
+            *taken = m.epoch_start(first);
+        }
         if let Some(ahead) = self.ahead.take()
             && let Err(e) = self.adopt_ahead(ahead)
         {
@@ -467,7 +587,8 @@ impl Loader {
         let options = &self.prepared.shared.options;
         let epoch = self.epoch + 1;
         let last = epoch >= self.end && !self.passes;
-        if self.ahead.is_some() || last || matches!(options.echo, Echo::Auto { .. }) {
+        if self.ahead.is_some() || last || self.mixture.is_some() || matches!(options.echo, Echo::Auto { .. })
+        {
             return;
         }
         // Start when this epoch's last shards are in flight: from then on its streams leave
@@ -555,6 +676,9 @@ impl Loader {
 
     /// Starts producing the current epoch, planning it first if it is a new one.
     fn start_producer(&mut self) -> Result<()> {
+        if let Some((m, taken)) = &self.mixture {
+            return self.start_mixture(Arc::clone(m), taken.clone());
+        }
         if self.planned_epoch != self.epoch {
             self.prepared = self.block_on_replan()?;
             self.planned_epoch = self.epoch;
@@ -585,6 +709,45 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// Starts producing the current epoch of a mixture from the consumer's position.
+    fn start_mixture(&mut self, mixture: Arc<Mixture>, taken: Taken) -> Result<()> {
+        let options = &self.prepared.shared.options;
+        let (tx, rx) = mpsc::channel(options.prefetch.max(1));
+        let producer = MixProducer {
+            mixture,
+            epoch: self.epoch,
+            first: self.batches,
+            taken,
+            rank: options.rank as u64,
+            world: options.world_size as u64,
+            totals: Arc::clone(&self.streams),
+        };
+        let Some(runtime) = &self.runtime else {
+            return Err(ClientError::Closed("the loader is shut down"));
+        };
+        let handle = Task::spawn_on(runtime.handle(), async move {
+            if let Err(e) = producer.run(tx.clone()).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        self.rx = Some(rx);
+        self.producer = Some(handle);
+        Ok(())
+    }
+}
+
+/// The loader's own threads: two for the network, `workers` for client ops and tensors.
+fn loader_runtime(options: &LoaderOptions) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(options.workers.max(1))
+        .thread_name("pushdown-loader")
+        .enable_all()
+        .build()
+        .map_err(|e| ClientError::io("starting the loader's threads", e))
+}
+
 impl Iterator for Loader {
     type Item = Result<TensorBatch>;
 
@@ -612,6 +775,9 @@ impl Iterator for Loader {
             self.stats.waited += start.elapsed();
             match got {
                 Some(Ok(batch)) => {
+                    if let Some((m, taken)) = &mut self.mixture {
+                        m.schedule.step(taken);
+                    }
                     self.batches += 1;
                     self.stats.batches += 1;
                     self.stats.rows += batch.rows as u64;

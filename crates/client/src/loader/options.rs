@@ -21,6 +21,16 @@ pub enum LoaderSource {
     Pipeline(Pipeline),
 }
 
+/// One source of a mixture ([`Loader::mixture`](super::Loader::mixture)): what it reads, its
+/// weight (any positive scale: the weights are normalized), and its servers (`None`: the
+/// loader's).
+#[derive(Debug, Clone)]
+pub struct MixtureSource {
+    pub source: LoaderSource,
+    pub weight: f64,
+    pub servers: Option<Vec<String>>,
+}
+
 /// How the loader orders, partitions and batches.
 #[derive(Debug, Clone)]
 pub struct LoaderOptions {

@@ -33,6 +33,9 @@ pub(super) struct Producer {
     pub(super) first: u64,
     /// The order's partitions (the options', or a restored state's).
     pub(super) partitions: u64,
+    /// A mixture's feed: one partition read alone, every row of it (no `drop_last`, no
+    /// repeated row), by one of `readers` producers sharing the stream budget.
+    pub(super) part: Option<(u64, usize)>,
 }
 
 /// What a rank reads of an epoch: the global order's shape (`None`: not counted, when rank 0
@@ -119,7 +122,14 @@ impl Producer {
             echo: echo.max(1),
             first,
             partitions,
+            part: None,
         }
+    }
+
+    /// A mixture's feed: partition `p` alone, one of `readers` producers side by side.
+    pub(super) fn partition(mut self, p: u64, readers: usize) -> Self {
+        self.part = Some((p, readers.max(1)));
+        self
     }
 
     /// The order's partitions, when a restored state's differ from the options'.
@@ -208,6 +218,21 @@ impl Producer {
     pub(super) fn plan(&self) -> Result<RankPlan> {
         let options = &self.shared.options;
         let (rank, world) = (options.rank as u64, options.world_size as u64);
+        if let (Some((p, _)), Some(counts)) = (self.part, &self.shards.counts) {
+            let order = self.shared.order.with_partitions(self.partitions);
+            let shape = Shape {
+                drop_last: false,
+                ..Shape::new(counts.iter().sum(), &order)
+            };
+            return Ok(RankPlan {
+                shape: Some(shape),
+                slice: RankSlice {
+                    parts: p..p + 1,
+                    pad: false,
+                },
+                total: shape.batches(),
+            });
+        }
         match &self.shards.counts {
             Some(counts) => {
                 crate::order::check_world(self.partitions, world)?;
@@ -284,7 +309,8 @@ impl Producer {
             take: (counted && !to_end(shard, skip, take)).then_some(take),
             position: epoch * endpoints + shard as u64,
         };
-        let cursors = plan.slice.parts.end - plan.slice.parts.start;
+        let readers = self.part.map_or(1, |(_, readers)| readers) as u64;
+        let cursors = (plan.slice.parts.end - plan.slice.parts.start) * readers;
         let mut stream_options = shared.options.stream.clone();
         stream_options.order = Order::Sequential;
         stream_options.concurrency = (stream_options.concurrency / cursors as usize).max(1);
@@ -576,6 +602,10 @@ pub(super) struct Gather {
 impl Gather {
     /// Copies the rows into one batch: each value is copied once.
     pub(super) fn run(&self, schema: &SchemaRef) -> Result<RecordBatch> {
+        if self.indices.is_empty() {
+            // A mixture's feed: its partition's share of a short last batch may be no rows.
+            return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+        }
         let columns = (0..schema.fields().len())
             .map(|c| {
                 let arrays: Vec<&dyn Array> = self.sources.iter().map(|b| b.column(c).as_ref()).collect();

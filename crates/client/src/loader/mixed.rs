@@ -1,0 +1,415 @@
+//! A mixture of sources, produced: every source prepared as a loader's query of its own, each
+//! of the rank's partitions of each source read by a feed (a [`Producer`] of that partition
+//! alone, running on through the source's own epochs), and every global batch assembled from
+//! the feeds as the schedule (`mixture.rs`) deals its places. What is read and in which order
+//! is `order.rs`'s and `mixture.rs`'s; this module only follows them.
+//!
+//! * Source `s` is ordered as a loader of its own with the seed `mix(seed, s + 1)`: its
+//!   epochs' shards permuted, its rows cut into the mixture's `P` partitions and permuted by
+//!   window. Its partition `p` is read as one sequence, epoch after epoch of the source.
+//! * Global batch `b` takes, for each partition `p`, `chunks[p][s]` rows from source `s`'s
+//!   partition `p`, in the places the schedule gave them. Rank `r` of `W` holds the places of
+//!   its partitions: it reads only its partitions of every source.
+//! * The mixture's epoch is `⌊Σ rows / G⌋` global batches; a source that runs out begins its
+//!   own next epoch (its rows once per its epoch), counted apart from the mixture's.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use tokio::sync::mpsc;
+
+use super::options::{LoaderOptions, MixtureSource};
+use super::prepared::{Prepared, prepare};
+use super::producer::{EpochWatch, Gather, Producer, send_next, split_rows};
+use super::tensors::TensorBatch;
+use crate::client::PushdownClient;
+use crate::error::{ClientError, Result};
+use crate::mixture::{Schedule, Taken};
+use crate::order::{Echo, Fnv, Order, Shape, cut, rank_partitions};
+use crate::stream::StreamTotals;
+use pushdown_task::Task;
+
+/// A mixture's sources, prepared, and what is fixed for its life.
+#[derive(Debug, Clone)]
+pub(super) struct Mixture {
+    pub(super) sources: Vec<Prepared>,
+    pub(super) schedule: Schedule,
+    /// The mixture's order: its sources are the sources' queries and weights together.
+    pub(super) order: Order,
+    /// The sources' versions together.
+    pub(super) version: u64,
+    /// The batches' columns, every source's (nullable where any source's is).
+    pub(super) schema: SchemaRef,
+    /// Global batches in a mixture epoch: as many rows as the sources hold together.
+    pub(super) epoch_batches: u64,
+}
+
+impl Mixture {
+    /// Prepares every source (on its own servers, or `servers`) and checks that they fit
+    /// together: row-wise, the same global batch and window, the same columns, each holding
+    /// at least a global batch.
+    pub(super) async fn prepare(
+        servers: &[String],
+        sources: Vec<MixtureSource>,
+        options: &LoaderOptions,
+    ) -> Result<Self> {
+        if options.echo != Echo::Off {
+            return Err(ClientError::Invalid(
+                "data echoing (echo=) is not available for a mixture: weight its sources instead".into(),
+            ));
+        }
+        let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
+        // Weights first: a bad one is named before any server is asked.
+        Schedule::new(&weights, 1, 1)?;
+        let mut clients: Vec<(Vec<String>, PushdownClient)> = Vec::new();
+        let mut prepared = Vec::with_capacity(sources.len());
+        for (i, source) in sources.into_iter().enumerate() {
+            let urls = source.servers.unwrap_or_else(|| servers.to_vec());
+            let client = match clients.iter().find(|(u, _)| *u == urls) {
+                Some((_, client)) => client.clone(),
+                None => {
+                    let client = PushdownClient::connect_with(&urls, options.connect.clone()).await?;
+                    clients.push((urls, client.clone()));
+                    client
+                }
+            };
+            let mut own = options.clone();
+            own.seed = pushdown_ops::mix(options.seed, i as u64 + 1);
+            let (shared, shards) = prepare(client, source.source, own, true)
+                .await
+                .map_err(|e| named(i, e))?;
+            prepared.push(Prepared {
+                shared: Arc::new(shared),
+                shards: Arc::new(shards),
+            });
+        }
+        Self::check(&prepared)?;
+        let first = prepared[0].shared.order;
+        let mut sources_hash = Fnv::new();
+        let mut version = Fnv::new();
+        for (p, w) in prepared.iter().zip(&weights) {
+            sources_hash.eat(&p.shared.order.sources.to_le_bytes());
+            sources_hash.eat(&w.to_bits().to_le_bytes());
+            version.eat(&p.version().to_le_bytes());
+        }
+        let order = Order {
+            sources: sources_hash.finish(),
+            seed: options.seed,
+            drop_last: false,
+            echo: Echo::Off.code(),
+            ..first
+        };
+        let schedule = Schedule::new(&weights, order.global_batch, order.partitions)?;
+        let rows: Vec<u64> = prepared.iter().map(rows_of).collect();
+        Ok(Self {
+            schema: merged_schema(&prepared)?,
+            epoch_batches: schedule.epoch_batches(&rows),
+            sources: prepared,
+            schedule,
+            order,
+            version: version.finish().max(1),
+        })
+    }
+
+    /// Refuses sources that cannot be mixed, naming the source and what differs.
+    fn check(prepared: &[Prepared]) -> Result<()> {
+        let first = &prepared[0].shared;
+        for (i, p) in prepared.iter().enumerate() {
+            let shared = &p.shared;
+            if p.shards.counts.is_none() {
+                return Err(ClientError::Invalid(format!(
+                    "mixture source {i} is not a row-wise query (projection and filter over one \
+                     dataset): a mixture shuffles and resumes each source by shard"
+                )));
+            }
+            let (o, f) = (&shared.order, &first.order);
+            if (o.global_batch, o.window, o.partitions) != (f.global_batch, f.window, f.partitions) {
+                return Err(ClientError::Invalid(format!(
+                    "mixture source {i} batches {} rows per global batch with a window of {} \
+                     global batches over {} partitions, source 0 {}, {} and {}: a pipeline's \
+                     batch and shuffle steps must agree across the sources (or leave them to \
+                     batch_size and shuffle_buffer)",
+                    o.global_batch, o.window, o.partitions, f.global_batch, f.window, f.partitions
+                )));
+            }
+            let rows = rows_of(p);
+            if rows < o.global_batch {
+                return Err(ClientError::Invalid(format!(
+                    "mixture source {i} has {rows} rows, fewer than one global batch ({}): its \
+                     partitions could not give every batch its share",
+                    o.global_batch
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The mixture over `partitions` partitions (a restored state's).
+    pub(super) fn with_partitions(&self, partitions: u64) -> Result<Self> {
+        let mut out = self.clone();
+        out.order = self.order.with_partitions(partitions);
+        out.schedule = Schedule::new(self.schedule.weights(), self.order.global_batch, partitions)?;
+        Ok(out)
+    }
+
+    /// Where the mixture is at the start of epoch `epoch`.
+    pub(super) fn epoch_start(&self, epoch: u64) -> Taken {
+        self.schedule.replay(epoch.saturating_mul(self.epoch_batches))
+    }
+}
+
+/// A source's error, prefixed with which source it is where that is not said.
+fn named(i: usize, e: ClientError) -> ClientError {
+    match e {
+        ClientError::Invalid(why) => ClientError::Invalid(format!("mixture source {i}: {why}")),
+        other => other,
+    }
+}
+
+/// Rows a prepared source holds per epoch.
+fn rows_of(p: &Prepared) -> u64 {
+    p.shards.counts.iter().flatten().sum()
+}
+
+/// The sources' common schema: the same column names and types in the same order, each
+/// nullable where any source's is. A mismatch names the columns.
+fn merged_schema(prepared: &[Prepared]) -> Result<SchemaRef> {
+    let first = prepared[0].schema();
+    let describe = |s: &Schema| {
+        s.fields()
+            .iter()
+            .map(|f| format!("{}: {}", f.name(), f.data_type()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut fields: Vec<Field> = first.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for (i, p) in prepared.iter().enumerate().skip(1) {
+        let schema = p.schema();
+        let same = schema.fields().len() == fields.len()
+            && schema
+                .fields()
+                .iter()
+                .zip(&fields)
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same {
+            let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+            let (mine, theirs) = (names(&first), names(&schema));
+            let missing: Vec<_> = mine.iter().filter(|n| !theirs.contains(n)).collect();
+            let extra: Vec<_> = theirs.iter().filter(|n| !mine.contains(n)).collect();
+            return Err(ClientError::Invalid(format!(
+                "mixture source {i}'s columns differ from source 0's (the sources must share one \
+                 schema): source 0 has [{}], source {i} has [{}]; missing from source {i}: \
+                 {missing:?}, not in source 0: {extra:?}",
+                describe(&first),
+                describe(&schema)
+            )));
+        }
+        for (f, other) in fields.iter_mut().zip(schema.fields()) {
+            if other.is_nullable() {
+                f.set_nullable(true);
+            }
+        }
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// One mixture epoch of a rank from global batch `first`, the mixture at `taken` then.
+pub(super) struct MixProducer {
+    pub(super) mixture: Arc<Mixture>,
+    pub(super) epoch: u64,
+    pub(super) first: u64,
+    pub(super) taken: Taken,
+    pub(super) rank: u64,
+    pub(super) world: u64,
+    pub(super) totals: Arc<Mutex<StreamTotals>>,
+}
+
+impl MixProducer {
+    /// Produces batches `first..` of the mixture's epoch into `tx`, each finished on a
+    /// worker thread.
+    pub(super) async fn run(mut self, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
+        let m = Arc::clone(&self.mixture);
+        let options = &m.sources[0].shared.options;
+        let partitions = m.schedule.partitions();
+        let parts = rank_partitions(partitions, self.rank, self.world);
+        let readers = (parts.end - parts.start) as usize * m.sources.len();
+        let mut feeds = Vec::new();
+        for p in parts.clone() {
+            let mut row = Vec::new();
+            for (s, source) in m.sources.iter().enumerate() {
+                let taken = self.taken.0[s][p as usize];
+                row.push(Feed::start(source, p, partitions, readers, taken, &self.totals)?);
+            }
+            feeds.push(row);
+        }
+        let workers = options.workers.max(1);
+        let mut in_flight = futures::stream::FuturesOrdered::new();
+        for t in self.first..m.epoch_batches {
+            let places = m.schedule.step(&mut self.taken);
+            let gather = self.gather(&places, parts.clone(), &mut feeds).await?;
+            while in_flight.len() >= workers {
+                send_next(&mut in_flight, &tx).await?;
+            }
+            let (schema, epoch) = (Arc::clone(&m.schema), self.epoch);
+            in_flight.push_back(tokio::task::spawn_blocking(move || {
+                TensorBatch::from_record_batch(&gather.run(&schema)?, epoch, t)
+            }));
+        }
+        while !in_flight.is_empty() {
+            send_next(&mut in_flight, &tx).await?;
+        }
+        Ok(())
+    }
+
+    /// The rank's rows of a global batch whose places are `places`: each partition's
+    /// chunk, each place the next row of its source's feed.
+    async fn gather(
+        &self,
+        places: &[usize],
+        parts: std::ops::Range<u64>,
+        feeds: &mut [Vec<Feed>],
+    ) -> Result<Gather> {
+        let (g, partitions) = (places.len() as u64, self.mixture.schedule.partitions());
+        let mut sources = Vec::new();
+        let mut indices = Vec::new();
+        for (row, p) in feeds.iter_mut().zip(parts) {
+            let chunk = &places[cut(g, p, partitions) as usize..cut(g, p + 1, partitions) as usize];
+            let mut queues: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); row.len()];
+            for (s, feed) in row.iter_mut().enumerate() {
+                let need = chunk.iter().filter(|&&x| x == s).count();
+                for batch in feed.take(need).await? {
+                    let i = sources.len();
+                    queues[s].extend((0..batch.num_rows()).map(|r| (i, r)));
+                    sources.push(batch);
+                }
+            }
+            for &s in chunk {
+                indices.push(queues[s].pop_front().ok_or_else(|| {
+                    ClientError::Invalid(
+                        "a mixture feed gave fewer rows than asked (a bug: please report it)".into(),
+                    )
+                })?);
+            }
+        }
+        Ok(Gather {
+            sources: Arc::new(sources),
+            indices,
+        })
+    }
+}
+
+/// One partition of one source, read on through the source's epochs: a [`Producer`] of that
+/// partition alone per source epoch, its batches queued as rows.
+struct Feed {
+    source: Prepared,
+    partition: u64,
+    partitions: u64,
+    readers: usize,
+    epoch: u64,
+    rx: mpsc::Receiver<Result<RecordBatch>>,
+    _producer: Task<()>,
+    pending: VecDeque<RecordBatch>,
+    rows: usize,
+    /// Rows still to drop from the front (a resumed feed starts inside a batch).
+    skip: usize,
+    totals: Arc<Mutex<StreamTotals>>,
+}
+
+impl Feed {
+    /// The feed of `source`'s partition `p` after `taken` of its rows (over all its epochs).
+    fn start(
+        source: &Prepared,
+        p: u64,
+        partitions: u64,
+        readers: usize,
+        taken: u64,
+        totals: &Arc<Mutex<StreamTotals>>,
+    ) -> Result<Self> {
+        let order = source.shared.order.with_partitions(partitions);
+        let shape = Shape {
+            drop_last: false,
+            ..Shape::new(rows_of(source), &order)
+        };
+        let len = shape.items_before(p, shape.batches());
+        if len == 0 {
+            return Err(ClientError::Invalid(format!(
+                "a mixture source's partition {p} holds no rows: use fewer partitions or a larger \
+                 global batch"
+            )));
+        }
+        let (batch, within) = shape.item_at(p, taken % len);
+        let (rx, producer) = Self::spawn(source, p, partitions, readers, taken / len, batch, totals);
+        Ok(Self {
+            source: source.clone(),
+            partition: p,
+            partitions,
+            readers,
+            epoch: taken / len,
+            rx,
+            _producer: producer,
+            pending: VecDeque::new(),
+            rows: 0,
+            skip: within as usize,
+            totals: Arc::clone(totals),
+        })
+    }
+
+    fn spawn(
+        source: &Prepared,
+        p: u64,
+        partitions: u64,
+        readers: usize,
+        epoch: u64,
+        first: u64,
+        totals: &Arc<Mutex<StreamTotals>>,
+    ) -> (mpsc::Receiver<Result<RecordBatch>>, Task<()>) {
+        let (tx, rx) = mpsc::channel(source.shared.options.prefetch.max(2));
+        let (shared, shards) = (Arc::clone(&source.shared), Arc::clone(&source.shards));
+        let watch = EpochWatch {
+            totals: Arc::clone(totals),
+            ..EpochWatch::default()
+        };
+        let producer = Task::spawn(async move {
+            let producer = Producer::new(shared, shards, epoch, 1, first)
+                .with_partitions(partitions)
+                .partition(p, readers);
+            if let Err(e) = producer.run(tx.clone(), |batch, _, _| Ok(batch), watch).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        (rx, producer)
+    }
+
+    /// The next `n` rows, beginning the source's next epoch where this one runs out.
+    async fn take(&mut self, n: usize) -> Result<Vec<RecordBatch>> {
+        while self.rows < n {
+            match self.rx.recv().await {
+                Some(Ok(batch)) => {
+                    let drop = self.skip.min(batch.num_rows());
+                    self.skip -= drop;
+                    let batch = batch.slice(drop, batch.num_rows() - drop);
+                    self.rows += batch.num_rows();
+                    self.pending.push_back(batch);
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    self.epoch += 1;
+                    let (rx, producer) = Self::spawn(
+                        &self.source,
+                        self.partition,
+                        self.partitions,
+                        self.readers,
+                        self.epoch,
+                        0,
+                        &self.totals,
+                    );
+                    (self.rx, self._producer) = (rx, producer);
+                }
+            }
+        }
+        self.rows -= n;
+        Ok(split_rows(&mut self.pending, n))
+    }
+}
