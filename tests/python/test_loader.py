@@ -270,3 +270,90 @@ def test_transform_runs_the_servers_kernels_on_batches_read_elsewhere(server, da
         t._inner.apply(b"nope", 0)
     with pytest.raises(ValueError, match="pixels|image"):
         t(pa.record_batch({"x": [1, 2]}), key=0)
+
+
+MIX = [
+    {"sql": "SELECT id, label FROM images WHERE id % 3 = 0", "weight": 0.7},
+    {"sql": "SELECT id, label FROM images WHERE id % 3 <> 0", "weight": 0.3},
+]
+
+
+def mixed(server, other=None, **kw):
+    sources = [dict(MIX[0]), dict(MIX[1])]
+    if other is not None:
+        sources[1]["servers"] = [other]
+    args = dict(mixture=sources, batch_size=16, shuffle_buffer=64, seed=3, epochs=2)
+    args.update(kw)
+    return pushdown.Loader([server], **args)
+
+
+def test_a_mixture_holds_its_sources_by_weight_and_resumes_elastically(server, data):
+    # The second source on a server of its own.
+    second = Served(data)
+    try:
+        other = f"http://{second.addr}"
+        batches = ids(mixed(server, other))
+        assert len(batches) == 2 * (300 // 16)
+        for b in batches:
+            assert len(b) == 16 and abs(sum(i % 3 == 0 for i in b) - 0.7 * 16) <= 1
+        seen = {}
+        for i in (i for b in batches for i in b):
+            seen[i] = seen.get(i, 0) + 1
+        firsts = [seen.get(i, 0) for i in range(0, 300, 3)]
+        assert max(firsts) - min(firsts) <= 1 and min(firsts) >= 3, "once per its epoch"
+        assert max(seen.get(i, 0) for i in range(300) if i % 3) == 1
+
+        def joined(world, state=None):
+            ranks = []
+            for rank in range(world):
+                loader = mixed(server, other, rank=rank, world_size=world, batch_size=16 // world,
+                               shuffle_buffer=64 // world)
+                if state is not None:
+                    loader.load_state_dict(state)
+                ranks.append(ids(loader))
+            return [sorted(i for r in ranks for i in r[t]) for t in range(len(ranks[0]))]
+
+        whole = joined(4)
+        assert whole == [sorted(b) for b in batches], "the same global batches at W=1 and 4"
+        states = []
+        for rank in range(4):
+            loader = mixed(server, other, rank=rank, world_size=4, batch_size=4, shuffle_buffer=16)
+            for _ in range(7):
+                next(loader)
+            states.append(loader.state_dict())
+        assert all(s == states[0] for s in states), "the same state on every rank"
+        assert joined(2, states[0]) == whole[7:]
+    finally:
+        second.stop()
+
+
+def test_mixtures_that_cannot_be_are_refused_by_name(server):
+    bad = [MIX[0], {"sql": "SELECT id FROM images", "weight": 0.3}]
+    with pytest.raises(ValueError, match=r"source 1's columns differ.*label"):
+        pushdown.Loader([server], mixture=bad, batch_size=16)
+    with pytest.raises(ValueError, match=r"mixture source 1: unknown keys \['wieght'\]"):
+        pushdown.Loader([server], mixture=[MIX[0], {"sql": MIX[1]["sql"], "wieght": 1}])
+    with pytest.raises(ValueError, match="not several"):
+        pushdown.Loader([server], sql=SQL, mixture=MIX)
+    with pytest.raises(ValueError, match="source 0 has weight 0"):
+        pushdown.Loader([server], mixture=[{**MIX[0], "weight": 0}, MIX[1]])
+
+
+def test_pushdown_run_reads_a_mixture_file(server, tmp_path):
+    import subprocess
+
+    from conftest import BIN
+
+    mix = tmp_path / "mix.toml"
+    mix.write_text(
+        "batch_size = 16\nshuffle_buffer = 64\n"
+        + "".join(f'[[source]]\nsql = "{s["sql"]}"\nweight = {s["weight"]}\n' for s in MIX)
+    )
+    out = subprocess.run([BIN, "run", "--mixture", str(mix), "--server", server, "--epochs", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mixture: 2 epoch(s) of 18 global batches; delivered 576 rows in 36 batches" in out.stdout
+    mix.write_text('[[source]]\nsql = "SELECT id FROM images"\nweight = -2\n')
+    out = subprocess.run([BIN, "run", "--mixture", str(mix), "--server", server],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "source 0 has weight -2" in out.stderr, out.stderr

@@ -1423,6 +1423,17 @@ fn mixtures_that_cannot_be_are_refused_by_what_differs() {
     .expect_err("echo")
     .to_string();
     assert!(e.contains("echo"), "{e}");
+    let e = Loader::mixture(
+        &servers,
+        mix_sources([1.0, 1.0]),
+        LoaderOptions {
+            batch_size: Some(6),
+            ..o()
+        },
+    )
+    .expect_err("6 rows over 8 partitions")
+    .to_string();
+    assert!(e.contains("must be a multiple of its partitions (8)"), "{e}");
     // States: a mixture's is not a single loader's, nor another mixture's.
     let mut m = Loader::mixture(&servers, mix_sources([0.7, 0.3]), o()).expect("mixture");
     drain(&mut m, 2);
@@ -1457,7 +1468,7 @@ fn mixtures_that_cannot_be_are_refused_by_what_differs() {
         &servers,
         mix_sources([0.7, 0.3]),
         LoaderOptions {
-            batch_size: Some(4),
+            batch_size: Some(16),
             ..o()
         },
     )

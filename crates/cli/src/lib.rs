@@ -1,11 +1,13 @@
 //! The `pushdown` command line: `serve`, `gen`, `run`, `explain`, `demo`.
 //!
-//! The library half holds the demo ([`demo`]), tested here. Everything the commands drive
+//! The library half holds the demo ([`demo`]) and `run --mixture` ([`mixture`]), tested here. Everything the commands drive
 //! lives in the crates below: `run` is `pushdown_client::run` (built on the loader's
 //! preparation and order), the generators are `pushdown-datasets`. No test or benchmark
 //! crate depends on this one.
 
 pub mod demo;
+
+pub mod mixture;
 
 pub mod report;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use pushdown_cli::mixture::{MixtureFile, run_mixture};
 use pushdown_client::run::{RunOptions, bytes, run};
 use pushdown_client::{ConnectOptions, Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
 use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
@@ -320,11 +321,16 @@ struct ClientArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Pipeline file (TOML or JSON).
-    #[arg(required_unless_present = "sql", conflicts_with = "sql")]
+    #[arg(required_unless_present_any = ["sql", "mixture"], conflicts_with_all = ["sql", "mixture"])]
     pipeline: Option<PathBuf>,
     /// A SQL SELECT over the server's datasets instead of a pipeline.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mixture")]
     sql: Option<String>,
+    /// A mixture of sources by weight instead (a TOML file: `batch_size`, `shuffle_buffer`
+    /// and `[[source]]` tables, each with `sql` or `pipeline`, `weight` and optionally
+    /// `servers`), read as a loader of world size 1 reads it.
+    #[arg(long, conflicts_with = "out")]
+    mixture: Option<PathBuf>,
     #[command(flatten)]
     client: ClientArgs,
     /// Write the delivered rows to this Parquet file.
@@ -611,6 +617,9 @@ fn gen_dataset(args: GenArgs) -> Result<()> {
 }
 
 async fn run_pipeline(args: RunArgs) -> Result<()> {
+    if let Some(path) = args.mixture.clone() {
+        return run_mixture_file(&path, args).await;
+    }
     let source = match (args.pipeline, args.sql) {
         (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(&path)?),
         (None, Some(sql)) => LoaderSource::Sql(sql),
@@ -638,6 +647,34 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     if let Some(out) = args.out {
         println!("wrote {} rows to {}", report.rows, out.display());
     }
+    Ok(())
+}
+
+/// `run --mixture FILE`: the mixture read as a world-size-1 loader reads it.
+async fn run_mixture_file(path: &std::path::Path, args: RunArgs) -> Result<()> {
+    let (file, sources) = MixtureFile::from_file(path)?;
+    let stall_timeout = seconds(args.client.stall_timeout, "--stall-timeout")?;
+    let defaults = StreamOptions::default();
+    let options = pushdown_client::LoaderOptions {
+        batch_size: file.batch_size,
+        shuffle_buffer: file.shuffle_buffer,
+        seed: args.seed,
+        epochs: args.epochs,
+        push: args.placement,
+        connect: args.client.credentials.options_or(stall_timeout)?,
+        link: args.client.bandwidth.map_or_else(Link::auto, Link::bandwidth),
+        stream: StreamOptions {
+            concurrency: args.client.concurrency.unwrap_or(defaults.concurrency),
+            max_concurrency: args.client.concurrency.unwrap_or(defaults.max_concurrency),
+            stall_timeout,
+            max_retries: args.client.retries,
+            ..StreamOptions::default()
+        },
+        ..pushdown_client::LoaderOptions::default()
+    };
+    let servers = args.client.servers.clone();
+    let report = tokio::task::spawn_blocking(move || run_mixture(&servers, sources, options)).await??;
+    print!("{report}");
     Ok(())
 }
 

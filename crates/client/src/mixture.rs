@@ -82,19 +82,19 @@ impl Schedule {
     /// The source of each of a global batch's `G` places, for a batch holding `counts[s]`
     /// rows of source `s`, after `taken` (the rows of each source each partition gave so
     /// far). The batch's rows are dealt one at a time to the (partition, source) furthest
-    /// behind its weight in that partition by the batch's end, counting its earlier
-    /// batches, among partitions with places left and sources with rows left: so every
-    /// partition gives each source its weight over time (tested: within two rows), and a
-    /// source's partitions run out together. (A partition given a fixed share of each
-    /// batch instead would cycle through its rows faster than its neighbours.) Within a
-    /// partition's chunk the sources are spread evenly.
+    /// behind its weight of the partition's places by the batch's end, among partitions with
+    /// places left and sources with rows left. So every partition gives each source its
+    /// weight over time (tested: within two rows), and where the partitions hold as many
+    /// places each (`P` divides `G`, as a mixture asks), a source's partitions advance
+    /// together: a partition given a fixed share of each batch instead would cycle through
+    /// its rows faster than its neighbours. Within a partition's chunk the sources are
+    /// spread evenly.
     pub fn places(&self, counts: &[u64], taken: &Taken) -> Vec<usize> {
         let (g, parts) = (self.global, self.partitions as usize);
         let mut left = counts.to_vec();
         let mut room: Vec<u64> = (0..parts as u64)
             .map(|p| cut(g, p + 1, self.partitions) - cut(g, p, self.partitions))
             .collect();
-        // Each partition's weighted target by the batch's end, less what it holds by then.
         let mut behind: Vec<Vec<f64>> = (0..parts)
             .map(|p| {
                 let end = taken.0.iter().map(|row| row[p]).sum::<u64>() + room[p];

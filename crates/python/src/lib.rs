@@ -18,8 +18,8 @@ use arrow::datatypes::{
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
 use pushdown_client::{
-    Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, RowSteps,
-    StreamOptions,
+    Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, MixtureSource,
+    RowSteps, StreamOptions,
 };
 use pushdown_planner::{Pipeline, Step};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -67,7 +67,7 @@ impl PyLoader {
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
-        echo_max=4, report_every_s=1.0, placement="costed", partitions=None
+        echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -99,6 +99,7 @@ impl PyLoader {
         report_every_s: f64,
         placement: &str,
         partitions: Option<usize>,
+        mixture: Option<Vec<MixtureArg>>,
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
@@ -119,7 +120,15 @@ impl PyLoader {
                     .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto")))?,
             ),
         };
-        let source = loader_source(sql, pipeline)?;
+        let source = match mixture {
+            None => Source::One(loader_source(sql, pipeline)?),
+            Some(_) if sql.is_some() || pipeline.is_some() => {
+                return Err(PyValueError::new_err(
+                    "give sql=, pipeline= or mixture=, not several: each mixture source names its own",
+                ));
+            }
+            Some(sources) => Source::Mixture(mixture_sources(sources)?),
+        };
         if servers.is_empty() {
             return Err(PyValueError::new_err("servers= needs at least one URL"));
         }
@@ -143,7 +152,10 @@ impl PyLoader {
             push,
         };
         let loader = py
-            .detach(|| Loader::new(&servers, source, options))
+            .detach(|| match source {
+                Source::One(source) => Loader::new(&servers, source, options),
+                Source::Mixture(sources) => Loader::mixture(&servers, sources, options),
+            })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(Mutex::new(loader)),
@@ -290,6 +302,36 @@ fn positive_seconds(s: f64, name: &str) -> PyResult<std::time::Duration> {
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| PyValueError::new_err(format!("{name} must be a positive number of seconds")))
+}
+
+/// One source of `mixture=`, as the Python wrapper passes it: `(sql, pipeline, weight,
+/// servers)`.
+type MixtureArg = (Option<String>, Option<String>, f64, Option<Vec<String>>);
+
+/// What a loader reads: one source, or a mixture of them.
+enum Source {
+    One(LoaderSource),
+    Mixture(Vec<MixtureSource>),
+}
+
+/// `mixture=` as the loader's sources, each named in its error.
+fn mixture_sources(sources: Vec<MixtureArg>) -> PyResult<Vec<MixtureSource>> {
+    if sources.is_empty() {
+        return Err(PyValueError::new_err("mixture= needs at least one source"));
+    }
+    sources
+        .into_iter()
+        .enumerate()
+        .map(|(i, (sql, pipeline, weight, servers))| {
+            let source = loader_source(sql, pipeline)
+                .map_err(|e| PyValueError::new_err(format!("mixture source {i}: {e}")))?;
+            Ok(MixtureSource {
+                source,
+                weight,
+                servers,
+            })
+        })
+        .collect()
 }
 
 /// `sql=` or `pipeline=` (exactly one) as what the loader reads.

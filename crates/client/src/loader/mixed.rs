@@ -134,6 +134,14 @@ impl Mixture {
                     o.global_batch, o.window, o.partitions, f.global_batch, f.window, f.partitions
                 )));
             }
+            if !o.global_batch.is_multiple_of(o.partitions) {
+                return Err(ClientError::Invalid(format!(
+                    "a mixture's global batch ({} rows) must be a multiple of its partitions ({}), \
+                     so that every partition takes as many rows of each batch and a source's \
+                     partitions run out together: change batch_size or partitions",
+                    o.global_batch, o.partitions
+                )));
+            }
             let rows = rows_of(p);
             if rows < o.global_batch {
                 return Err(ClientError::Invalid(format!(
@@ -151,12 +159,27 @@ impl Mixture {
         let mut out = self.clone();
         out.order = self.order.with_partitions(partitions);
         out.schedule = Schedule::new(self.schedule.weights(), self.order.global_batch, partitions)?;
+        if !self.order.global_batch.is_multiple_of(partitions) {
+            return Err(ClientError::Invalid(format!(
+                "the state's {partitions} partitions do not divide this mixture's global batch ({})",
+                self.order.global_batch
+            )));
+        }
         Ok(out)
     }
 
     /// Where the mixture is at the start of epoch `epoch`.
     pub(super) fn epoch_start(&self, epoch: u64) -> Taken {
         self.schedule.replay(epoch.saturating_mul(self.epoch_batches))
+    }
+}
+
+/// A source's epoch as its feeds read it over `partitions` partitions: every row (no
+/// `drop_last`).
+fn feed_shape(source: &Prepared, partitions: u64) -> Shape {
+    Shape {
+        drop_last: false,
+        ..Shape::new(rows_of(source), &source.shared.order.with_partitions(partitions))
     }
 }
 
@@ -300,16 +323,22 @@ impl MixProducer {
     }
 }
 
-/// One partition of one source, read on through the source's epochs: a [`Producer`] of that
-/// partition alone per source epoch, its batches queued as rows.
+/// One partition of the mixture's, for one source, read on through the source's epochs:
+/// in the source's epoch `e`, feed `p` reads the source's partition `(p + e) mod P` (a
+/// [`Producer`] of that partition alone), so that every epoch of the source is read whole
+/// by its feeds together, each row once, and over any run of epochs every feed reads as
+/// many rows as the others within one (partitions differ by a row where `P` does not divide
+/// the source's last batch): a source's feeds run out together, epoch after epoch.
 struct Feed {
     source: Prepared,
-    partition: u64,
+    /// The mixture's partition this feed serves.
+    slot: u64,
     partitions: u64,
     readers: usize,
     epoch: u64,
     rx: mpsc::Receiver<Result<RecordBatch>>,
-    _producer: Task<()>,
+    /// Reads the current epoch's partition (aborted when dropped).
+    producer: Option<Task<()>>,
     pending: VecDeque<RecordBatch>,
     rows: usize,
     /// Rows still to drop from the front (a resumed feed starts inside a batch).
@@ -318,7 +347,8 @@ struct Feed {
 }
 
 impl Feed {
-    /// The feed of `source`'s partition `p` after `taken` of its rows (over all its epochs).
+    /// The feed of partition `p` of the mixture for `source`, after `taken` of its rows (over
+    /// all the source's epochs).
     fn start(
         source: &Prepared,
         p: u64,
@@ -327,59 +357,57 @@ impl Feed {
         taken: u64,
         totals: &Arc<Mutex<StreamTotals>>,
     ) -> Result<Self> {
-        let order = source.shared.order.with_partitions(partitions);
-        let shape = Shape {
-            drop_last: false,
-            ..Shape::new(rows_of(source), &order)
-        };
-        let len = shape.items_before(p, shape.batches());
-        if len == 0 {
-            return Err(ClientError::Invalid(format!(
-                "a mixture source's partition {p} holds no rows: use fewer partitions or a larger \
-                 global batch"
-            )));
+        let shape = feed_shape(source, partitions);
+        let lengths: Vec<u64> = (0..partitions)
+            .map(|q| shape.items_before(q, shape.batches()))
+            .collect();
+        let n: u64 = lengths.iter().sum();
+        if n == 0 {
+            return Err(ClientError::Invalid("a mixture source holds no rows".into()));
         }
-        let (batch, within) = shape.item_at(p, taken % len);
-        let (rx, producer) = Self::spawn(source, p, partitions, readers, taken / len, batch, totals);
-        Ok(Self {
+        // Every `P` epochs the feed reads each partition once: `n` rows.
+        let (mut epoch, mut left) = (partitions * (taken / n), taken % n);
+        while left >= lengths[((p + epoch) % partitions) as usize] {
+            left -= lengths[((p + epoch) % partitions) as usize];
+            epoch += 1;
+        }
+        let (batch, within) = shape.item_at((p + epoch) % partitions, left);
+        let mut feed = Self {
             source: source.clone(),
-            partition: p,
+            slot: p,
             partitions,
             readers,
-            epoch: taken / len,
-            rx,
-            _producer: producer,
+            epoch,
+            rx: mpsc::channel(1).1,
+            producer: None,
             pending: VecDeque::new(),
             rows: 0,
             skip: within as usize,
             totals: Arc::clone(totals),
-        })
+        };
+        feed.spawn(batch);
+        Ok(feed)
     }
 
-    fn spawn(
-        source: &Prepared,
-        p: u64,
-        partitions: u64,
-        readers: usize,
-        epoch: u64,
-        first: u64,
-        totals: &Arc<Mutex<StreamTotals>>,
-    ) -> (mpsc::Receiver<Result<RecordBatch>>, Task<()>) {
-        let (tx, rx) = mpsc::channel(source.shared.options.prefetch.max(2));
-        let (shared, shards) = (Arc::clone(&source.shared), Arc::clone(&source.shards));
+    /// Starts reading the feed's epoch from its partition's batch `first`.
+    fn spawn(&mut self, first: u64) {
+        let (tx, rx) = mpsc::channel(self.source.shared.options.prefetch.max(2));
+        let (shared, shards) = (Arc::clone(&self.source.shared), Arc::clone(&self.source.shards));
         let watch = EpochWatch {
-            totals: Arc::clone(totals),
+            totals: Arc::clone(&self.totals),
             ..EpochWatch::default()
         };
-        let producer = Task::spawn(async move {
+        let (epoch, partitions, readers) = (self.epoch, self.partitions, self.readers);
+        let part = (self.slot + epoch) % partitions;
+        self.producer = Some(Task::spawn(async move {
             let producer = Producer::new(shared, shards, epoch, 1, first)
                 .with_partitions(partitions)
-                .partition(p, readers);
+                .partition(part, readers);
             if let Err(e) = producer.run(tx.clone(), |batch, _, _| Ok(batch), watch).await {
                 let _ = tx.send(Err(e)).await;
             }
-        });
-        (rx, producer)
+        }));
+        self.rx = rx;
     }
 
     /// The next `n` rows, beginning the source's next epoch where this one runs out.
@@ -396,16 +424,7 @@ impl Feed {
                 Some(Err(e)) => return Err(e),
                 None => {
                     self.epoch += 1;
-                    let (rx, producer) = Self::spawn(
-                        &self.source,
-                        self.partition,
-                        self.partitions,
-                        self.readers,
-                        self.epoch,
-                        0,
-                        &self.totals,
-                    );
-                    (self.rx, self._producer) = (rx, producer);
+                    self.spawn(0);
                 }
             }
         }

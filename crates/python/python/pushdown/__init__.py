@@ -135,6 +135,16 @@ class Loader:
     ``drop_last`` a last global batch of fewer rows is split the same way, a rank one row
     short repeating one (at most ``world_size - 1`` rows repeat, as ``DistributedSampler``).
 
+    **Mixtures.** ``mixture=[{"sql": ..., "weight": 0.7}, {"pipeline": ..., "weight": 0.3,
+    "servers": [...]}]`` (instead of ``sql``/``pipeline``) mixes sources with the same columns
+    (checked when the loader is made; a mismatch names the columns). Every global batch holds
+    each source's rows in proportion to the weights, within a row; each rank reads only its
+    partitions of every source. A source that runs out begins its own next epoch (its rows
+    once per its own epoch); the mixture's epoch is as many rows as the sources hold
+    together, in whole global batches (``drop_last`` has nothing to drop). Its state resumes
+    exactly and elastically, as one source's does, on the same files; the sources are
+    planned when the loader is made. ``echo`` is not available with a mixture.
+
     ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
     may split an op's shards between the servers and this process), ``"server"``,
     ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
@@ -171,9 +181,11 @@ class Loader:
         report_every_s: float = 1.0,
         placement: str = "costed",
         partitions: Optional[int] = None,
+        mixture: Optional[Sequence[Dict[str, Any]]] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
+        sources = None if mixture is None else _mixture_sources(mixture)
         self._unbatched = batch_size is None
         if batch_size == "auto":
             batch_size = None
@@ -218,6 +230,7 @@ class Loader:
             report_every_s=report_every_s,
             placement=placement,
             partitions=partitions,
+            mixture=sources,
         )
         if epochs < 1:
             raise ValueError("epochs= is the epochs one pass covers: 1 or more")
@@ -327,6 +340,29 @@ class Loader:
         """Batches and rows delivered, the fraction of time the consumer waited, the distinct
         rows read (fewer than ``rows`` when echoing) and the current echo factor."""
         return dict(self._inner.stats())
+
+
+def _mixture_sources(mixture: Sequence[Dict[str, Any]]) -> list:
+    """``mixture=`` as the native loader takes it: ``(sql, pipeline, weight, servers)`` each."""
+    if isinstance(mixture, (str, bytes, dict)) or not hasattr(mixture, "__iter__"):
+        raise ValueError("mixture= is a list of sources, each a dict with sql= or pipeline= and weight=")
+    out = []
+    for i, source in enumerate(mixture):
+        if not isinstance(source, dict):
+            raise ValueError(f"mixture source {i}: a dict with sql= or pipeline=, weight= and optionally servers=")
+        unknown = sorted(set(source) - {"sql", "pipeline", "weight", "servers"})
+        if unknown:
+            raise ValueError(f"mixture source {i}: unknown keys {unknown} (sql, pipeline, weight, servers)")
+        if "weight" not in source:
+            raise ValueError(f"mixture source {i}: weight= is missing")
+        pipeline = source.get("pipeline")
+        if pipeline is not None and not isinstance(pipeline, str):
+            pipeline = json.dumps(pipeline)
+        servers = source.get("servers")
+        if isinstance(servers, str):
+            servers = [servers]
+        out.append((source.get("sql"), pipeline, float(source["weight"]), None if servers is None else list(servers)))
+    return out
 
 
 class Transform:
