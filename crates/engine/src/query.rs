@@ -151,6 +151,9 @@ pub struct Opened {
     /// skipped. `None`: the plan computes the whole output (and `skip_rows` is dropped from
     /// its stream).
     pub skipped: Option<u64>,
+    /// What finding a filtered part's rows read before the plan runs (its filter's columns),
+    /// counted into the stream's statistics.
+    pub prescan: StreamStats,
 }
 
 /// A plan's stream started ahead of its reader, and since when.
@@ -587,6 +590,7 @@ impl Engine {
             limits,
             source,
             skipped,
+            prescan,
         } = framed;
         // Batches small enough that one batch of the largest op output stays under the cap.
         let rows = limits.batch_rows(self.config.batch_size);
@@ -629,6 +633,7 @@ impl Engine {
             started: None,
             cacheable,
             skipped,
+            prescan,
         })
     }
 
@@ -739,10 +744,7 @@ impl Engine {
         let partial = ticket.skip_rows > 0 || ticket.take_rows.is_some();
         // A dataset cached `on` computes its shards whole, so that the next request for any
         // part of it is a hit (see `TicketStream`).
-        if !partial
-            || !one_to_one(whole.df.logical_plan())
-            || self.cache_mode(checked.names()) == crate::CacheMode::On
-        {
+        if !partial || self.cache_mode(checked.names()) == crate::CacheMode::On {
             return Ok(whole);
         }
         let first: u64 = (0..shard.row_groups.start as usize)
@@ -753,13 +755,69 @@ impl Engine {
             .clone()
             .map(|i| file.row_group_rows(i as usize))
             .sum();
-        let from = ticket.skip_rows.min(len);
-        let to = ticket.take_rows.map_or(len, |t| from.saturating_add(t).min(len));
+        let (rows, prescan) = if one_to_one(whole.df.logical_plan()) {
+            let from = ticket.skip_rows.min(len);
+            let to = ticket.take_rows.map_or(len, |t| from.saturating_add(t).min(len));
+            (from..to, StreamStats::default())
+        } else {
+            match self.filtered_part(&whole, ticket, len, parallelism).await? {
+                Some(found) => found,
+                None => return Ok(whole),
+            }
+        };
         let mut part = self
-            .frame_shard(frame(Some(first + from..first + to)), grant, datasets)
+            .frame_shard(frame(Some(first + rows.start..first + rows.end)), grant, datasets)
             .await?;
-        part.skipped = Some(from);
+        part.skipped = Some(ticket.skip_rows);
+        part.prescan = prescan;
         Ok(part)
+    }
+
+    /// The shard's rows (counted from its start) holding the part of a filtered query's
+    /// output that `ticket` asks for, found by evaluating the filter alone (only its columns
+    /// are read) and stopping at the part's last row; and what that read. `None` when the
+    /// query is not a filter over a one-to-one plan (its part is then cut from the whole
+    /// output) or the shard holds fewer matching rows than the part skips.
+    async fn filtered_part(
+        &self,
+        whole: &Framed,
+        ticket: &ShardTicket,
+        len: u64,
+        parallelism: usize,
+    ) -> Result<Option<(Range<u64>, StreamStats)>> {
+        let Some((predicate, input)) = part_filter(whole.df.logical_plan()) else {
+            return Ok(None);
+        };
+        let keep = datafusion::logical_expr::LogicalPlanBuilder::from(input)
+            .project(vec![predicate.alias("__pushdown_keep")])?
+            .build()?;
+        let state = whole.ctx.state();
+        let plan = state.create_physical_plan(&keep).await?;
+        let mut stream = ordered_stream(Arc::clone(&plan), whole.ctx.task_ctx(), parallelism)?;
+        let (skip, take) = (ticket.skip_rows, ticket.take_rows.unwrap_or(u64::MAX));
+        let (mut row, mut matched, mut start) = (0u64, 0u64, None);
+        let mut end = None;
+        'batches: while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            let batch = batch.map_err(|e| ServerError::from_scan(e, ticket.shard.as_ref()))?;
+            let keep = arrow::array::AsArray::as_boolean(batch.column(0));
+            for i in 0..keep.len() {
+                // A null predicate drops the row, as the filter does.
+                if arrow::array::Array::is_valid(keep, i) && keep.value(i) {
+                    if matched == skip {
+                        start = Some(row + i as u64);
+                    }
+                    matched += 1;
+                    if matched == skip.saturating_add(take) {
+                        end = Some(row + i as u64 + 1);
+                        break 'batches;
+                    }
+                }
+            }
+            row += keep.len() as u64;
+        }
+        drop(stream);
+        let stats = scan_stats(&plan);
+        Ok(start.map(|start| (start..end.unwrap_or(len), stats)))
     }
 
     /// The query of `frame` over its shard's table (only its rows, when it names some).
@@ -833,6 +891,7 @@ impl Engine {
                 row_groups: shard.row_groups.clone(),
             }),
             skipped: None,
+            prescan: StreamStats::default(),
         })
     }
 
@@ -916,6 +975,7 @@ impl Engine {
             limits,
             source: None,
             skipped: None,
+            prescan: StreamStats::default(),
         })
     }
 }
@@ -931,6 +991,8 @@ struct Framed {
     /// scan skipped (the stream's first row is the output's row `skipped`). `None`: the
     /// whole output is computed.
     skipped: Option<u64>,
+    /// What finding a filtered part's rows read (its filter's columns, before the part).
+    prescan: StreamStats,
 }
 
 /// What [`Engine::frame_shard`] frames: a ticket's checked query over its shard of `file`,
@@ -1269,6 +1331,28 @@ fn is_row_wise_expr(expr: &Expr) -> bool {
 
 /// Whether the plan's row `i` is its table's row `i`: a row-wise plan with no filter (in
 /// it, pushed into its scan, or in a view it reads) and no limit.
+/// A row-wise plan's filter and the one-to-one plan it filters (consecutive filters joined
+/// by `AND`), beneath projections: what [`Engine::filtered_part`] evaluates alone. `None`
+/// for any other shape, and for a volatile filter (evaluated twice, it would differ).
+fn part_filter(plan: &LogicalPlan) -> Option<(Expr, Arc<LogicalPlan>)> {
+    match plan {
+        LogicalPlan::Projection(p) if p.expr.iter().all(is_row_wise_expr) => part_filter(&p.input),
+        LogicalPlan::SubqueryAlias(a) => part_filter(&a.input),
+        LogicalPlan::Filter(f) if is_row_wise_expr(&f.predicate) && !f.predicate.is_volatile() => {
+            if one_to_one(&f.input) {
+                return Some((f.predicate.clone(), Arc::clone(&f.input)));
+            }
+            match f.input.as_ref() {
+                LogicalPlan::Filter(_) => {
+                    part_filter(&f.input).map(|(inner, input)| (f.predicate.clone().and(inner), input))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 fn one_to_one(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Projection(p) => p.expr.iter().all(is_row_wise_expr) && one_to_one(&p.input),

@@ -384,6 +384,7 @@ impl Node {
             hit_bytes,
             placement,
             computing,
+            prescan: opened.prescan,
         })
     }
 
@@ -456,6 +457,8 @@ pub struct TicketStream {
     hit_bytes: Option<u64>,
     placement: Placement,
     computing: Counted,
+    /// What finding a filtered part's rows read before the plan ran.
+    prescan: StreamStats,
 }
 
 impl std::fmt::Debug for TicketStream {
@@ -585,6 +588,8 @@ impl TicketStream {
             }
         }
         let mut stats = scan_stats(&self.plan);
+        stats.bytes_scanned += self.prescan.bytes_scanned;
+        stats.rows_scanned += self.prescan.rows_scanned;
         stats.rows_sent = self.rows_sent;
         stats.rows_output = self.output;
         stats.bytes_sent = bytes_sent;
