@@ -16,7 +16,19 @@ use pushdown_client::{Loader, LoaderOptions, LoaderSource};
 use crate::process::ServerProcess;
 use crate::{Datasets, Options, machine};
 
-const SQL: &str = "SELECT id, label, thumbnail(image, 32) AS thumb FROM images";
+/// The queries: without a filter (a part of a shard is a row selection of it), and with
+/// one keeping 3 rows in 4 (a part's rows are found by the filter alone, then read as a
+/// selection).
+const QUERIES: [(&str, &str); 2] = [
+    (
+        "no filter",
+        "SELECT id, label, thumbnail(image, 32) AS thumb FROM images",
+    ),
+    (
+        "filter",
+        "SELECT id, label, thumbnail(image, 32) AS thumb FROM images WHERE label % 4 <> 0",
+    ),
+];
 /// Rows per global batch, and per global shuffle window: 240 does not divide the shards'
 /// rows, so every boundary between partitions (and between ranks) cuts a shard, read by two
 /// readers: the order's worst case for bytes read.
@@ -27,6 +39,7 @@ const WORLDS: [usize; 3] = [1, 4, 8];
 
 #[derive(Debug, Clone, Copy)]
 struct Cell {
+    query: usize,
     world: usize,
     partitions: usize,
     rows: u64,
@@ -57,8 +70,7 @@ fn run(
     url: &str,
     server: &ServerProcess,
     metrics: &std::path::Path,
-    world: usize,
-    partitions: usize,
+    (query, world, partitions): (usize, usize, usize),
 ) -> Result<Cell> {
     let (cpu0, bytes0) = (server.cpu_seconds(), store_bytes(metrics)?);
     let start = Instant::now();
@@ -78,7 +90,8 @@ fn run(
                     report_every: None,
                     ..LoaderOptions::default()
                 };
-                let loader = Loader::new(&[url], LoaderSource::Sql(SQL.into()), options)?;
+                let sql = QUERIES[query].1;
+                let loader = Loader::new(&[url], LoaderSource::Sql(sql.into()), options)?;
                 let mut rows = 0;
                 for batch in loader {
                     rows += batch?.rows as u64;
@@ -93,6 +106,7 @@ fn run(
     }
     let seconds = start.elapsed().as_secs_f64();
     Ok(Cell {
+        query,
         world,
         partitions,
         rows,
@@ -123,7 +137,7 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
     crate::connect(&url).await?;
     let mut best: Vec<Cell> = Vec::new();
     for rep in 0..options.reps_resolved {
-        for &world in &WORLDS {
+        for (query, &world) in (0..QUERIES.len()).flat_map(|q| WORLDS.iter().map(move |w| (q, w))) {
             // Alternate which order goes first, so drift favours neither.
             let mut orders = vec![world, 8];
             orders.dedup();
@@ -132,16 +146,18 @@ pub async fn suite(options: &Options, data: &Datasets, command: &str) -> Result<
             }
             for partitions in orders {
                 let url = url.clone();
-                let cell = tokio::task::block_in_place(|| run(&url, &server, &metrics, world, partitions))?;
+                let cell =
+                    tokio::task::block_in_place(|| run(&url, &server, &metrics, (query, world, partitions)))?;
                 eprintln!(
-                    "order: W={world} partitions={partitions}: {:.0} rows/s, {:.3} server CPU s/1k, {:.1} MB read/epoch",
+                    "order: {} W={world} partitions={partitions}: {:.0} rows/s, {:.3} server CPU s/1k, {:.1} MB read/epoch",
+                    QUERIES[query].0,
                     cell.rate(),
                     cell.cpu_per_1k(),
                     cell.bytes_per_epoch / 1e6
                 );
                 match best
                     .iter_mut()
-                    .find(|c| c.world == world && c.partitions == partitions)
+                    .find(|c| c.query == query && c.world == world && c.partitions == partitions)
                 {
                     Some(b) if b.rate() >= cell.rate() => {}
                     Some(b) => *b = cell,
@@ -163,20 +179,23 @@ fn report(cells: &[Cell], options: &Options, data: &Datasets, command: &str) -> 
     out += &format!(
         "Command: `{command}`  \nMachine: {}. One server (`harness serve`, 1 CPU thread pinned to CPU 0, \
          fragment cache off); W ranks as loaders in one process on the other CPU, each reading as \
-         fast as it is served.  \nData: images, {rows} rows; query `{SQL}` (the thumbnail on the \
-         server: its core is the bottleneck); global batch {GLOBAL_BATCH} rows, global shuffle window \
+         fast as it is served.  \nData: images, {rows} rows; queries `{}` and `{}` (the thumbnail on \
+         the server: its core is the bottleneck); global batch {GLOBAL_BATCH} rows, global shuffle window \
          {GLOBAL_WINDOW} rows (per rank: / W), {EPOCHS} epochs; best of {} run(s), the orders \
          alternating.\n\n",
         machine(),
+        QUERIES[0].1,
+        QUERIES[1].1,
         options.reps_resolved
     );
-    out += "| W | order | partitions | rows/s | server CPU s / 1k rows | store MB read / epoch | rows/s vs per-rank | bytes vs per-rank |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
+    out += "| query | W | order | partitions | rows/s | server CPU s / 1k rows | store MB read / epoch | rows/s vs per-rank | bytes vs per-rank |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n";
     let mut met = (true, true);
-    for &world in &WORLDS {
-        let Some(base) = cells.iter().find(|c| c.world == world && c.partitions == world) else {
+    for (query, &world) in (0..QUERIES.len()).flat_map(|q| WORLDS.iter().map(move |w| (q, w))) {
+        let here = |c: &&Cell| c.query == query && c.world == world;
+        let Some(base) = cells.iter().filter(here).find(|c| c.partitions == world) else {
             continue;
         };
-        for c in cells.iter().filter(|c| c.world == world) {
+        for c in cells.iter().filter(here) {
             let (rate, bytes) = (
                 c.rate() / base.rate(),
                 c.bytes_per_epoch / base.bytes_per_epoch.max(1.0),
@@ -191,7 +210,8 @@ fn report(cells: &[Cell], options: &Options, data: &Datasets, command: &str) -> 
                 _ => "global (default)",
             };
             out += &format!(
-                "| {world} | {order} | {} | {:.0} | {:.3} | {:.2} | {:.2}× | {:.3}× |\n",
+                "| {} | {world} | {order} | {} | {:.0} | {:.3} | {:.2} | {:.2}× | {:.3}× |\n",
+                QUERIES[query].0,
                 c.partitions,
                 c.rate(),
                 c.cpu_per_1k(),

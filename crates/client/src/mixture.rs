@@ -23,6 +23,7 @@
 //!   together): it ends on a batch count, never on one source running out.
 
 use crate::error::{ClientError, Result};
+pub use crate::order::Taken;
 
 /// The mixture's weights (normalized), its global batch and its partitions.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,25 +171,6 @@ impl Schedule {
             self.step(&mut taken);
         }
         taken
-    }
-}
-
-/// Where a mixture is: the rows taken of each source from each canonical partition,
-/// `[source][partition]`, since the loader's start. The same on every rank (each computes
-/// every partition's chunks), and all a resumed mixture needs beside its sources' versions:
-/// source `s`'s partition `p` is in its epoch `taken / len` at row `taken % len`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Taken(pub Vec<Vec<u64>>);
-
-impl Taken {
-    /// Nothing taken yet.
-    pub fn start(sources: usize, partitions: u64) -> Self {
-        Self(vec![vec![0; partitions as usize]; sources])
-    }
-
-    /// Rows taken of each source, all partitions together (the schedule's state).
-    pub fn per_source(&self) -> Vec<u64> {
-        self.0.iter().map(|parts| parts.iter().sum()).collect()
     }
 }
 

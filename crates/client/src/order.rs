@@ -34,7 +34,6 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ClientError, Result};
-use crate::mixture::Taken;
 
 /// What a rank's sample sequence depends on, beside the query, the batching and the
 /// dataset's version: the order's parameters ([`Order`]) and where the rank is.
@@ -318,6 +317,26 @@ impl LoaderState {
             per_rank: None,
             mixture: None,
         })
+    }
+}
+
+/// Where a mixture is: the rows taken of each source from each canonical partition,
+/// `[source][partition]`, since the loader's start. The same on every rank (each computes
+/// every partition's chunks), and all a resumed mixture needs beside its sources' versions:
+/// the feed of partition `p` for source `s` has read `taken[s][p]` rows of the source, over
+/// its epochs (`loader/mixed.rs` finds where that is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken(pub Vec<Vec<u64>>);
+
+impl Taken {
+    /// Nothing taken yet.
+    pub fn start(sources: usize, partitions: u64) -> Self {
+        Self(vec![vec![0; partitions as usize]; sources])
+    }
+
+    /// Rows taken of each source, all partitions together (the schedule's state).
+    pub fn per_source(&self) -> Vec<u64> {
+        self.0.iter().map(|parts| parts.iter().sum()).collect()
     }
 }
 

@@ -112,23 +112,8 @@ impl PyLoader {
             Some(s) => positive_seconds(s, "call_timeout_s")?,
             None => stream.stall_timeout,
         };
-        // `auto`: the planner's choice (compress only when the link bounds the stream).
-        let compression = match compression {
-            "auto" => None,
-            name => Some(
-                name.parse()
-                    .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto")))?,
-            ),
-        };
-        let source = match mixture {
-            None => Source::One(loader_source(sql, pipeline)?),
-            Some(_) if sql.is_some() || pipeline.is_some() => {
-                return Err(PyValueError::new_err(
-                    "give sql=, pipeline= or mixture=, not several: each mixture source names its own",
-                ));
-            }
-            Some(sources) => Source::Mixture(mixture_sources(sources)?),
-        };
+        let compression = compression_arg(compression)?;
+        let source = source_arg(sql, pipeline, mixture)?;
         if servers.is_empty() {
             return Err(PyValueError::new_err("servers= needs at least one URL"));
         }
@@ -312,6 +297,29 @@ type MixtureArg = (Option<String>, Option<String>, f64, Option<Vec<String>>);
 enum Source {
     One(LoaderSource),
     Mixture(Vec<MixtureSource>),
+}
+
+/// `compression=`: `auto` (the planner's choice: compress only when the link bounds the
+/// stream) or a codec.
+fn compression_arg<C: std::str::FromStr<Err = String>>(compression: &str) -> PyResult<Option<C>> {
+    match compression {
+        "auto" => Ok(None),
+        name => name
+            .parse()
+            .map(Some)
+            .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto"))),
+    }
+}
+
+/// `sql=`, `pipeline=` or `mixture=` (exactly one) as what the loader reads.
+fn source_arg(sql: Option<String>, pipeline: Option<String>, mixture: Option<Vec<MixtureArg>>) -> PyResult<Source> {
+    match mixture {
+        None => Ok(Source::One(loader_source(sql, pipeline)?)),
+        Some(_) if sql.is_some() || pipeline.is_some() => Err(PyValueError::new_err(
+            "give sql=, pipeline= or mixture=, not several: each mixture source names its own",
+        )),
+        Some(sources) => Ok(Source::Mixture(mixture_sources(sources)?)),
+    }
 }
 
 /// `mixture=` as the loader's sources, each named in its error.

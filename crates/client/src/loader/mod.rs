@@ -66,7 +66,8 @@ pub struct LoaderStats {
     pub batches: u64,
     /// Samples delivered (each echo counted).
     pub rows: u64,
-    /// Distinct samples read from the servers (rows of the shuffle windows filled).
+    /// Distinct samples read from the servers (rows of the shuffle windows filled; for a
+    /// mixture, every source's rows read so far, windows re-read counted again).
     pub distinct_rows: u64,
     /// Times the current epoch repeats each sample.
     pub echo: u64,
@@ -505,11 +506,20 @@ impl Loader {
             0 => self.epoch.saturating_sub(1),
             _ => self.epoch,
         };
-        s.distinct_rows = (self.prepared.shared.distinct.lock())
-            .unwrap_or_else(|p| p.into_inner())
-            .range(..=reached)
-            .map(|(_, rows)| rows)
-            .sum();
+        s.distinct_rows = match &self.mixture {
+            // Every source's rows read so far (their epochs are their own, not the mixture's).
+            Some((m, _)) => (m.sources.iter())
+                .map(|p| {
+                    let distinct = p.shared.distinct.lock().unwrap_or_else(|p| p.into_inner());
+                    distinct.values().sum::<u64>()
+                })
+                .sum(),
+            None => (self.prepared.shared.distinct.lock())
+                .unwrap_or_else(|p| p.into_inner())
+                .range(..=reached)
+                .map(|(_, rows)| rows)
+                .sum(),
+        };
         s.echo = self.echo;
         s.completed = self.prepared.completed();
         s
