@@ -312,7 +312,11 @@ fn compression_arg<C: std::str::FromStr<Err = String>>(compression: &str) -> PyR
 }
 
 /// `sql=`, `pipeline=` or `mixture=` (exactly one) as what the loader reads.
-fn source_arg(sql: Option<String>, pipeline: Option<String>, mixture: Option<Vec<MixtureArg>>) -> PyResult<Source> {
+fn source_arg(
+    sql: Option<String>,
+    pipeline: Option<String>,
+    mixture: Option<Vec<MixtureArg>>,
+) -> PyResult<Source> {
     match mixture {
         None => Ok(Source::One(loader_source(sql, pipeline)?)),
         Some(_) if sql.is_some() || pipeline.is_some() => Err(PyValueError::new_err(
