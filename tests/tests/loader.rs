@@ -1028,6 +1028,30 @@ fn global_batches_of(
         .collect()
 }
 
+/// The state every rank of 4 (batches of 6, windows of 24) saves after `k` batches of the
+/// loaders `make` builds: the same bytes on every rank.
+fn state_at_4(make: fn(&[String], LoaderOptions) -> Loader, servers: &[String], k: usize) -> LoaderState {
+    let states: Vec<Vec<u8>> = (0..4)
+        .map(|rank| {
+            let o = LoaderOptions {
+                batch_size: Some(6),
+                shuffle_buffer: Some(24),
+                rank,
+                world_size: 4,
+                ..options(21)
+            };
+            let mut l = make(servers, o);
+            drain(&mut l, k);
+            l.state().to_bytes()
+        })
+        .collect();
+    assert!(
+        states.iter().all(|s| *s == states[0]),
+        "the same state on every rank"
+    );
+    LoaderState::from_bytes(&states[0]).expect("state")
+}
+
 /// What `x` has that `y` lacks, and what `y` has that `x` lacks, counted as multisets.
 fn difference(x: &[i64], y: &[i64]) -> (Vec<i64>, Vec<i64>) {
     let mut extra = y.to_vec();
@@ -1091,25 +1115,7 @@ fn a_state_saved_at_one_world_size_continues_at_another() {
     let servers = vec![s.fx.running.url()];
     let whole = sorted(global_batches(&servers, 4, 6, 24, None, usize::MAX));
     for k in [3, 7, whole.len() / 2 + 1] {
-        let states: Vec<Vec<u8>> = (0..4)
-            .map(|rank| {
-                let o = LoaderOptions {
-                    batch_size: Some(6),
-                    shuffle_buffer: Some(24),
-                    rank,
-                    world_size: 4,
-                    ..options(21)
-                };
-                let mut l = loader(&servers, o);
-                drain(&mut l, k);
-                l.state().to_bytes()
-            })
-            .collect();
-        assert!(
-            states.iter().all(|s| *s == states[0]),
-            "the same state on every rank"
-        );
-        let state = LoaderState::from_bytes(&states[0]).expect("state");
+        let state = state_at_4(loader, &servers, k);
         for (world, batch, window) in [(2, 12, 48), (8, 3, 12)] {
             let rest = sorted(global_batches(
                 &servers,
@@ -1342,25 +1348,7 @@ fn a_mixture_is_elastic_and_resumes_exactly() {
         assert_eq!(sorted(joined), one, "world size {world}");
     }
     for k in [5, 300 / 24 + 2] {
-        let states: Vec<Vec<u8>> = (0..4)
-            .map(|rank| {
-                let o = LoaderOptions {
-                    batch_size: Some(6),
-                    shuffle_buffer: Some(24),
-                    rank,
-                    world_size: 4,
-                    ..options(21)
-                };
-                let mut l = mixed(&servers, o);
-                drain(&mut l, k);
-                l.state().to_bytes()
-            })
-            .collect();
-        assert!(
-            states.iter().all(|s| *s == states[0]),
-            "the same state on every rank"
-        );
-        let state = LoaderState::from_bytes(&states[0]).expect("state");
+        let state = state_at_4(mixed, &servers, k);
         for (world, batch, window) in [(2, 12, 48), (8, 3, 12)] {
             let rest = global_batches_of(
                 mixed,
