@@ -285,3 +285,21 @@ def test_workers_yield_the_ranks_batches_in_turn_whatever_their_number(torch, ad
         assert head + with_workers(restored, 2) == want
     finally:
         data.get_worker_info = lambda: None
+
+
+def test_a_mixture_through_the_torch_dataset_is_the_loaders(torch, adapter, server):
+    """``mixture=`` passes through ``pushdown.torch``: each pass is the mixture's next epoch,
+    the same batches as ``Loader(mixture=...)``, and ``len`` is the mixture's epoch."""
+    mixture = [
+        {"sql": "SELECT id, label FROM images WHERE id % 2 = 0", "weight": 3},
+        {"sql": "SELECT id, label FROM images WHERE id % 2 = 1", "weight": 1},
+    ]
+    args = dict(mixture=mixture, batch_size=8, shuffle_buffer=32, seed=11)
+    loader = pushdown.Loader([server], epochs=2, **args)
+    per_epoch = len(loader)
+    assert per_epoch == 300 // 8
+    want = [b["id"].tolist() for b in loader]
+    assert all(sum(i % 2 == 0 for i in b) == 6 for b in want), "3 in 4 rows from the first"
+    ds = adapter.IterableDataset([server], rank=0, world_size=1, **args)
+    assert len(ds) == per_epoch
+    assert loop(torch, ds, 2) == [want[:per_epoch], want[per_epoch:]]
