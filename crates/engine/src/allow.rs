@@ -99,14 +99,56 @@ fn one_query(state: &SessionState, sql: &str) -> Result<DfStatement> {
         }
         other => ServerError::from(other),
     })?;
-    let DfStatement::Statement(inner) = &statement else {
+    let mut statement = statement;
+    let DfStatement::Statement(inner) = &mut statement else {
         return Err(not_a_query(&statement));
     };
     if !matches!(**inner, SqlStatement::Query(_)) {
         return Err(not_a_query(&statement));
     }
     refuse_deep(inner.visit(&mut Depth(0)))?;
+    lists_as_op_literals(inner);
     Ok(statement)
+}
+
+/// An op's list parameter written as an array of numbers (`normalize(px, [0.485, 0.456,
+/// 0.406], …)`) becomes the text literal ops read a list from (`'[0.485, 0.456, 0.406]'`):
+/// an array is a function call to DataFusion, and an op's parameters must be literals.
+fn lists_as_op_literals(statement: &mut SqlStatement) {
+    use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, FunctionArguments, Value};
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(statement, |expr| {
+        if let SqlExpr::Function(f) = expr
+            && pushdown_ops::lookup(&f.name.to_string().to_lowercase()).is_some()
+            && let FunctionArguments::List(list) = &mut f.args
+        {
+            for arg in &mut list.args {
+                if let FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) = arg
+                    && let SqlExpr::Array(array) = e
+                    && let Some(numbers) = array.elem.iter().map(number).collect::<Option<Vec<String>>>()
+                {
+                    let text = format!("[{}]", numbers.join(", "));
+                    *e = SqlExpr::Value(Value::SingleQuotedString(text).into());
+                }
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+}
+
+/// A numeric literal (signed) as written.
+fn number(expr: &SqlExpr) -> Option<String> {
+    use datafusion::sql::sqlparser::ast::{UnaryOperator, Value};
+    match expr {
+        SqlExpr::Value(v) => match &v.value {
+            Value::Number(n, _) => Some(n.clone()),
+            _ => None,
+        },
+        SqlExpr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => number(expr).map(|n| format!("-{n}")),
+        _ => None,
+    }
 }
 
 fn not_a_query(statement: &DfStatement) -> ServerError {

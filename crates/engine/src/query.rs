@@ -1304,6 +1304,7 @@ fn op_expr(ctx: &SessionContext, call: &OpCall, schema: &DFSchema) -> Result<Exp
             Value::Int(i) => datafusion::prelude::lit(*i),
             Value::Float(x) => datafusion::prelude::lit(*x),
             Value::Text(t) => datafusion::prelude::lit(t.as_str()),
+            Value::List(_) => datafusion::prelude::lit(p.text()),
         }))
         .collect();
     Ok(udf.call(args))

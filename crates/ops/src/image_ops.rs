@@ -341,6 +341,100 @@ impl Op for DecodeResize {
     }
 }
 
+/// `decode_center_crop(image, resize, height, width)`: torchvision's eval transform in one
+/// pass: decode, resize so the shorter side is `resize` pixels (aspect kept, the longer side
+/// `⌊resize · long / short⌋`, antialiased bilinear as PIL's), then the centered `height ×
+/// width` window (its corner at `round((side − crop) / 2)`, ties to even, as torchvision's
+/// `CenterCrop`). `Resize(256)` + `CenterCrop(224)` is `decode_center_crop(image, 256, 224,
+/// 224)`. Emits `height·width·3` bytes of RGB pixels (HWC) as a `FixedSizeList<UInt8>`: a
+/// fixed shape, whatever the images' aspect ratios.
+#[derive(Debug)]
+pub struct DecodeCenterCrop;
+
+impl DecodeCenterCrop {
+    fn params(params: &[Value]) -> Result<(u32, u32, u32)> {
+        let op = "decode_center_crop";
+        expect_params(op, params, 3, 3)?;
+        let resize = int_param(op, params, 0, "resize", 1..=MAX_SIDE, None)?;
+        let h = int_param(op, params, 1, "height", 1..=resize, None)?;
+        let w = int_param(op, params, 2, "width", 1..=resize, None)?;
+        Ok((resize as u32, h as u32, w as u32))
+    }
+
+    /// The image's size once its shorter side is `resize`, as torchvision computes it.
+    fn resized(resize: u32, w: u32, h: u32) -> (u32, u32) {
+        let long =
+            |short: u32, long: u32| ((u64::from(resize) * u64::from(long)) / u64::from(short.max(1))) as u32;
+        if w <= h {
+            (resize, long(w, h).max(1))
+        } else {
+            (long(h, w).max(1), resize)
+        }
+    }
+}
+
+impl Op for DecodeCenterCrop {
+    fn name(&self) -> &'static str {
+        "decode_center_crop"
+    }
+
+    fn signature(&self) -> &'static str {
+        "decode_center_crop(image, resize, height, width)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        binary_input(self.name(), input)?;
+        let (_, h, w) = Self::params(params)?;
+        let item = Arc::new(Field::new("item", DataType::UInt8, false));
+        Ok(Field::new(
+            output,
+            DataType::FixedSizeList(item, (w * h * 3) as i32),
+            images_nullable(input),
+        )
+        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into()))
+    }
+
+    fn apply_field(
+        &self,
+        input: &ArrayRef,
+        _field: &Field,
+        params: &[Value],
+        _seed: u64,
+    ) -> Result<ArrayRef> {
+        let (side, ch, cw) = Self::params(params)?;
+        let size = (cw * ch * 3) as usize;
+        let mut values = Vec::with_capacity(input.len() * size);
+        let mut resizer = Resizer::new();
+        let mut valid = Vec::with_capacity(input.len());
+        for_each_image(self.name(), input, |row, bytes| {
+            valid.push(bytes.is_some());
+            let Some(bytes) = bytes else {
+                values.resize(values.len() + size, 0);
+                return Ok(());
+            };
+            let (img, w, h) = decode_for(self.name(), row, bytes, |w, h| Self::resized(side, w, h))?;
+            let pixels = resize(self.name(), &mut resizer, &img, w, h)?;
+            // torchvision: int(round((side - crop) / 2.0)), Python's round (ties to even).
+            let corner = |side: u32, crop: u32| (f64::from(side - crop) / 2.0).round_ties_even() as usize;
+            let (top, left) = (corner(h, ch), corner(w, cw));
+            let stride = w as usize * 3;
+            for y in top..top + ch as usize {
+                let from = y * stride + left * 3;
+                values.extend_from_slice(&pixels[from..from + cw as usize * 3]);
+            }
+            Ok(())
+        })?;
+        let item = Arc::new(Field::new("item", DataType::UInt8, false));
+        let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
+        FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
+            .map(|a| Arc::new(a) as ArrayRef)
+            .map_err(|source| OpError::Arrow {
+                op: self.name(),
+                source,
+            })
+    }
+}
+
 /// `thumbnail(image, max_side[, quality])`: decode, shrink so the longer side is at most
 /// `max_side` (aspect kept; never enlarged), re-encode as JPEG at `quality` (default 85).
 #[derive(Debug)]

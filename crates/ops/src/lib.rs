@@ -13,13 +13,15 @@
 //!
 //! | op | params | output | kind |
 //! |---|---|---|---|
-//! | `decode_resize(img, w, h)` | width, height | `FixedSizeList<u8>` HWC pixels | deterministic |
+//! | `decode_resize(img, w, h)` | width, height | `FixedSizeList<u8>` HWC pixels (stretched) | deterministic |
+//! | `decode_center_crop(img, resize, h, w)` | shorter side, crop height, width | pixels `h×w×3`: torchvision's `Resize` + `CenterCrop` | deterministic |
 //! | `thumbnail(img, max_side[, quality])` | max side, JPEG quality (85) | JPEG bytes | deterministic, reducing |
 //! | `hash_bucket(value, n)` | buckets | `Int32` in `0..n` | deterministic, reducing |
 //! | `cast_to(value, type)` | `'float32'`, `'int32'`, … | that type | deterministic |
 //! | `center_crop(pixels, w, h)` | width, height | pixels `h×w×c` | deterministic |
 //! | `grayscale(pixels)` | | pixels `h×w×1` (BT.601 luma) | deterministic |
-//! | `normalize(pixels, mean, std)` | mean, std | `f32` tensor `(x/255 − mean)/std` | deterministic, expanding |
+//! | `normalize(pixels, mean, std[, layout])` | mean, std (numbers or per-channel lists), `'hwc'`/`'chw'` | `f32` tensor `(x/255 − mean[c])/std[c]` | deterministic, expanding |
+//! | `to_chw(pixels)` | | pixels `c×h×w` | deterministic |
 //! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
 //! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
 //! | `color_jitter(pixels, s)` | strength | pixels, brightness and contrast ×U[1−s, 1+s] | random: trainer only |

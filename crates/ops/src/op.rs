@@ -43,6 +43,25 @@ pub enum Value {
     Int(i64),
     Float(f64),
     Text(String),
+    /// A list of numbers (per-channel means: `[0.485, 0.456, 0.406]`). SQL and the wire
+    /// carry it as its text, `'[0.485, 0.456, 0.406]'` ([`Value::text`]), which the ops
+    /// taking lists read back.
+    List(Vec<f64>),
+}
+
+impl Value {
+    /// The value as wire and SQL text carry a list: `[0.485, 0.456, 0.406]`; other values as
+    /// written.
+    pub fn text(&self) -> String {
+        match self {
+            Value::List(xs) => {
+                let items: Vec<String> = xs.iter().map(|x| format!("{x:?}")).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::Text(t) => t.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for Value {
@@ -53,6 +72,7 @@ impl fmt::Display for Value {
             Value::Float(x) if x.is_finite() => write!(f, "{x:?}"),
             Value::Float(x) => write!(f, "CAST('{x}' AS DOUBLE)"),
             Value::Text(t) => write!(f, "'{}'", t.replace('\'', "''")),
+            Value::List(_) => write!(f, "'{}'", self.text()),
         }
     }
 }
@@ -186,6 +206,38 @@ pub(crate) fn int_param(
         });
     }
     Ok(v)
+}
+
+/// Parameter `i` as `n` numbers: one number (the same for each), or a list of `n` given as
+/// a list value, `'[a, b, c]'` or `'a, b, c'` (SQL's and the wire's form of a list).
+pub(crate) fn floats_param(
+    op: &'static str,
+    params: &[Value],
+    i: usize,
+    what: &str,
+    n: usize,
+) -> Result<Vec<f32>> {
+    let bad = |got: String| OpError::BadArguments {
+        op,
+        reason: format!("{what} must be a number or a list of {n} numbers, got {got}"),
+    };
+    let parsed: Vec<f64> = match params.get(i) {
+        Some(Value::Int(v)) => vec![*v as f64; n],
+        Some(Value::Float(v)) => vec![*v; n],
+        Some(Value::List(xs)) => xs.clone(),
+        Some(Value::Text(t)) => {
+            let inner = t.trim().trim_start_matches('[').trim_end_matches(']');
+            inner
+                .split(',')
+                .map(|x| x.trim().parse::<f64>().map_err(|_| bad(format!("'{t}'"))))
+                .collect::<Result<_>>()?
+        }
+        None => return Err(bad("nothing".into())),
+    };
+    if parsed.len() != n || parsed.iter().any(|x| !x.is_finite()) {
+        return Err(bad(format!("{parsed:?}")));
+    }
+    Ok(parsed.into_iter().map(|x| x as f32).collect())
 }
 
 pub(crate) fn expect_params(op: &'static str, params: &[Value], min: usize, max: usize) -> Result<()> {

@@ -1,19 +1,23 @@
 //! The registered ops, by name.
 
-use crate::image_ops::{DecodeResize, Thumbnail};
+use crate::image_ops::{DecodeCenterCrop, DecodeResize, Thumbnail};
 use crate::op::Op;
 use crate::tabular::{Cast, HashBucket};
-use crate::tensor_ops::{CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask};
+use crate::tensor_ops::{
+    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, ToChw,
+};
 use crate::text::{PadTokens, Tokenize};
 
-static OPS: [&dyn Op; 13] = [
+static OPS: [&dyn Op; 15] = [
     &DecodeResize,
+    &DecodeCenterCrop,
     &Thumbnail,
     &HashBucket,
     &Cast,
     &CenterCrop,
     &Grayscale,
     &Normalize,
+    &ToChw,
     &RandomCrop,
     &RandomFlip,
     &ColorJitter,

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::image_ops::SHAPE_METADATA_KEY;
-use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
+use crate::op::{Op, OpError, Result, Value, expect_params, floats_param, int_param};
 
 /// `(height, width, channels)` of a pixel-tensor field.
 pub fn shape_of(op: &'static str, field: &Field) -> Result<(usize, usize, usize)> {
@@ -277,25 +277,62 @@ impl Op for Grayscale {
     }
 }
 
-/// `normalize(pixels, mean, std)`: `(x / 255 − mean) / std` as `f32`, same shape.
+/// Where a tensor op puts the channels: last (`hwc`, as decoded) or first (`chw`, as
+/// PyTorch models take images).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Hwc,
+    Chw,
+}
+
+impl Layout {
+    fn param(op: &'static str, params: &[Value], i: usize) -> Result<Self> {
+        match params.get(i) {
+            None => Ok(Layout::Hwc),
+            Some(Value::Text(t)) if t.eq_ignore_ascii_case("hwc") => Ok(Layout::Hwc),
+            Some(Value::Text(t)) if t.eq_ignore_ascii_case("chw") => Ok(Layout::Chw),
+            Some(other) => Err(OpError::BadArguments {
+                op,
+                reason: format!("layout must be 'hwc' or 'chw', got {other}"),
+            }),
+        }
+    }
+
+    fn shape(self, (h, w, c): (usize, usize, usize)) -> (usize, usize, usize) {
+        match self {
+            Layout::Hwc => (h, w, c),
+            Layout::Chw => (c, h, w),
+        }
+    }
+
+    /// Where the value of pixel `i` (in HWC order) and channel `k` goes.
+    fn place(self, (h, w, c): (usize, usize, usize), i: usize, k: usize) -> usize {
+        match self {
+            Layout::Hwc => i * c + k,
+            Layout::Chw => k * h * w + i,
+        }
+    }
+}
+
+/// `normalize(pixels, mean, std[, layout])`: `(x / 255 − mean[c]) / std[c]` as `f32`, with
+/// `mean` and `std` one number or one per channel (`[0.485, 0.456, 0.406]`, torchvision's
+/// `Normalize` after `ToTensor`), channels last (`'hwc'`, the default) or first (`'chw'`,
+/// what a model takes: the trainer neither permutes nor converts).
 #[derive(Debug)]
 pub struct Normalize;
 
 impl Normalize {
-    fn params(params: &[Value]) -> Result<(f32, f32)> {
-        expect_params("normalize", params, 2, 2)?;
-        let num = |v: &Value| match v {
-            Value::Float(x) => Some(*x as f32),
-            Value::Int(i) => Some(*i as f32),
-            Value::Text(_) => None,
-        };
-        match (num(&params[0]), num(&params[1])) {
-            (Some(mean), Some(std)) if std > 0.0 => Ok((mean, std)),
-            _ => Err(OpError::BadArguments {
+    fn params(params: &[Value], channels: usize) -> Result<(Vec<f32>, Vec<f32>, Layout)> {
+        expect_params("normalize", params, 2, 3)?;
+        let mean = floats_param("normalize", params, 0, "mean", channels)?;
+        let std = floats_param("normalize", params, 1, "std", channels)?;
+        if std.iter().any(|s| *s <= 0.0) {
+            return Err(OpError::BadArguments {
                 op: "normalize",
-                reason: "mean and std must be numbers, std > 0".into(),
-            }),
+                reason: format!("std must be > 0, got {std:?}"),
+            });
         }
+        Ok((mean, std, Layout::param("normalize", params, 2)?))
     }
 }
 
@@ -305,38 +342,98 @@ impl Op for Normalize {
     }
 
     fn signature(&self) -> &'static str {
-        "normalize(pixels, mean, std)"
+        "normalize(pixels, mean, std[, layout])"
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let shape = shape_of(self.name(), input)?;
-        Self::params(params)?;
+        let (_, _, layout) = Self::params(params, shape.2)?;
         Ok(tensor_field(
             output,
             DataType::Float32,
-            shape,
+            layout.shape(shape),
             input.is_nullable(),
         ))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
-        shape_of(self.name(), field)?;
-        let (mean, std) = Self::params(params)?;
+        let shape = shape_of(self.name(), field)?;
+        let (mean, std, layout) = Self::params(params, shape.2)?;
+        // One multiply-add per value: x·scale[c] + shift[c].
+        let scale: Vec<f32> = std.iter().map(|s| 1.0 / (255.0 * s)).collect();
+        let shift: Vec<f32> = mean.iter().zip(&std).map(|(m, s)| -m / s).collect();
         let list = input.as_fixed_size_list();
         let values = list.values().as_primitive::<UInt8Type>();
         let size = list.value_length() as usize;
         let start = list.offset() * size;
-        let out: Float32Array = values.values()[start..start + list.len() * size]
-            .iter()
-            .map(|&v| (f32::from(v) / 255.0 - mean) / std)
-            .collect();
+        let c = shape.2;
+        let mut out = vec![0f32; list.len() * size];
+        let src = &values.values()[start..start + list.len() * size];
+        for (row, (from, to)) in src
+            .chunks_exact(size.max(1))
+            .zip(out.chunks_exact_mut(size.max(1)))
+            .enumerate()
+        {
+            if list.is_null(row) {
+                continue;
+            }
+            for (i, px) in from.chunks_exact(c).enumerate() {
+                for (k, &v) in px.iter().enumerate() {
+                    to[layout.place(shape, i, k)] = f32::from(v) * scale[k] + shift[k];
+                }
+            }
+        }
         let item = Arc::new(Field::new("item", DataType::Float32, false));
-        FixedSizeListArray::try_new(item, size as i32, Arc::new(out), list.nulls().cloned())
-            .map(|a| Arc::new(a) as ArrayRef)
-            .map_err(|source| OpError::Arrow {
-                op: "normalize",
-                source,
-            })
+        FixedSizeListArray::try_new(
+            item,
+            size as i32,
+            Arc::new(Float32Array::from(out)),
+            list.nulls().cloned(),
+        )
+        .map(|a| Arc::new(a) as ArrayRef)
+        .map_err(|source| OpError::Arrow {
+            op: "normalize",
+            source,
+        })
+    }
+}
+
+/// `to_chw(pixels)`: the same `u8` pixels, channels first (`c,h,w`): for a model that
+/// normalizes on the accelerator.
+#[derive(Debug)]
+pub struct ToChw;
+
+impl Op for ToChw {
+    fn name(&self) -> &'static str {
+        "to_chw"
+    }
+
+    fn signature(&self) -> &'static str {
+        "to_chw(pixels)"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        expect_params(self.name(), params, 0, 0)?;
+        let shape = shape_of(self.name(), input)?;
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            Layout::Chw.shape(shape),
+            input.is_nullable(),
+        ))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
+        expect_params(self.name(), params, 0, 0)?;
+        let shape = shape_of(self.name(), field)?;
+        let c = shape.2;
+        map_u8(self.name(), input, shape.0 * shape.1 * c, |_, src, out| {
+            for (i, px) in src.chunks_exact(c).enumerate() {
+                for (k, &v) in px.iter().enumerate() {
+                    out[Layout::Chw.place(shape, i, k)] = v;
+                }
+            }
+        })
     }
 }
 

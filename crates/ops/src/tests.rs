@@ -312,6 +312,133 @@ fn grayscale_and_normalize() {
 }
 
 #[test]
+fn normalize_takes_a_mean_and_std_per_channel_and_puts_channels_first() {
+    // Pixel (x, y) of row r is [x, y, r]: channel k of pixel i at i·3 + k (HWC) or
+    // k·h·w + i (CHW).
+    let (px, field) = coordinates(2, 2, 3);
+    let norm = lookup("normalize").expect("op");
+    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+    let want = |k: usize, v: u8| (f32::from(v) / 255.0 - mean[k] as f32) / std[k] as f32;
+    for params in [
+        vec![
+            Value::List(mean.to_vec()),
+            Value::List(std.to_vec()),
+            Value::Text("chw".into()),
+        ],
+        // SQL and the wire carry a list as its text.
+        vec![
+            Value::Text("[0.485, 0.456, 0.406]".into()),
+            Value::Text("0.229,0.224,0.225".into()),
+            Value::Text("CHW".into()),
+        ],
+    ] {
+        let out_field = norm.output_field(&field, &params, "x").expect("field");
+        assert_eq!(out_field.metadata()[SHAPE_METADATA_KEY], "3,2,3");
+        let out = norm.apply_field(&px, &field, &params, 0).expect("normalize");
+        let row = out.as_fixed_size_list().value(1);
+        let got = row.as_primitive::<arrow::datatypes::Float32Type>().values();
+        for y in 0..2 {
+            for x in 0..3 {
+                let i = y * 3 + x;
+                for (k, v) in [x as u8, y as u8, 1].into_iter().enumerate() {
+                    assert!(
+                        (got[k * 6 + i] - want(k, v)).abs() < 1e-5,
+                        "({x}, {y}) channel {k}"
+                    );
+                }
+            }
+        }
+    }
+    // Channels last by default, one number for every channel as before.
+    let out = norm
+        .apply_field(&px, &field, &[Value::List(mean.to_vec()), Value::Float(0.5)], 0)
+        .expect("hwc");
+    let row = out.as_fixed_size_list().value(0);
+    let got = row.as_primitive::<arrow::datatypes::Float32Type>().values();
+    assert!(
+        (got[3] - (1.0 / 255.0 - 0.485) / 0.5).abs() < 1e-5,
+        "pixel (1, 0), red"
+    );
+    assert!((got[4] - (0.0 - 0.456) / 0.5).abs() < 1e-5, "pixel (1, 0), green");
+    for (params, named) in [
+        (
+            vec![Value::List(vec![0.5, 0.5]), Value::Float(0.5)],
+            "mean must be a number or a list of 3",
+        ),
+        (
+            vec![Value::Float(0.5), Value::Text("[1, x, 2]".into())],
+            "std must be",
+        ),
+        (
+            vec![Value::Float(0.5), Value::List(vec![1.0, 0.0, 1.0])],
+            "std must be > 0",
+        ),
+        (
+            vec![Value::Float(0.5), Value::Float(0.5), Value::Text("nhwc".into())],
+            "layout must be",
+        ),
+    ] {
+        let e = norm
+            .output_field(&field, &params, "x")
+            .expect_err(named)
+            .to_string();
+        assert!(e.contains(named), "{e}");
+    }
+    // to_chw moves the u8 channels first.
+    let chw = lookup("to_chw").expect("op");
+    assert_eq!(
+        chw.output_field(&field, &[], "x").expect("field").metadata()[SHAPE_METADATA_KEY],
+        "3,2,3"
+    );
+    let out = chw.apply_field(&px, &field, &[], 0).expect("to_chw");
+    assert_eq!(
+        row_pixels(&out, 1),
+        vec![0, 1, 2, 0, 1, 2, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    );
+}
+
+#[test]
+fn decode_center_crop_is_a_shorter_side_resize_then_the_middle() {
+    // A PNG (decoded in full): the fused op equals decode_resize to torchvision's resized size
+    // and then the centered window.
+    let img = image::RgbImage::from_fn(90, 60, |x, y| {
+        image::Rgb([(x * 2) as u8, (y * 3) as u8, ((x + y) % 256) as u8])
+    });
+    let mut png = Cursor::new(Vec::new());
+    img.write_to(&mut png, image::ImageFormat::Png).expect("png");
+    let input: ArrayRef = Arc::new(BinaryArray::from(vec![Some(png.get_ref().as_slice()), None]));
+    let op = lookup("decode_center_crop").expect("op");
+    let params = [Value::Int(40), Value::Int(36), Value::Int(32)];
+    let field = op
+        .output_field(&Field::new("image", DataType::Binary, true), &params, "px")
+        .expect("field");
+    assert_eq!(field.metadata()[SHAPE_METADATA_KEY], "36,32,3");
+    let got = op.apply(&input, &params).expect("apply");
+    assert!(got.as_fixed_size_list().is_null(1));
+    // Shorter side 60 → 40: 90 × 60 becomes ⌊40·90/60⌋ = 60 × 40; the window's corner at
+    // round((60 − 32)/2) = 14, round((40 − 36)/2) = 2.
+    let resized = lookup("decode_resize")
+        .expect("op")
+        .apply(&input, &[Value::Int(60), Value::Int(40)])
+        .expect("resize");
+    let (_, resized_field) = coordinates(1, 40, 60);
+    let cropped = lookup("center_crop")
+        .expect("op")
+        .apply_field(&resized, &resized_field, &[Value::Int(32), Value::Int(36)], 0)
+        .expect("crop");
+    assert_eq!(row_pixels(&got, 0), row_pixels(&cropped, 0));
+    let e = op
+        .output_field(
+            &Field::new("image", DataType::Binary, true),
+            &[Value::Int(40), Value::Int(48), Value::Int(32)],
+            "px",
+        )
+        .expect_err("crop over the resize")
+        .to_string();
+    assert!(e.contains("height must be in 1..=40"), "{e}");
+}
+
+#[test]
 fn color_jitter_varies_per_row_within_its_strength() {
     // Mid-range values (100..156): jitter of strength 0.4 never clamps, so each row's mean
     // is scaled by its brightness factor alone (contrast keeps the mean).

@@ -841,6 +841,7 @@ mod to_proto {
                             Value::Int(i) => proto::arg::Value::Int(*i),
                             Value::Float(f) => proto::arg::Value::Float(*f),
                             Value::Text(t) => proto::arg::Value::Text(t.clone()),
+                            Value::List(_) => proto::arg::Value::Text(v.text()),
                         }))
                         .map(|value| proto::Arg { value: Some(value) })
                         .collect(),
