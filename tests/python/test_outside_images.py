@@ -306,3 +306,44 @@ def test_the_eval_recipe_is_torchvisions_on_pil(hub_snapshot):
             assert overall <= 1.0 and max(diffs) <= 4.0, (how, overall, max(diffs))
     finally:
         served.stop()
+
+
+def test_the_train_recipe_runs_as_a_pipeline_into_nchw(hub_snapshot):
+    """RandomResizedCrop(64) + RandomHorizontalFlip + ToTensor + Normalize(ImageNet), after a
+    storage-side thumbnail: NCHW float32 batches, every row once, the same seed the same
+    batches, another seed others."""
+    import pushdown
+
+    root, expected = hub_snapshot
+    pipeline = {
+        "dataset": "photos",
+        "steps": [
+            {"op": "map", "call": "thumbnail", "input": "image", "params": [96]},
+            {"op": "shuffle", "buffer": 32},
+            {"op": "map", "call": "random_resized_crop", "input": "image", "params": [64, 64]},
+            {"op": "map", "call": "random_flip", "input": "image", "params": [0.5]},
+            {"op": "map", "call": "normalize", "input": "image", "params": [MEAN, STD, "chw"]},
+            {"op": "select", "columns": ["label", "image"]},
+            {"op": "batch", "size": 16},
+        ],
+    }
+    served = Served(root)
+    try:
+        url = f"http://{served.addr}"
+
+        def run(seed):
+            labels, xs = [], []
+            for batch in pushdown.Loader(url, pipeline=pipeline, seed=seed):
+                assert batch["image"].dtype == np.float32 and batch["image"].shape[1:] == (3, 64, 64)
+                labels.extend(batch["label"].tolist())
+                xs.append(batch["image"])
+            return labels, np.concatenate(xs)
+
+        labels, x = run(1)
+        assert sorted(labels) == sorted(expected), "every row once"
+        again, y = run(1)
+        assert again == labels and np.array_equal(x, y), "the same seed, the same batches"
+        _, z = run(2)
+        assert not np.array_equal(x, z)
+    finally:
+        served.stop()

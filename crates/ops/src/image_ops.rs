@@ -28,7 +28,7 @@ const MAX_SIDE: i64 = 8192;
 
 /// Checks that `input` holds encoded images: binary, or the Hugging Face `datasets` image
 /// struct (`struct<bytes: binary, path: string>`), whose `bytes` are the image.
-fn binary_input(op: &'static str, input: &Field) -> Result<()> {
+pub(crate) fn binary_input(op: &'static str, input: &Field) -> Result<()> {
     let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
     match input.data_type() {
         t if binary(t) => Ok(()),
@@ -49,7 +49,7 @@ fn binary_input(op: &'static str, input: &Field) -> Result<()> {
 }
 
 /// Whether an image column of `input` may have null rows (a struct's, or its `bytes`).
-fn images_nullable(input: &Field) -> bool {
+pub(crate) fn images_nullable(input: &Field) -> bool {
     match input.data_type() {
         DataType::Struct(fields) => {
             input.is_nullable() || fields.iter().any(|f| f.name() == "bytes" && f.is_nullable())
@@ -61,7 +61,7 @@ fn images_nullable(input: &Field) -> bool {
 /// The rows of an image column as byte slices (any binary layout, or the Hub's image
 /// struct). A struct row whose `bytes` are null but whose `path` is set is refused: images
 /// are read from the Parquet file, never from paths it names.
-fn for_each_image(
+pub(crate) fn for_each_image(
     op: &'static str,
     input: &ArrayRef,
     mut f: impl FnMut(usize, Option<&[u8]>) -> Result<()>,

@@ -23,6 +23,7 @@
 //! | `normalize(pixels, mean, std[, layout])` | mean, std (numbers or per-channel lists), `'hwc'`/`'chw'` | `f32` tensor `(x/255 − mean[c])/std[c]` | deterministic, expanding |
 //! | `to_chw(pixels)` | | pixels `c×h×w` | deterministic |
 //! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
+//! | `random_resized_crop(px\|img, h, w[, scale…, ratio…])` | size, scale (0.08, 1), ratio (3/4, 4/3) | pixels `h×w×3`: torchvision's `RandomResizedCrop` | random: trainer only |
 //! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
 //! | `color_jitter(pixels, s)` | strength | pixels, brightness and contrast ×U[1−s, 1+s] | random: trainer only |
 //! | `tokenize(text, max_len[, tokenizer])` | max tokens, tokenizer name (default: the dataset's) | `List<UInt32>` token ids, truncated | deterministic, reducing |
@@ -63,13 +64,14 @@ mod text;
 pub use call::{
     Call, CallRun, Calls, apply_calls, call_seed, input_array, input_column, input_path, mix, resolve_input,
 };
-pub use image_ops::{DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
+pub use image_ops::{DecodeCenterCrop, DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use op::{Context, Op, OpError, Result, Value, fixed_width};
 pub use registry::{lookup, registry};
 pub use resources::{Need, NoResources, Resources};
 pub use tabular::{Cast, HashBucket};
 pub use tensor_ops::{
-    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, shape_of,
+    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, RandomResizedCrop,
+    ResizedCrop, ToChw, resized_crop_box, shape_of,
 };
 pub use text::{
     PadTokens, SPECIAL_TOKENS, TOKENIZER_FILE, Tokenize, Tokenizers, load_tokenizer, train_tokenizer,

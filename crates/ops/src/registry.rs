@@ -4,11 +4,12 @@ use crate::image_ops::{DecodeCenterCrop, DecodeResize, Thumbnail};
 use crate::op::Op;
 use crate::tabular::{Cast, HashBucket};
 use crate::tensor_ops::{
-    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, ToChw,
+    CenterCrop, ColorJitter, Grayscale, Normalize, RandomCrop, RandomFlip, RandomMask, RandomResizedCrop,
+    ToChw,
 };
 use crate::text::{PadTokens, Tokenize};
 
-static OPS: [&dyn Op; 15] = [
+static OPS: [&dyn Op; 16] = [
     &DecodeResize,
     &DecodeCenterCrop,
     &Thumbnail,
@@ -19,6 +20,7 @@ static OPS: [&dyn Op; 15] = [
     &Normalize,
     &ToChw,
     &RandomCrop,
+    &RandomResizedCrop,
     &RandomFlip,
     &ColorJitter,
     &Tokenize,

@@ -181,6 +181,219 @@ impl Op for RandomCrop {
     }
 }
 
+/// `random_resized_crop(input, height, width[, scale_min, scale_max[, ratio_min,
+/// ratio_max]])`: torchvision's `RandomResizedCrop((height, width), scale, ratio)`, per row.
+/// The box follows torchvision's rule ([`resized_crop_box`]): up to 10 draws of an area
+/// fraction uniform in `[scale_min, scale_max]` (default `[0.08, 1]`) and a log-uniform
+/// aspect ratio in `[ratio_min, ratio_max]` (default `[3/4, 4/3]`), the first box that fits
+/// at a uniform position; else the central fallback. The box is then resized to `height ×
+/// width` (antialiased bilinear, as PIL's). `input` is RGB pixels (`FixedSizeList<u8>`,
+/// `h,w,3`) or encoded images (decoded here, whatever their size: a storage side that
+/// reduces them first, `thumbnail(image, 320)`, keeps their aspect). Random: trainer only,
+/// after the shuffle; row `i` draws from `(seed, i)`.
+#[derive(Debug)]
+pub struct RandomResizedCrop;
+
+/// The parameters of a `random_resized_crop` call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResizedCrop {
+    pub height: u32,
+    pub width: u32,
+    pub scale: (f64, f64),
+    pub ratio: (f64, f64),
+}
+
+impl ResizedCrop {
+    fn params(params: &[Value]) -> Result<Self> {
+        let op = "random_resized_crop";
+        expect_params(op, params, 2, 6)?;
+        let height = int_param(op, params, 0, "height", 1..=8192, None)? as u32;
+        let width = int_param(op, params, 1, "width", 1..=8192, None)? as u32;
+        let num = |i: usize, default: f64| match params.get(i) {
+            None => Ok(default),
+            Some(Value::Float(x)) => Ok(*x),
+            Some(Value::Int(x)) => Ok(*x as f64),
+            Some(other) => Err(OpError::BadArguments {
+                op,
+                reason: format!("parameter {} must be a number, got {other}", i + 1),
+            }),
+        };
+        if params.len() == 3 || params.len() == 5 {
+            return Err(OpError::BadArguments {
+                op,
+                reason: "scale and ratio each take two numbers, (min, max)".into(),
+            });
+        }
+        let scale = (num(2, 0.08)?, num(3, 1.0)?);
+        let ratio = (num(4, 3.0 / 4.0)?, num(5, 4.0 / 3.0)?);
+        if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+            return Err(OpError::BadArguments {
+                op,
+                reason: format!("scale must be 0 < min ≤ max ≤ 1, got {scale:?}"),
+            });
+        }
+        if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+            return Err(OpError::BadArguments {
+                op,
+                reason: format!("ratio must be 0 < min ≤ max, got {ratio:?}"),
+            });
+        }
+        Ok(Self {
+            height,
+            width,
+            scale,
+            ratio,
+        })
+    }
+}
+
+/// torchvision's `RandomResizedCrop.get_params` for an image of `height × width`: `(top, left,
+/// h, w)`.
+pub fn resized_crop_box(
+    rng: &mut impl Rng,
+    (height, width): (u32, u32),
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> (u32, u32, u32, u32) {
+    let area = f64::from(height) * f64::from(width);
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * rng.random_range(scale.0..=scale.1);
+        let aspect = (if log_lo < log_hi {
+            rng.random_range(log_lo..log_hi)
+        } else {
+            log_lo
+        })
+        .exp();
+        // Python's round: ties to even.
+        let w = (target * aspect).sqrt().round_ties_even();
+        let h = (target / aspect).sqrt().round_ties_even();
+        if w > 0.0 && h > 0.0 && w <= f64::from(width) && h <= f64::from(height) {
+            let (w, h) = (w as u32, h as u32);
+            let top = rng.random_range(0..=height - h);
+            let left = rng.random_range(0..=width - w);
+            return (top, left, h, w);
+        }
+    }
+    // The central fallback: the whole image, cut to the ratio's nearest bound.
+    let in_ratio = f64::from(width) / f64::from(height);
+    let (h, w) = if in_ratio < ratio.0 {
+        (
+            ((f64::from(width) / ratio.0).round_ties_even() as u32).max(1),
+            width,
+        )
+    } else if in_ratio > ratio.1 {
+        (
+            height,
+            ((f64::from(height) * ratio.1).round_ties_even() as u32).max(1),
+        )
+    } else {
+        (height, width)
+    };
+    (
+        (height - h.min(height)) / 2,
+        (width - w.min(width)) / 2,
+        h.min(height),
+        w.min(width),
+    )
+}
+
+impl Op for RandomResizedCrop {
+    fn name(&self) -> &'static str {
+        "random_resized_crop"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        false
+    }
+
+    fn signature(&self) -> &'static str {
+        "random_resized_crop(pixels|image, height, width[, scale_min, scale_max[, ratio_min, ratio_max]])"
+    }
+
+    fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
+        let p = ResizedCrop::params(params)?;
+        let nullable = match crate::image_ops::binary_input(self.name(), input) {
+            Ok(()) => crate::image_ops::images_nullable(input),
+            Err(_) => {
+                let (_, _, c) = shape_of(self.name(), input)?;
+                if c != 3 {
+                    return Err(OpError::BadArguments {
+                        op: self.name(),
+                        reason: format!("expects RGB pixels (3 channels), got {c}"),
+                    });
+                }
+                input.is_nullable()
+            }
+        };
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            (p.height as usize, p.width as usize, 3),
+            nullable,
+        ))
+    }
+
+    fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
+        let p = ResizedCrop::params(params)?;
+        let out_len = (p.height * p.width * 3) as usize;
+        let mut resizer = fast_image_resize::Resizer::new();
+        let mut one = |row: usize, img: image::RgbImage, out: &mut [u8]| -> Result<()> {
+            let mut rng = row_rng(seed, row);
+            let (top, left, h, w) = resized_crop_box(&mut rng, (img.height(), img.width()), p.scale, p.ratio);
+            let window = image::imageops::crop_imm(&img, left, top, w, h).to_image();
+            let pixels = crate::image_ops::resize(self.name(), &mut resizer, &window, p.width, p.height)?;
+            out.copy_from_slice(&pixels);
+            Ok(())
+        };
+        if crate::image_ops::binary_input(self.name(), field).is_ok() {
+            let mut values = vec![0u8; input.len() * out_len];
+            let mut valid = Vec::with_capacity(input.len());
+            crate::image_ops::for_each_image(self.name(), input, |row, bytes| {
+                valid.push(bytes.is_some());
+                if let Some(bytes) = bytes {
+                    let img = crate::image_ops::decode(self.name(), row, bytes)?;
+                    one(row, img, &mut values[row * out_len..(row + 1) * out_len])?;
+                }
+                Ok(())
+            })?;
+            let nulls = valid
+                .contains(&false)
+                .then(|| arrow::buffer::NullBuffer::from(valid));
+            let item = Arc::new(Field::new("item", DataType::UInt8, false));
+            return FixedSizeListArray::try_new(
+                item,
+                out_len as i32,
+                Arc::new(UInt8Array::from(values)),
+                nulls,
+            )
+            .map(|a| Arc::new(a) as ArrayRef)
+            .map_err(|source| OpError::Arrow {
+                op: self.name(),
+                source,
+            });
+        }
+        let (h, w, _) = shape_of(self.name(), field)?;
+        let mut failed = None;
+        let out = map_u8(self.name(), input, out_len, |row, src, out| {
+            let done = match image::RgbImage::from_raw(w as u32, h as u32, src.to_vec()) {
+                Some(img) => one(row, img, out),
+                None => Err(OpError::BadArguments {
+                    op: "random_resized_crop",
+                    reason: "expects RGB pixels (3 channels)".into(),
+                }),
+            };
+            if let Err(e) = done {
+                failed.get_or_insert(e);
+            }
+        })?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
 /// `random_flip(pixels, p)`: mirror left-right with probability `p`, drawn per row. Client
 /// only.
 #[derive(Debug)]

@@ -439,6 +439,100 @@ fn decode_center_crop_is_a_shorter_side_resize_then_the_middle() {
 }
 
 #[test]
+fn resized_crop_boxes_follow_torchvisions_rule() {
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    // Where every draw fits (areas up to half a square image), the boxes' area fractions are
+    // uniform in the scale and their aspect ratios log-uniform in the ratio, as torchvision
+    // draws them: over 10,000 draws each decile sits within 2% of its place.
+    let (side, scale, ratio) = (400u32, (0.08, 0.5), (3.0 / 4.0, 4.0 / 3.0));
+    let mut areas = Vec::new();
+    let mut logs = Vec::new();
+    for _ in 0..10_000 {
+        let (top, left, h, w) = tensor_ops::resized_crop_box(&mut rng, (side, side), scale, ratio);
+        assert!(top + h <= side && left + w <= side && h > 0 && w > 0);
+        areas.push(f64::from(h * w) / f64::from(side * side));
+        logs.push((f64::from(w) / f64::from(h)).ln());
+    }
+    let decile = |xs: &mut Vec<f64>, q: usize| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() * q / 10]
+    };
+    for q in 1..10 {
+        let (lo, hi) = (scale.0, scale.1);
+        let want = lo + (hi - lo) * q as f64 / 10.0;
+        let got = decile(&mut areas, q);
+        assert!(
+            (got - want).abs() < 0.02 * (hi - lo) + 0.005,
+            "area decile {q}: {got} vs {want}"
+        );
+        let (lo, hi) = (ratio.0.ln(), ratio.1.ln());
+        let want = lo + (hi - lo) * q as f64 / 10.0;
+        let got = decile(&mut logs, q);
+        assert!(
+            (got - want).abs() < 0.02 * (hi - lo) + 0.02,
+            "log-ratio decile {q}: {got} vs {want}"
+        );
+    }
+    // The default scale on a wide image: every box inside, its area within the scale.
+    for _ in 0..10_000 {
+        let (top, left, h, w) = tensor_ops::resized_crop_box(&mut rng, (200, 300), (0.08, 1.0), ratio);
+        assert!(top + h <= 200 && left + w <= 300);
+        let area = f64::from(h * w) / 60_000.0;
+        assert!((0.07..=1.0).contains(&area), "{area}");
+    }
+    // Extreme aspect ratios: no draw fits, so the central fallback, cut to the nearest ratio.
+    assert_eq!(
+        tensor_ops::resized_crop_box(&mut rng, (10, 1000), (0.08, 1.0), ratio),
+        (0, 493, 10, 13)
+    );
+    assert_eq!(
+        tensor_ops::resized_crop_box(&mut rng, (1000, 10), (0.08, 1.0), ratio),
+        (493, 0, 13, 10)
+    );
+}
+
+#[test]
+fn random_resized_crops_vary_by_row_and_take_pixels_or_images() {
+    let op = lookup("random_resized_crop").expect("op");
+    let (px, field) = coordinates(64, 40, 60);
+    let params = [Value::Int(16), Value::Int(24)];
+    let out_field = op.output_field(&field, &params, "x").expect("field");
+    assert_eq!(out_field.metadata()[SHAPE_METADATA_KEY], "16,24,3");
+    let a = op.apply_field(&px, &field, &params, 1).expect("crop");
+    let b = op.apply_field(&px, &field, &params, 1).expect("again");
+    let c = op.apply_field(&px, &field, &params, 2).expect("other seed");
+    assert_eq!(row_pixels(&a, 3), row_pixels(&b, 3), "a function of (seed, row)");
+    assert_ne!(row_pixels(&a, 3), row_pixels(&a, 4), "rows draw apart");
+    assert_ne!(row_pixels(&a, 3), row_pixels(&c, 3), "seeds draw apart");
+    // Encoded images too, nulls kept.
+    let out = op.apply(&images(), &params).expect("images");
+    assert_eq!(out.as_fixed_size_list().value_length(), 16 * 24 * 3);
+    assert!(out.as_fixed_size_list().is_null(1));
+    assert!(!op.is_deterministic());
+    for bad in [
+        vec![Value::Int(16)],
+        vec![Value::Int(16), Value::Int(16), Value::Float(0.5)],
+        vec![
+            Value::Int(16),
+            Value::Int(16),
+            Value::Float(0.5),
+            Value::Float(0.2),
+        ],
+        vec![
+            Value::Int(16),
+            Value::Int(16),
+            Value::Float(0.1),
+            Value::Float(1.0),
+            Value::Float(2.0),
+            Value::Float(1.0),
+        ],
+    ] {
+        assert!(op.output_field(&field, &bad, "x").is_err(), "{bad:?}");
+    }
+}
+
+#[test]
 fn color_jitter_varies_per_row_within_its_strength() {
     // Mid-range values (100..156): jitter of strength 0.4 never clamps, so each row's mean
     // is scaled by its brightness factor alone (contrast keeps the mean).
