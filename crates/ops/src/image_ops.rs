@@ -272,6 +272,45 @@ pub(crate) fn resize(
     Ok(dst.into_vec())
 }
 
+/// The field of `height × width` RGB pixels (HWC), `FixedSizeList<UInt8>` with its shape.
+pub(crate) fn pixels_field(output: &str, (h, w): (u32, u32), nullable: bool) -> Field {
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    Field::new(
+        output,
+        DataType::FixedSizeList(item, (w * h * 3) as i32),
+        nullable,
+    )
+    .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into())
+}
+
+/// An image column as `height × width` RGB pixels: `pixels(row, bytes, out)` appends each
+/// image's `h·w·3` bytes to `out`; null images are null rows.
+pub(crate) fn images_to_pixels(
+    op: &'static str,
+    input: &ArrayRef,
+    (h, w): (u32, u32),
+    mut pixels: impl FnMut(usize, &[u8], &mut Vec<u8>) -> Result<()>,
+) -> Result<ArrayRef> {
+    let size = (w * h * 3) as usize;
+    let mut values = Vec::with_capacity(input.len() * size);
+    let mut valid = Vec::with_capacity(input.len());
+    for_each_image(op, input, |row, bytes| {
+        valid.push(bytes.is_some());
+        match bytes {
+            Some(bytes) => pixels(row, bytes, &mut values),
+            None => {
+                values.resize(values.len() + size, 0);
+                Ok(())
+            }
+        }
+    })?;
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
+    FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
+        .map(|a| Arc::new(a) as ArrayRef)
+        .map_err(|source| OpError::Arrow { op, source })
+}
+
 /// `decode_resize(image, width, height)`: decode, resize to exactly `width × height`, emit
 /// `height·width·3` bytes of RGB pixels (HWC) as a `FixedSizeList<UInt8>`.
 #[derive(Debug)]
@@ -298,13 +337,7 @@ impl Op for DecodeResize {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         binary_input(self.name(), input)?;
         let (w, h) = Self::size(params)?;
-        let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        Ok(Field::new(
-            output,
-            DataType::FixedSizeList(item, (w * h * 3) as i32),
-            images_nullable(input),
-        )
-        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into()))
+        Ok(pixels_field(output, (h, w), images_nullable(input)))
     }
 
     fn apply_field(
@@ -315,29 +348,12 @@ impl Op for DecodeResize {
         _seed: u64,
     ) -> Result<ArrayRef> {
         let (w, h) = Self::size(params)?;
-        let size = (w * h * 3) as usize;
-        let mut values = Vec::with_capacity(input.len() * size);
         let mut resizer = Resizer::new();
-        let mut valid = Vec::with_capacity(input.len());
-        for_each_image(self.name(), input, |row, bytes| {
-            valid.push(bytes.is_some());
-            match bytes {
-                Some(bytes) => {
-                    let (img, w, h) = decode_for(self.name(), row, bytes, |_, _| (w, h))?;
-                    values.extend_from_slice(&resize(self.name(), &mut resizer, &img, w, h)?);
-                }
-                None => values.resize(values.len() + size, 0),
-            }
+        images_to_pixels(self.name(), input, (h, w), |row, bytes, out| {
+            let (img, w, h) = decode_for(self.name(), row, bytes, |_, _| (w, h))?;
+            out.extend_from_slice(&resize(self.name(), &mut resizer, &img, w, h)?);
             Ok(())
-        })?;
-        let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
-        FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
-            .map(|a| Arc::new(a) as ArrayRef)
-            .map_err(|source| OpError::Arrow {
-                op: self.name(),
-                source,
-            })
+        })
     }
 }
 
@@ -385,13 +401,7 @@ impl Op for DecodeCenterCrop {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         binary_input(self.name(), input)?;
         let (_, h, w) = Self::params(params)?;
-        let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        Ok(Field::new(
-            output,
-            DataType::FixedSizeList(item, (w * h * 3) as i32),
-            images_nullable(input),
-        )
-        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},3"))].into()))
+        Ok(pixels_field(output, (h, w), images_nullable(input)))
     }
 
     fn apply_field(
@@ -402,16 +412,8 @@ impl Op for DecodeCenterCrop {
         _seed: u64,
     ) -> Result<ArrayRef> {
         let (side, ch, cw) = Self::params(params)?;
-        let size = (cw * ch * 3) as usize;
-        let mut values = Vec::with_capacity(input.len() * size);
         let mut resizer = Resizer::new();
-        let mut valid = Vec::with_capacity(input.len());
-        for_each_image(self.name(), input, |row, bytes| {
-            valid.push(bytes.is_some());
-            let Some(bytes) = bytes else {
-                values.resize(values.len() + size, 0);
-                return Ok(());
-            };
+        images_to_pixels(self.name(), input, (ch, cw), |row, bytes, out| {
             let (img, w, h) = decode_for(self.name(), row, bytes, |w, h| Self::resized(side, w, h))?;
             let pixels = resize(self.name(), &mut resizer, &img, w, h)?;
             // torchvision: int(round((side - crop) / 2.0)), Python's round (ties to even).
@@ -420,18 +422,10 @@ impl Op for DecodeCenterCrop {
             let stride = w as usize * 3;
             for y in top..top + ch as usize {
                 let from = y * stride + left * 3;
-                values.extend_from_slice(&pixels[from..from + cw as usize * 3]);
+                out.extend_from_slice(&pixels[from..from + cw as usize * 3]);
             }
             Ok(())
-        })?;
-        let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
-        FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
-            .map(|a| Arc::new(a) as ArrayRef)
-            .map_err(|source| OpError::Arrow {
-                op: self.name(),
-                source,
-            })
+        })
     }
 }
 

@@ -347,31 +347,17 @@ impl Op for RandomResizedCrop {
             Ok(())
         };
         if crate::image_ops::binary_input(self.name(), field).is_ok() {
-            let mut values = vec![0u8; input.len() * out_len];
-            let mut valid = Vec::with_capacity(input.len());
-            crate::image_ops::for_each_image(self.name(), input, |row, bytes| {
-                valid.push(bytes.is_some());
-                if let Some(bytes) = bytes {
+            return crate::image_ops::images_to_pixels(
+                self.name(),
+                input,
+                (p.height, p.width),
+                |row, bytes, out| {
                     let img = crate::image_ops::decode(self.name(), row, bytes)?;
-                    one(row, img, &mut values[row * out_len..(row + 1) * out_len])?;
-                }
-                Ok(())
-            })?;
-            let nulls = valid
-                .contains(&false)
-                .then(|| arrow::buffer::NullBuffer::from(valid));
-            let item = Arc::new(Field::new("item", DataType::UInt8, false));
-            return FixedSizeListArray::try_new(
-                item,
-                out_len as i32,
-                Arc::new(UInt8Array::from(values)),
-                nulls,
-            )
-            .map(|a| Arc::new(a) as ArrayRef)
-            .map_err(|source| OpError::Arrow {
-                op: self.name(),
-                source,
-            });
+                    let at = out.len();
+                    out.resize(at + out_len, 0);
+                    one(row, img, &mut out[at..])
+                },
+            );
         }
         let (h, w, _) = shape_of(self.name(), field)?;
         let mut failed = None;
