@@ -62,6 +62,13 @@ async fn same_on_both_sides_of(fx: &Fixture, dataset: &str, column: &str, call: 
 async fn every_op_is_identical_on_server_and_client() {
     let fx = Fixture::images_and_text(96, 120).await;
     same_on_both_sides(&fx, "image", "decode_resize", &[16.into(), 12.into()]).await;
+    same_on_both_sides(
+        &fx,
+        "image",
+        "decode_center_crop",
+        &[24.into(), 20.into(), 16.into()],
+    )
+    .await;
     same_on_both_sides(&fx, "image", "thumbnail", &[32.into()]).await;
     same_on_both_sides(&fx, "image", "thumbnail", &[48.into(), 60.into()]).await;
     same_on_both_sides(&fx, "caption", "hash_bucket", &[1000.into()]).await;
@@ -71,6 +78,13 @@ async fn every_op_is_identical_on_server_and_client() {
     same_on_both_sides(&fx, pixels, "center_crop", &[16.into(), 12.into()]).await;
     same_on_both_sides(&fx, pixels, "grayscale", &[]).await;
     same_on_both_sides(&fx, pixels, "normalize", &[0.45.into(), 0.225.into()]).await;
+    let imagenet = [
+        pushdown_ops::Value::List(vec![0.485, 0.456, 0.406]),
+        pushdown_ops::Value::List(vec![0.229, 0.224, 0.225]),
+        "chw".into(),
+    ];
+    same_on_both_sides(&fx, pixels, "normalize", &imagenet).await;
+    same_on_both_sides(&fx, pixels, "to_chw", &[]).await;
     same_on_both_sides_of(&fx, "text", "body", "tokenize", &[256.into()]).await;
     same_on_both_sides_of(&fx, "text", "body", "tokenize", &[16.into(), "text".into()]).await;
     let tokens = "tokenize(body, 300)";
@@ -81,6 +95,8 @@ async fn every_op_is_identical_on_server_and_client() {
         assert!(
             [
                 "decode_resize",
+                "decode_center_crop",
+                "to_chw",
                 "thumbnail",
                 "hash_bucket",
                 "cast_to",
@@ -95,12 +111,17 @@ async fn every_op_is_identical_on_server_and_client() {
             op.name()
         );
     }
-    // Random ops are not server functions.
-    let err = fx
-        .sql("SELECT random_flip(decode_resize(image, 8, 8), 0.5) FROM images")
-        .await
-        .expect_err("random ops run in the trainer only");
-    assert!(err.contains("random_flip"), "{err}");
+    // Random ops are not server functions: refused by name, saying where they run.
+    for sql in [
+        "SELECT random_flip(decode_resize(image, 8, 8), 0.5) FROM images",
+        "SELECT random_resized_crop(image, 8, 8) FROM images",
+    ] {
+        let err = fx.sql(sql).await.expect_err("random ops run in the trainer only");
+        assert!(
+            err.contains("random_") && err.contains("runs in the trainer"),
+            "{err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

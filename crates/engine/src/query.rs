@@ -1200,8 +1200,8 @@ struct Ahead {
     task: pushdown_task::Task<()>,
 }
 
-/// Registers every deterministic op as a UDF whose resources (tokenizers) come from the
-/// datasets, `default` being the one a call that names none uses.
+/// Registers every op as a UDF (a random one to be refused by name) whose resources
+/// (tokenizers) come from the datasets, `default` being the one a call that names none uses.
 pub fn register_ops(
     ctx: &SessionContext,
     datasets: &BTreeMap<String, Arc<Dataset>>,

@@ -129,12 +129,12 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Every deterministic op as a UDF, resolving resources through `resources`, bounded by
-/// `limits`.
+/// Every op as a UDF, resolving resources through `resources`, bounded by `limits`. A
+/// random op is registered to be refused by name at planning (it runs in the trainer, after
+/// the shuffle), not to be an unknown function.
 pub fn udfs(resources: Arc<dyn Resources>, limits: OpLimits) -> Vec<ScalarUDF> {
     pushdown_ops::registry()
         .iter()
-        .filter(|op| op.is_deterministic())
         .map(|op| ScalarUDF::new_from_impl(OpUdf::new(*op, Arc::clone(&resources), limits.clone())))
         .collect()
 }
@@ -226,6 +226,13 @@ impl ScalarUDFImpl for OpUdf {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        if !self.op.is_deterministic() {
+            return Err(self.error(
+                "a random op runs in the trainer, after the shuffle, never on a server: write it \
+                 as a pipeline step (Loader(pipeline=...), `pushdown run PIPELINE.toml`); SQL runs \
+                 the deterministic ops",
+            ));
+        }
         let Some(input) = args.arg_fields.first() else {
             return Err(self.error("missing the input column"));
         };
