@@ -1,0 +1,201 @@
+"""torchvision's train recipe at 224 px, two ways, on the trainer's CPU.
+
+* **pushdown**: a `pushdown.Loader` over the `images` dataset with the train pipeline: the
+  server sends each JPEG reduced to at most `--thumb` px on its longer side (aspect kept);
+  the trainer runs `random_resized_crop(224, 224)`, `random_flip(0.5)` and
+  `normalize(ImageNet, 'chw')` on the loader's own threads: NCHW float32 batches.
+* **dataloader**: what a PyTorch user writes without pushdown: worker processes read the
+  Parquet row groups (pyarrow), decode each JPEG in full with PIL, take torchvision's
+  `RandomResizedCrop(224)` box (torchvision itself when importable, else the same rule on
+  PIL), flip half of them, `ToTensor` + `Normalize` with numpy, batches of `--batch` through
+  the DataLoader (torch) or `multiprocessing` queues.
+
+Both run as fast as they deliver (no training step). Per contender: images/s, the trainer
+host's CPU seconds per 1,000 images (this process and its worker processes; a pushdown server
+on another host is not the trainer's), and bytes per image received over the link
+(pushdown's stream; the DataLoader reads the files themselves).
+
+    .venv/bin/python benches/python/bench_recipe.py --data DIR/images --server http://HOST:PORT
+"""
+
+import argparse
+import io
+import json
+import math
+import os
+import random
+import resource
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+from PIL import Image
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def cpu_seconds():
+    """CPU seconds of this process and its finished children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def crop_box(rng, width, height, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop.get_params: (top, left, h, w)."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def transform(jpeg, rng, side):
+    img = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    top, left, h, w = crop_box(rng, img.width, img.height)
+    img = img.resize((side, side), Image.BILINEAR, box=(left, top, left + w, top + h))
+    x = np.asarray(img, dtype=np.float32) / 255.0
+    if rng.random() < 0.5:
+        x = x[:, ::-1]
+    return ((x - MEAN) / STD).transpose(2, 0, 1)
+
+
+def units_of(data):
+    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet"))
+    return [(f, rg) for f in files for rg in range(pq.ParquetFile(f).num_row_groups)]
+
+
+def batches(units, seed, side, batch):
+    rng = random.Random(seed)
+    xs, labels = [], []
+    for path, rg in units:
+        table = pq.ParquetFile(path).read_row_group(rg, columns=["image", "label"])
+        for jpeg, label in zip(table.column("image").to_pylist(), table.column("label").to_pylist()):
+            xs.append(transform(jpeg, rng, side))
+            labels.append(label)
+            if len(xs) == batch:
+                yield np.stack(xs), np.asarray(labels)
+                xs, labels = [], []
+    if xs:
+        yield np.stack(xs), np.asarray(labels)
+
+
+def _worker(units, seed, side, batch, queue):
+    for b in batches(units, seed, side, batch):
+        queue.put(b)
+    queue.put(None)
+
+
+def dataloader(data, workers, side, batch):
+    """Batches from worker processes: torch's DataLoader when importable, else
+    multiprocessing queues (two batches prefetched per worker either way)."""
+    units = units_of(data)
+    try:
+        import torch
+        from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+        class Images(IterableDataset):
+            def __iter__(self):
+                info = get_worker_info()
+                k, n = (info.id, info.num_workers) if info else (0, 1)
+                for x, y in batches(units[k::n], 1000 + k, side, batch):
+                    yield torch.from_numpy(x), torch.from_numpy(y)
+
+        yield "torch", None
+        yield from DataLoader(Images(), batch_size=None, num_workers=workers, prefetch_factor=2)
+    except ImportError:
+        import multiprocessing as mp
+
+        queue = mp.Queue(maxsize=2 * workers)
+        procs = [mp.Process(target=_worker, args=(units[k::workers], 1000 + k, side, batch, queue))
+                 for k in range(workers)]
+        for p in procs:
+            p.start()
+        yield "multiprocessing", None
+        done = 0
+        while done < workers:
+            b = queue.get()
+            if b is None:
+                done += 1
+            else:
+                yield b
+        for p in procs:
+            p.join()
+
+
+def pushdown_batches(server, side, thumb, batch):
+    import pushdown
+
+    pipeline = {
+        "dataset": "images",
+        "steps": [
+            {"op": "map", "call": "thumbnail", "input": "image", "params": [thumb]},
+            {"op": "shuffle", "buffer": 4096},
+            {"op": "map", "call": "random_resized_crop", "input": "image", "params": [side, side]},
+            {"op": "map", "call": "random_flip", "input": "image", "params": [0.5]},
+            {"op": "map", "call": "normalize", "input": "image",
+             "params": [MEAN.tolist(), STD.tolist(), "chw"]},
+            {"op": "select", "columns": ["image", "label"]},
+            {"op": "batch", "size": batch},
+        ],
+    }
+    loader = pushdown.Loader([server], pipeline=pipeline, placement="server",
+                             workers=max(1, (os.cpu_count() or 2) - 1))
+    yield "pushdown", loader
+    for b in loader:
+        yield b["image"], b["label"]
+
+
+def measure(source, side):
+    start, cpu0 = time.perf_counter(), cpu_seconds()
+    name, handle = next(source)
+    images = 0
+    for x, _ in source:
+        assert tuple(x.shape[1:]) == (3, side, side), x.shape
+        images += x.shape[0]
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu0
+    received = handle.stats["bytes_received"] if handle is not None else None
+    return {
+        "loader": name,
+        "images": images,
+        "seconds": round(seconds, 3),
+        "images_per_s": round(images / seconds, 1),
+        "trainer_cpu_s_per_1k": round(cpu * 1000 / max(images, 1), 3),
+        "bytes_per_image": None if received is None else round(received / max(images, 1)),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True, help="the images dataset's folder")
+    ap.add_argument("--server", required=True, help="a pushdown server over the dataset's root")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--side", type=int, default=224)
+    ap.add_argument("--thumb", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=64)
+    args = ap.parse_args()
+    rows = [
+        measure(pushdown_batches(args.server, args.side, args.thumb, args.batch), args.side),
+        measure(dataloader(args.data, args.workers, args.side, args.batch), args.side),
+    ]
+    for row in rows:
+        print(json.dumps(row))
+    base = rows[1]["trainer_cpu_s_per_1k"]
+    print(f"pushdown trainer CPU: {rows[0]['trainer_cpu_s_per_1k'] / base:.0%} of the DataLoader's")
+
+
+if __name__ == "__main__":
+    main()
