@@ -6,7 +6,8 @@
 # pyarrow, numpy and pillow. Results go to OUT (default benches/results/gpu): the feed section
 # of RESULTS.md, and one JSON line per GPU run; the data goes to PUSHDOWN_FEED_DATA (default
 # /tmp/pushdown-feed-data). Arguments after OUT go to `harness feed` (e.g. `--reps 1`);
-# PUSHDOWN_GPU_STEPS sets the measured ResNet-50 steps of each GPU run (default 200).
+# PUSHDOWN_GPU_STEPS sets the measured ResNet-50 steps of each GPU run (default 200). Then
+# torchvision's train recipe at 224 px (bench_recipe.py, and ResNet-50 fed by it).
 #
 #   benches/feed-gpu.sh DIST [OUT] [HARNESS-FEED-ARGS...]
 set -euo pipefail
@@ -45,3 +46,12 @@ taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --ste
 taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed dataloader \
   --data "$images" --workers "$half" | tee -a "$out/gpu.jsonl"
 gpu --feed dataloader --data "$images" --workers "$cores"
+
+# 3. torchvision's train recipe at 224 px (bench_recipe.py): the CPU-only comparison, then
+# ResNet-50 fed by pushdown (bfloat16 NCHW from the loader) and by the PIL DataLoader.
+taskset -c "$half-$((cores - 1))" python3 benches/python/bench_recipe.py --data "$images" \
+  --server "http://$addr" --workers "$half" --batch 256 | tee "$out/recipe.log"
+taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --recipe \
+  --feed pushdown --server "http://$addr" --server-pid "$server" | tee -a "$out/gpu.jsonl"
+taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --recipe \
+  --feed dataloader --data "$images" --workers "$half" | tee -a "$out/gpu.jsonl"

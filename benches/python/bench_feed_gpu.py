@@ -8,7 +8,13 @@
 * ``dataloader``: ``torch.utils.data.DataLoader`` with ``--workers`` processes decoding with
   PIL on the trainer's cores (``bench_feed.py``'s workers).
 
-Each step: uint8 NHWC → float, normalized, channels_last, bf16 autocast, SGD. Reports one
+With ``--recipe``, the feeds run torchvision's train recipe at 224 px instead
+(``bench_recipe.py``'s): ``pushdown`` has the server send JPEGs of at most 320 px and the
+loader's threads crop, flip and normalize into NCHW bfloat16; ``dataloader`` decodes, crops,
+flips and normalizes with PIL and numpy in its workers (NCHW float32).
+
+Each step: uint8 NHWC → float, normalized (a recipe's batches come normalized), channels_last,
+bf16 autocast, SGD. Reports one
 JSON line per feed: images/s, the share of the run the trainer waited for data (1 − GPU busy,
 measured around a synchronized step), the trainer's CPU seconds per 1,000 images (this
 process and its children) and the server's (``--server-pid``).
@@ -113,6 +119,23 @@ def pushdown_batches(server, epochs):
     pushdown_batches.stats = loader.stats
 
 
+def recipe_batches(feed, server, data, workers, epochs):
+    """The train recipe at 224 px: NCHW tensors, normalized."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_recipe
+
+    if feed == "pushdown":
+        source = bench_recipe.pushdown_batches(server, 224, 320, B, dtype="bfloat16", epochs=epochs)
+    else:
+        source = (b for _ in range(epochs) for b in bench_recipe.dataloader(data, workers, 224, B))
+    for x, y in source:
+        if isinstance(x, str):  # the sources' (name, handle) heading
+            continue
+        if x.dtype.name in ("uint16", "bfloat16"):  # bfloat16 bits
+            x = torch.from_numpy(np.asarray(x).view(np.int16)).view(torch.bfloat16)
+        yield torch.as_tensor(x), torch.as_tensor(np.asarray(y)).long()
+
+
 def dataloader_batches(data, workers, epochs):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_feed
@@ -140,8 +163,11 @@ def train(batches, model, opt, device, max_steps, warmup, server_pid):
         elif steps > warmup:
             waited += time.perf_counter() - asked
         pixels, labels = b
-        x = pixels.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-        x = ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+        if pixels.dtype.is_floating_point:  # a recipe's: NCHW, normalized
+            x = pixels.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+        else:
+            x = pixels.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+            x = ((x - mean) / std).contiguous(memory_format=torch.channels_last)
         y = (labels % 1000).to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
@@ -167,16 +193,20 @@ def main():
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--recipe", action="store_true", help="torchvision's train recipe at 224 px")
     args = ap.parse_args()
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     model = resnet50().to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    side = 224 if args.recipe else 128
     if args.feed == "synthetic":
-        x = torch.randint(0, 255, (B, 128, 128, 3), dtype=torch.uint8, device=device)
+        x = torch.randint(0, 255, (B, side, side, 3), dtype=torch.uint8, device=device)
         y = torch.randint(0, 1000, (B,), device=device)
         batches = iter(lambda: (x, y), None)
+    elif args.recipe:
+        batches = recipe_batches(args.feed, args.server, args.data, args.workers, args.epochs)
     elif args.feed == "pushdown":
         batches = pushdown_batches(args.server, args.epochs)
     else:
@@ -186,6 +216,7 @@ def main():
     )
     out = {
         "feed": args.feed,
+        "recipe": "train-224" if args.recipe else None,
         "workers": args.workers if args.feed == "dataloader" else None,
         "images": images,
         "images_per_s": images / elapsed,

@@ -139,10 +139,11 @@ def dataloader(data, workers, side, batch):
             p.join()
 
 
-def pushdown_batches(server, side, thumb, batch, pixels=False):
+def pushdown_batches(server, side, thumb, batch, pixels=False, dtype="float32", epochs=1):
     """The recipe through pushdown: the server sends JPEGs of at most `thumb` px, or with
     `pixels`, decoded pixels stretched to `thumb`² (not the recipe: the aspect is lost
-    before the crop; it shows what decoding on the server saves the trainer)."""
+    before the crop; it shows what decoding on the server saves the trainer). `dtype`:
+    normalize's output type (`bfloat16` arrives as its uint16 bits without ml_dtypes)."""
     import pushdown
 
     reduce = ({"op": "map", "call": "decode_resize", "input": "image", "params": [thumb, thumb]} if pixels
@@ -155,12 +156,12 @@ def pushdown_batches(server, side, thumb, batch, pixels=False):
             {"op": "map", "call": "random_resized_crop", "input": "image", "params": [side, side]},
             {"op": "map", "call": "random_flip", "input": "image", "params": [0.5]},
             {"op": "map", "call": "normalize", "input": "image",
-             "params": [MEAN.tolist(), STD.tolist(), "chw"]},
+             "params": [MEAN.tolist(), STD.tolist(), "chw", dtype]},
             {"op": "select", "columns": ["image", "label"]},
             {"op": "batch", "size": batch},
         ],
     }
-    loader = pushdown.Loader([server], pipeline=pipeline, placement="server",
+    loader = pushdown.Loader([server], pipeline=pipeline, placement="server", epochs=epochs,
                              workers=max(1, (os.cpu_count() or 2) - 1))
     yield "pushdown, server pixels (stretched)" if pixels else "pushdown, server JPEG", loader
     for b in loader:

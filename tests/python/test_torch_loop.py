@@ -32,6 +32,12 @@ ARGS = dict(sql=SQL, batch_size=8, shuffle_buffer=32, seed=11)
 REAL_TORCH = bool(os.environ.get("PUSHDOWN_REQUIRE_TORCH"))
 
 
+def _numpy_dtype(name):
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if name == "bfloat16" else name
+
+
 def stand_in():
     """Just what pushdown.torch touches of torch."""
 
@@ -44,7 +50,7 @@ def stand_in():
 
     names = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"]
     dtypes = {n: Dtype(n) for n in names}
-    dtypes.update({n: Dtype(n, True) for n in ["float16", "float32", "float64"]})
+    dtypes.update({n: Dtype(n, True) for n in ["float16", "bfloat16", "float32", "float64"]})
 
     class Tensor:
         def __init__(self, array):
@@ -55,7 +61,10 @@ def stand_in():
             return dtypes[self.array.dtype.name]
 
         def to(self, dtype):
-            return Tensor(self.array.astype(dtype.name))
+            return Tensor(self.array.astype(_numpy_dtype(dtype.name)))
+
+        def view(self, dtype):
+            return Tensor(self.array.view(_numpy_dtype(dtype.name)))
 
         def tolist(self):
             return self.array.tolist()
@@ -192,6 +201,33 @@ def test_integer_columns_arrive_as_int64_unless_asked_otherwise(torch, adapter, 
     native = next(iter(pushdown.Loader([server], **ARGS)))["label"].dtype
     kept_dtype = str(next(iter(kept))["label"].dtype).removeprefix("torch.")
     assert kept_dtype == native.name != "int64"
+
+
+def test_half_precision_pixels_arrive_as_torch_half_types(torch, adapter, server):
+    """normalize(..., 'bfloat16' | 'float16'): torch.bfloat16 and torch.float16 tensors, each
+    value the float32 run's rounded to nearest even (torch's own cast is the oracle)."""
+    sql = "SELECT id, normalize(decode_resize(image, 8, 8), [0.485, 0.456, 0.406], '[0.229, 0.224, 0.225]', 'chw'{}) AS x FROM images"
+    kw = dict(batch_size=16, shuffle_buffer=1)
+
+    def run(dtype):
+        ds = adapter.IterableDataset([server], rank=0, world_size=1, sql=sql.format(dtype), **kw)
+        return list(torch.utils.data.DataLoader(ds, batch_size=None))
+
+    full = run("")
+    for name in ["bfloat16", "float16"]:
+        half = run(f", '{name}'")
+        assert len(half) == len(full)
+        for h, f in zip(half, full):
+            assert h["id"].tolist() == f["id"].tolist()
+            assert h["x"].dtype == getattr(torch, name), (name, h["x"].dtype)
+            assert f["x"].to(getattr(torch, name)).tolist() == h["x"].tolist(), name
+    # A plain Loader gives ml_dtypes' bfloat16 where that package is installed.
+    import ml_dtypes
+
+    loader = pushdown.Loader([server], sql=sql.format(", 'bfloat16'"), **kw)
+    batch = next(iter(loader))
+    assert batch["x"].dtype == ml_dtypes.bfloat16 and batch["x"].shape[1:] == (3, 8, 8)
+    assert loader.bfloat16_columns == {"x"}
 
 
 def test_a_pipelines_batch_step_is_honoured_and_a_disagreeing_batch_size_refused(server):

@@ -46,7 +46,7 @@ fn loader(servers: &[String], o: LoaderOptions) -> Loader {
 
 fn ids(batch: &pushdown_client::TensorBatch) -> Vec<i64> {
     match batch.column("id").expect("id") {
-        Column::Tensor { shape, values } => {
+        Column::Tensor { shape, values, .. } => {
             assert_eq!(shape, &vec![batch.rows]);
             values.as_primitive::<Int64Type>().values().to_vec()
         }
@@ -300,7 +300,7 @@ fn pixels_come_out_as_tensors_with_the_intended_augmentation() {
         for b in l {
             let b = b.expect("batch");
             let tensor = |name: &str, shape: &[usize]| match b.column(name).expect("column") {
-                Column::Tensor { shape: s, values } => {
+                Column::Tensor { shape: s, values, .. } => {
                     assert_eq!(&s[1..], shape, "{name}");
                     values.as_primitive::<UInt8Type>().values().to_vec()
                 }

@@ -64,7 +64,7 @@ mod text;
 pub use call::{
     Call, CallRun, Calls, apply_calls, call_seed, input_array, input_column, input_path, mix, resolve_input,
 };
-pub use image_ops::{DecodeCenterCrop, DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
+pub use image_ops::{DTYPE_METADATA_KEY, DecodeCenterCrop, DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
 pub use op::{Context, Op, OpError, Result, Value, fixed_width};
 pub use registry::{lookup, registry};
 pub use resources::{Need, NoResources, Resources};

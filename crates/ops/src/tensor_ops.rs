@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, UInt8Array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, UInt8Array, UInt16Array,
+};
 use arrow::datatypes::{DataType, Field, UInt8Type};
+use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::image_ops::SHAPE_METADATA_KEY;
+use crate::image_ops::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY};
 use crate::op::{Op, OpError, Result, Value, expect_params, floats_param, int_param};
 
 /// `(height, width, channels)` of a pixel-tensor field.
@@ -485,15 +488,11 @@ enum Layout {
 }
 
 impl Layout {
-    fn param(op: &'static str, params: &[Value], i: usize) -> Result<Self> {
-        match params.get(i) {
-            None => Ok(Layout::Hwc),
-            Some(Value::Text(t)) if t.eq_ignore_ascii_case("hwc") => Ok(Layout::Hwc),
-            Some(Value::Text(t)) if t.eq_ignore_ascii_case("chw") => Ok(Layout::Chw),
-            Some(other) => Err(OpError::BadArguments {
-                op,
-                reason: format!("layout must be 'hwc' or 'chw', got {other}"),
-            }),
+    fn named(value: &Value) -> Option<Self> {
+        match value {
+            Value::Text(t) if t.eq_ignore_ascii_case("hwc") => Some(Layout::Hwc),
+            Value::Text(t) if t.eq_ignore_ascii_case("chw") => Some(Layout::Chw),
+            _ => None,
         }
     }
 
@@ -513,16 +512,17 @@ impl Layout {
     }
 }
 
-/// `normalize(pixels, mean, std[, layout])`: `(x / 255 − mean[c]) / std[c]` as `f32`, with
+/// `normalize(pixels, mean, std[, layout][, dtype])`: `(x / 255 − mean[c]) / std[c]`, with
 /// `mean` and `std` one number or one per channel (`[0.485, 0.456, 0.406]`, torchvision's
 /// `Normalize` after `ToTensor`), channels last (`'hwc'`, the default) or first (`'chw'`,
-/// what a model takes: the trainer neither permutes nor converts).
+/// what a model takes: the trainer neither permutes nor converts), as `'float32'` (the
+/// default), `'float16'` or `'bfloat16'` (half the bytes, what a mixed-precision model takes).
 #[derive(Debug)]
 pub struct Normalize;
 
 impl Normalize {
-    fn params(params: &[Value], channels: usize) -> Result<(Vec<f32>, Vec<f32>, Layout)> {
-        expect_params("normalize", params, 2, 3)?;
+    fn params(params: &[Value], channels: usize) -> Result<(Vec<f32>, Vec<f32>, Layout, FloatType)> {
+        expect_params("normalize", params, 2, 4)?;
         let mean = floats_param("normalize", params, 0, "mean", channels)?;
         let std = floats_param("normalize", params, 1, "std", channels)?;
         if std.iter().any(|s| *s <= 0.0) {
@@ -531,7 +531,28 @@ impl Normalize {
                 reason: format!("std must be > 0, got {std:?}"),
             });
         }
-        Ok((mean, std, Layout::param("normalize", params, 2)?))
+        // After `std`: a layout and a dtype, each optional, in either order.
+        let (mut layout, mut dtype) = (None, None);
+        for value in &params[2..] {
+            match (Layout::named(value), FloatType::named(value)) {
+                (Some(l), _) if layout.is_none() => layout = Some(l),
+                (_, Some(d)) if dtype.is_none() => dtype = Some(d),
+                _ => {
+                    return Err(OpError::BadArguments {
+                        op: "normalize",
+                        reason: format!(
+                            "after mean and std come a layout ('hwc' or 'chw') and a dtype ('float32', 'float16' or 'bfloat16'), each at most once; got {value}"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok((
+            mean,
+            std,
+            layout.unwrap_or(Layout::Hwc),
+            dtype.unwrap_or(FloatType::F32),
+        ))
     }
 }
 
@@ -541,23 +562,23 @@ impl Op for Normalize {
     }
 
     fn signature(&self) -> &'static str {
-        "normalize(pixels, mean, std[, layout])"
+        "normalize(pixels, mean, std[, layout][, dtype])"
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let shape = shape_of(self.name(), input)?;
-        let (_, _, layout) = Self::params(params, shape.2)?;
-        Ok(tensor_field(
+        let (_, _, layout, dtype) = Self::params(params, shape.2)?;
+        Ok(dtype.tag(tensor_field(
             output,
-            DataType::Float32,
+            dtype.arrow(),
             layout.shape(shape),
             input.is_nullable(),
-        ))
+        )))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
         let shape = shape_of(self.name(), field)?;
-        let (mean, std, layout) = Self::params(params, shape.2)?;
+        let (mean, std, layout, dtype) = Self::params(params, shape.2)?;
         // One multiply-add per value: x·scale[c] + shift[c].
         let scale: Vec<f32> = std.iter().map(|s| 1.0 / (255.0 * s)).collect();
         let shift: Vec<f32> = mean.iter().zip(&std).map(|(m, s)| -m / s).collect();
@@ -566,34 +587,87 @@ impl Op for Normalize {
         let size = list.value_length() as usize;
         let start = list.offset() * size;
         let c = shape.2;
-        let mut out = vec![0f32; list.len() * size];
         let src = &values.values()[start..start + list.len() * size];
-        for (row, (from, to)) in src
-            .chunks_exact(size.max(1))
-            .zip(out.chunks_exact_mut(size.max(1)))
-            .enumerate()
-        {
-            if list.is_null(row) {
-                continue;
-            }
-            for (i, px) in from.chunks_exact(c).enumerate() {
-                for (k, &v) in px.iter().enumerate() {
-                    to[layout.place(shape, i, k)] = f32::from(v) * scale[k] + shift[k];
+        let normalized = |out: &mut dyn FnMut(usize, f32)| {
+            for (row, from) in src.chunks_exact(size.max(1)).enumerate() {
+                if list.is_null(row) {
+                    continue;
+                }
+                for (i, px) in from.chunks_exact(c).enumerate() {
+                    for (k, &v) in px.iter().enumerate() {
+                        out(
+                            row * size + layout.place(shape, i, k),
+                            f32::from(v) * scale[k] + shift[k],
+                        );
+                    }
                 }
             }
+        };
+        let n = list.len() * size;
+        let values: ArrayRef = match dtype {
+            FloatType::F32 => {
+                let mut out = vec![0f32; n];
+                normalized(&mut |i, x| out[i] = x);
+                Arc::new(Float32Array::from(out))
+            }
+            FloatType::F16 => {
+                let mut out = vec![f16::ZERO; n];
+                normalized(&mut |i, x| out[i] = f16::from_f32(x));
+                Arc::new(Float16Array::from(out))
+            }
+            FloatType::Bf16 => {
+                let mut out = vec![0u16; n];
+                normalized(&mut |i, x| out[i] = bf16::from_f32(x).to_bits());
+                Arc::new(UInt16Array::from(out))
+            }
+        };
+        let item = Arc::new(Field::new("item", dtype.arrow(), false));
+        FixedSizeListArray::try_new(item, size as i32, values, list.nulls().cloned())
+            .map(|a| Arc::new(a) as ArrayRef)
+            .map_err(|source| OpError::Arrow {
+                op: "normalize",
+                source,
+            })
+    }
+}
+
+/// The float type of a tensor an op makes: `float32`, or half the bytes as `float16` or
+/// `bfloat16` (what mixed-precision models take). Arrow has no bfloat16: its values travel as
+/// their `UInt16` bits, the field tagged `pushdown.dtype = bfloat16`, and clients give them
+/// back as bfloat16 (`torch.bfloat16` in `pushdown.torch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FloatType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl FloatType {
+    fn named(value: &Value) -> Option<Self> {
+        let Value::Text(t) = value else { return None };
+        match t.to_ascii_lowercase().as_str() {
+            "float32" | "float" => Some(Self::F32),
+            "float16" | "half" => Some(Self::F16),
+            "bfloat16" => Some(Self::Bf16),
+            _ => None,
         }
-        let item = Arc::new(Field::new("item", DataType::Float32, false));
-        FixedSizeListArray::try_new(
-            item,
-            size as i32,
-            Arc::new(Float32Array::from(out)),
-            list.nulls().cloned(),
-        )
-        .map(|a| Arc::new(a) as ArrayRef)
-        .map_err(|source| OpError::Arrow {
-            op: "normalize",
-            source,
-        })
+    }
+
+    fn arrow(self) -> DataType {
+        match self {
+            Self::F32 => DataType::Float32,
+            Self::F16 => DataType::Float16,
+            Self::Bf16 => DataType::UInt16,
+        }
+    }
+
+    fn tag(self, field: Field) -> Field {
+        if self != Self::Bf16 {
+            return field;
+        }
+        let mut metadata = field.metadata().clone();
+        metadata.insert(DTYPE_METADATA_KEY.to_string(), "bfloat16".to_string());
+        field.with_metadata(metadata)
     }
 }
 

@@ -375,7 +375,16 @@ fn normalize_takes_a_mean_and_std_per_channel_and_puts_channels_first() {
         ),
         (
             vec![Value::Float(0.5), Value::Float(0.5), Value::Text("nhwc".into())],
-            "layout must be",
+            "a layout ('hwc' or 'chw') and a dtype",
+        ),
+        (
+            vec![
+                Value::Float(0.5),
+                Value::Float(0.5),
+                Value::Text("chw".into()),
+                Value::Text("hwc".into()),
+            ],
+            "each at most once",
         ),
     ] {
         let e = norm
@@ -881,4 +890,65 @@ fn inputs_name_struct_fields_with_the_structs_nulls() {
     assert!(crate::resolve_input(&schema, "image.nope").is_none());
     assert!(crate::resolve_input(&schema, "image.bytes.more").is_none());
     assert_eq!(crate::input_column("image['bytes']"), "image");
+}
+
+#[test]
+fn normalize_gives_half_precision_values_rounded_from_float32() {
+    let (px, field) = coordinates(4, 3, 2);
+    let norm = lookup("normalize").expect("op");
+    let imagenet = || {
+        vec![
+            Value::List(vec![0.485, 0.456, 0.406]),
+            Value::List(vec![0.229, 0.224, 0.225]),
+        ]
+    };
+    let full = norm.apply_field(&px, &field, &imagenet(), 0).expect("f32");
+    let full = full
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<arrow::datatypes::Float32Type>();
+    // The dtype may come before or after the layout; float16 is Arrow's own type.
+    for params in [
+        [imagenet(), vec!["float16".into()]].concat(),
+        [imagenet(), vec!["hwc".into(), "FLOAT16".into()]].concat(),
+    ] {
+        let out_field = norm.output_field(&field, &params, "x").expect("field");
+        let DataType::FixedSizeList(item, _) = out_field.data_type() else {
+            panic!("{out_field:?}")
+        };
+        assert_eq!(item.data_type(), &DataType::Float16);
+        assert!(!out_field.metadata().contains_key(DTYPE_METADATA_KEY));
+        let out = norm.apply_field(&px, &field, &params, 0).expect("f16");
+        assert_eq!(out.data_type(), out_field.data_type());
+        let half = out
+            .as_fixed_size_list()
+            .values()
+            .as_primitive::<arrow::datatypes::Float16Type>();
+        assert_eq!(half.len(), full.len());
+        for (h, f) in half.values().iter().zip(full.values()) {
+            assert_eq!(*h, half::f16::from_f32(*f));
+        }
+    }
+    // bfloat16 travels as its u16 bits, the field tagged; channels first as asked.
+    let params = [imagenet(), vec!["bfloat16".into(), "chw".into()]].concat();
+    let out_field = norm.output_field(&field, &params, "x").expect("field");
+    assert_eq!(out_field.metadata()[DTYPE_METADATA_KEY], "bfloat16");
+    assert_eq!(out_field.metadata()[SHAPE_METADATA_KEY], "3,3,2");
+    let out = norm.apply_field(&px, &field, &params, 0).expect("bf16");
+    assert_eq!(out.data_type(), out_field.data_type());
+    let chw = norm
+        .apply_field(&px, &field, &[imagenet(), vec!["chw".into()]].concat(), 0)
+        .expect("chw");
+    let chw = chw
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<arrow::datatypes::Float32Type>();
+    let bits = out
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<arrow::datatypes::UInt16Type>();
+    for (b, f) in bits.values().iter().zip(chw.values()) {
+        let back = half::bf16::from_bits(*b).to_f32();
+        assert!((back - f).abs() <= f.abs() / 128.0, "{back} from {f}");
+    }
 }

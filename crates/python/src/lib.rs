@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
+    Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
@@ -26,7 +26,8 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-/// `(name, "tensor" | "arrow", numpy array | Arrow IPC bytes)`.
+/// `(name, "tensor" | "bfloat16" | "arrow", numpy array | Arrow IPC bytes)`: a
+/// `"bfloat16"` array holds the numbers' `uint16` bits (numpy has no bfloat16).
 type PyColumn = (String, &'static str, Py<PyAny>);
 
 fn runtime_error(e: impl std::fmt::Display) -> PyErr {
@@ -156,7 +157,14 @@ impl PyLoader {
         let mut out = Vec::with_capacity(batch.columns.len());
         for (name, column) in batch.columns {
             let (kind, value) = match column {
-                Column::Tensor { shape, values } => ("tensor", tensor(py, values, &shape)?),
+                Column::Tensor {
+                    shape,
+                    values,
+                    bfloat16,
+                } => {
+                    let kind = if bfloat16 { "bfloat16" } else { "tensor" };
+                    (kind, tensor(py, values, &shape)?)
+                }
                 Column::Arrow(array) => ("arrow", arrow_ipc(py, &name, &array)?),
             };
             out.push((name, kind, value));
@@ -367,6 +375,7 @@ fn tensor(py: Python<'_>, values: ArrayRef, shape: &[usize]) -> PyResult<Py<PyAn
         DataType::Int16 => typed::<Int16Type>(py, values, shape),
         DataType::Int32 => typed::<Int32Type>(py, values, shape),
         DataType::Int64 => typed::<Int64Type>(py, values, shape),
+        DataType::Float16 => typed::<Float16Type>(py, values, shape),
         DataType::Float32 => typed::<Float32Type>(py, values, shape),
         DataType::Float64 => typed::<Float64Type>(py, values, shape),
         // `Column::is_tensor` sends every other type as Arrow.

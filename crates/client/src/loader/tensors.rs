@@ -11,8 +11,14 @@ use crate::error::{ClientError, Result};
 /// One column of a batch: a contiguous tensor where the schema allows, else Arrow.
 #[derive(Debug, Clone)]
 pub enum Column {
-    /// Row-major values of a primitive type; `shape[0]` is the batch's rows.
-    Tensor { shape: Vec<usize>, values: ArrayRef },
+    /// Row-major values of a primitive type; `shape[0]` is the batch's rows. `bfloat16`:
+    /// the values are `UInt16` bits of bfloat16 numbers (the field's `pushdown.dtype`), for
+    /// the trainer to view as its bfloat16 type.
+    Tensor {
+        shape: Vec<usize>,
+        values: ArrayRef,
+        bfloat16: bool,
+    },
     /// Variable-length or nullable values, as Arrow (nulls kept).
     Arrow(ArrayRef),
 }
@@ -62,7 +68,7 @@ impl Column {
     /// column nullable). Dates, decimals, `f16`, strings, lists and the rest arrive as Arrow.
     pub fn is_tensor(field: &arrow::datatypes::Field) -> bool {
         fn numeric(t: &DataType) -> bool {
-            t.is_integer() || matches!(t, DataType::Float32 | DataType::Float64)
+            t.is_integer() || matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
         }
         match field.data_type() {
             DataType::FixedSizeList(item, _) => numeric(item.data_type()),
@@ -125,11 +131,20 @@ pub(super) fn to_column(
                 Some(d) if d.iter().product::<usize>() == n => shape.extend(d),
                 _ => shape.push(n),
             }
-            Column::Tensor { shape, values }
+            let bfloat16 = field
+                .metadata()
+                .get(pushdown_ops::DTYPE_METADATA_KEY)
+                .is_some_and(|t| t == "bfloat16");
+            Column::Tensor {
+                shape,
+                values,
+                bfloat16,
+            }
         }
         _ => Column::Tensor {
             shape: vec![rows],
             values: Arc::clone(array),
+            bfloat16: false,
         },
     })
 }

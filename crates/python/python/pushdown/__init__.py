@@ -49,6 +49,21 @@ def _arrow(ipc: bytes):
     return table.column(0).combine_chunks()
 
 
+def _value(kind: str, value: Any) -> Any:
+    """A column as the loader gives it: numpy arrays as they are, bfloat16 bits as
+    ``ml_dtypes.bfloat16`` where that package is installed (else the ``uint16`` bits; numpy
+    has no bfloat16 of its own), anything else as a pyarrow array."""
+    if kind == "tensor":
+        return value
+    if kind == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            return value
+        return value.view(ml_dtypes.bfloat16)
+    return _arrow(value)
+
+
 def _has_batch_step(pipeline: Union[str, Dict[str, Any]]) -> bool:
     """Whether a pipeline (a dict, or its JSON or TOML text) has a batch step."""
     if isinstance(pipeline, str):
@@ -187,6 +202,10 @@ class Loader:
             servers = [servers]
         sources = None if mixture is None else _mixture_sources(mixture)
         self._unbatched = batch_size is None
+        #: Columns holding bfloat16 numbers (``normalize(..., 'bfloat16')``): numpy arrays of
+        #: ``ml_dtypes.bfloat16`` where that package is installed, else of their ``uint16``
+        #: bits; ``pushdown.torch`` gives them as ``torch.bfloat16``.
+        self.bfloat16_columns: frozenset = frozenset()
         if batch_size == "auto":
             batch_size = None
         elif batch_size is None:
@@ -281,7 +300,9 @@ class Loader:
         if item is None:
             self._in_pass = False
             raise StopIteration
-        batch = {name: (value if kind == "tensor" else _arrow(value)) for name, kind, value in item}
+        batch = {name: _value(kind, value) for name, kind, value in item}
+        if not self.bfloat16_columns:
+            self.bfloat16_columns = frozenset(name for name, kind, _ in item if kind == "bfloat16")
         if not self._unbatched:
             return batch
         import numpy as np

@@ -142,10 +142,14 @@ class IterableDataset(_data.IterableDataset):
         loader = self._loader or self._make()
         return len(loader)
 
-    def _convert(self, name: str, value: Any) -> Any:
+    def _convert(self, name: str, value: Any, bfloat16: frozenset = frozenset()) -> Any:
         if not hasattr(value, "__array_interface__"):
             return value
-        tensor = torch.from_numpy(value)
+        if value.dtype.name == "bfloat16" or (value.dtype.name == "uint16" and name in bfloat16):
+            # numpy has no bfloat16 of its own: the loader gives the numbers' bits.
+            tensor = torch.from_numpy(value.view("int16")).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(value)
         if name in self.dtypes:
             dtype = self.dtypes[name]
             return tensor if dtype is None else tensor.to(dtype)
@@ -162,7 +166,7 @@ class IterableDataset(_data.IterableDataset):
         # worker in turn: the rank's sequence, whatever n is).
         for i, batch in enumerate(loader):
             if i % workers == worker:
-                yield {k: self._convert(k, v) for k, v in batch.items()}
+                yield {k: self._convert(k, v, loader.bfloat16_columns) for k, v in batch.items()}
 
     def state_dict(self) -> Dict[str, bytes]:
         """The position of the loader (main-process loading)."""
