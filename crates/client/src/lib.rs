@@ -33,6 +33,7 @@ mod fleet;
 mod loader;
 pub mod mixture;
 mod order;
+pub mod pack;
 mod plan;
 mod retry;
 pub mod run;
