@@ -142,3 +142,121 @@ def test_tokenize_on_the_trainer_equals_the_library(corpus):
     for placement in ["server", "trainer"]:
         got = by_id(pushdown.Loader(url, pipeline=pipeline, placement=placement), "ids")
         assert [got[i] for i in range(len(docs))] == want, placement
+
+
+PACK_SQL = "SELECT tokenize(body, 100000) AS tokens FROM llama"
+EOS = 128001  # Llama 3.2's <|end_of_text|>
+
+
+def partition_streams(batches, partitions, per_rank_blocks):
+    """Each partition's blocks in order, from W=1 batches: partition p holds blocks
+    [p·k, (p+1)·k) of every batch, k = blocks per partition per batch."""
+    k = per_rank_blocks // partitions
+    streams = [([], []) for _ in range(partitions)]
+    for b in batches:
+        for p in range(partitions):
+            streams[p][0].extend(b["tokens"][p * k:(p + 1) * k].reshape(-1).tolist())
+            streams[p][1].extend(b["position_ids"][p * k:(p + 1) * k].reshape(-1).tolist())
+    return streams
+
+
+def split_documents(tokens, positions):
+    docs = []
+    for t, p in zip(tokens, positions):
+        if p == 0:
+            docs.append([])
+        docs[-1].append(t)
+    return docs
+
+
+def test_packed_blocks_hold_every_document_once_as_the_library_encodes_it(corpus):
+    """pack=: blocks of exactly L tokens with position_ids restarting at each document; split
+    where a position is 0, each partition's first pass gives every document of the corpus
+    exactly once, each the `tokenizers` library's encoding followed by the eos id; no slot is
+    padding."""
+    import numpy as np
+    import pushdown
+
+    url, root, docs = corpus
+    length, partitions, batch = 128, 4, 8
+    loader = pushdown.Loader(url, sql=PACK_SQL, batch_size=batch, shuffle_buffer=64, partitions=partitions,
+                             seed=3, epochs=2, pack={"column": "tokens", "length": length, "eos_id": EOS})
+    batches = list(loader)
+    assert len(batches) == 2 * len(loader)
+    for b in batches:
+        assert b["tokens"].shape == (batch, length) and b["tokens"].dtype == np.uint32
+        assert b["position_ids"].shape == (batch, length) and b["position_ids"].dtype == np.int32
+    want = sorted(tuple(ids) + (EOS,) for ids in oracle(root, "llama", docs, None, True))
+    per_partition = len(docs) // partitions
+    got = []
+    for tokens, positions in partition_streams(batches, partitions, batch):
+        found = split_documents(tokens, positions)
+        assert len(found) > per_partition, "a partition's first pass is read whole in two epochs"
+        got.extend(tuple(d) for d in found[:per_partition])
+    assert len(got) == len(want)
+    assert sorted(got) == want, "every document once, as the library encodes it"
+    # Positions count within each document; slots are never padding when documents split.
+    total = sum(b["tokens"].size for b in batches)
+    eos_slots = sum(int((b["tokens"] == EOS).sum()) for b in batches)
+    assert eos_slots / total < 0.05
+    print(f"packed {total} token slots, 0 padding; epoch = {len(loader)} batches of {batch} x {length}")
+
+
+def test_a_packed_stream_resumes_mid_block_at_its_world_size_and_from_two_ranks_at_one(corpus):
+    """Global batches are the same at world size 1 and 2 (each rank its partitions' blocks);
+    a rank's state resumes its own stream mid-document; both ranks' states together resume
+    at world size 1; one rank's alone is refused, naming a partition it does not know."""
+    import numpy as np
+    import pushdown
+
+    url, _, _ = corpus
+    kw = dict(sql=PACK_SQL, partitions=4, seed=5, pack={"column": "tokens", "length": 96, "eos_id": EOS})
+    # The same global batch (8 blocks) and window (64 documents) at both world sizes.
+    one_rank, two_ranks = dict(batch_size=8, shuffle_buffer=64), dict(batch_size=4, shuffle_buffer=32, world_size=2)
+    whole = []
+    for b in pushdown.Loader(url, **one_rank, **kw):
+        whole.append(b)
+        if len(whole) == 12:
+            break
+    ranks = [pushdown.Loader(url, rank=r, **two_ranks, **kw) for r in range(2)]
+    its = [iter(r) for r in ranks]
+    for i in range(5):
+        halves = [next(it) for it in its]
+        for key in ["tokens", "position_ids"]:
+            assert np.array_equal(np.concatenate([h[key] for h in halves]), whole[i][key]), (i, key)
+    states = [r.state_dict() for r in ranks]
+    mid_document = [b["position_ids"][:, 0].tolist() for b in whole[5:]]
+    assert any(p != 0 for row in mid_document for p in row), "some block begins inside a document"
+    # The same world size, from its own state.
+    again = pushdown.Loader(url, rank=1, **two_ranks, **kw)
+    again.load_state_dict(states[1])
+    nxt = next(iter(again))
+    assert np.array_equal(nxt["tokens"], whole[5]["tokens"][4:]), "rank 1 continues mid-block"
+    # World size 1 from both ranks' states.
+    one = pushdown.Loader(url, **one_rank, **kw)
+    one.load_state_dict(states)
+    rest = [b for _, b in zip(range(7), one)]
+    for i, b in enumerate(rest):
+        assert np.array_equal(b["tokens"], whole[5 + i]["tokens"]), i
+        assert np.array_equal(b["position_ids"], whole[5 + i]["position_ids"]), i
+    lone = pushdown.Loader(url, **one_rank, **kw)
+    with pytest.raises(ValueError, match="partition 2"):
+        lone.load_state_dict(states[0])
+        next(iter(lone))
+
+
+def test_whole_documents_start_blocks_and_bad_packing_is_named(corpus):
+    import pushdown
+
+    url, root, docs = corpus
+    loader = pushdown.Loader(url, sql=PACK_SQL, batch_size=4, partitions=4,
+                             pack={"column": "tokens", "length": 256, "split_documents": False, "pad_id": 0})
+    for b in [b for _, b in zip(range(20), loader)]:
+        assert (b["position_ids"][:, 0] == 0).all(), "every block starts a document"
+    with pytest.raises(ValueError, match="no column `ids`"):
+        pushdown.Loader(url, sql=PACK_SQL, batch_size=4, partitions=4, pack={"column": "ids", "length": 8})
+    with pytest.raises(ValueError, match="not a list of token ids"):
+        pushdown.Loader(url, sql="SELECT body FROM llama", batch_size=4, partitions=4,
+                        pack={"column": "body", "length": 8})
+    with pytest.raises(ValueError, match="unknown keys"):
+        pushdown.Loader(url, sql=PACK_SQL, pack={"column": "tokens", "length": 8, "eos": 2})

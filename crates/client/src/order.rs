@@ -34,6 +34,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ClientError, Result};
+use crate::pack::PackPos;
 
 /// What a rank's sample sequence depends on, beside the query, the batching and the
 /// dataset's version: the order's parameters ([`Order`]) and where the rank is.
@@ -185,12 +186,19 @@ pub struct LoaderState {
     /// `version` is then its sources' together, needed at any position (a source's epochs
     /// run across the mixture's).
     pub mixture: Option<Taken>,
+    /// A packed loader's state (`PDK1`): where each partition's packer is, known for the
+    /// partitions the saving rank read (`None` for the others: a state of every partition
+    /// is [`LoaderState::merge`]d from every rank's).
+    pub pack: Option<Vec<Option<PackPos>>>,
 }
 
 const STATE_MAGIC: &[u8; 4] = b"PDL4";
 /// A mixture's state: a `PDL4` state's words, then sources `S`, partitions `P` and the
 /// `S × P` rows taken.
 const MIXTURE_MAGIC: &[u8; 4] = b"PDM1";
+/// A packed loader's state: a `PDL4` state's words, then partitions `P` and, per partition,
+/// documents done (`u64::MAX`: not known to this rank) and tokens into the next.
+const PACK_MAGIC: &[u8; 4] = b"PDK1";
 const STATE_WORDS: usize = 11;
 const STATE_LEN: usize = 4 + STATE_WORDS * 8;
 /// States of the per-rank order: a fingerprint, epoch, batches, version and (`PDL3`) echo.
@@ -225,7 +233,92 @@ impl LoaderState {
                 out.extend_from_slice(&rows.to_le_bytes());
             }
         }
+        if let Some(pack) = &self.pack {
+            out[..4].copy_from_slice(PACK_MAGIC);
+            out.extend_from_slice(&(pack.len() as u64).to_le_bytes());
+            for pos in pack {
+                let (done, offset) = pos.map_or((u64::MAX, 0), |p| (p.done, p.offset));
+                out.extend_from_slice(&done.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+            }
+        }
         out
+    }
+
+    /// A packed loader's state: the `PDL4` words, then each partition's packer.
+    fn pack_from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad = || {
+            ClientError::Invalid(
+                "a damaged pushdown packed-loader state (PDK1): its length does not match its \
+                 partitions"
+                    .into(),
+            )
+        };
+        if bytes.len() < STATE_LEN + 8 || !(bytes.len() - STATE_LEN).is_multiple_of(8) {
+            return Err(bad());
+        }
+        let mut head = bytes[..STATE_LEN].to_vec();
+        head[..4].copy_from_slice(STATE_MAGIC);
+        let mut state = Self::from_bytes(&head)?;
+        let words: Vec<u64> = bytes[STATE_LEN..]
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            .collect();
+        let partitions = words[0] as usize;
+        if partitions as u64 != state.order.partitions || words.len() != 1 + 2 * partitions {
+            return Err(bad());
+        }
+        state.pack = Some(
+            words[1..]
+                .chunks_exact(2)
+                .map(|w| {
+                    (w[0] != u64::MAX).then_some(PackPos {
+                        done: w[0],
+                        offset: w[1],
+                    })
+                })
+                .collect(),
+        );
+        Ok(state)
+    }
+
+    /// One state from every rank's (a packed loader's ranks each know their own
+    /// partitions): the same order and position, each partition from the state that knows
+    /// it. Other states merge only with themselves.
+    pub fn merge(states: &[LoaderState]) -> Result<LoaderState> {
+        let Some(first) = states.first() else {
+            return Err(ClientError::Invalid("no states to merge".into()));
+        };
+        let mut out = first.clone();
+        for (i, s) in states.iter().enumerate().skip(1) {
+            let (mut a, mut b) = (out.clone(), s.clone());
+            a.pack = None;
+            b.pack = None;
+            if a != b {
+                return Err(ClientError::Invalid(format!(
+                    "state {i} is not at state 0's position in the same loader (epoch {} batch {} \
+                     against epoch {} batch {}, or another query, seed or batching): merge the \
+                     states every rank saved at one step",
+                    s.epoch, s.batches, first.epoch, first.batches
+                )));
+            }
+            let (Some(merged), Some(theirs)) = (out.pack.as_mut(), s.pack.as_ref()) else {
+                continue;
+            };
+            for (p, (m, t)) in merged.iter_mut().zip(theirs).enumerate() {
+                match (*m, *t) {
+                    (Some(x), Some(y)) if x != y => {
+                        return Err(ClientError::Invalid(format!(
+                            "states 0 and {i} disagree on partition {p}'s position: they come \
+                             from different runs"
+                        )));
+                    }
+                    (None, Some(y)) => *m = Some(y),
+                    _ => {}
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// A mixture's state: the `PDL4` words, then its rows taken.
@@ -262,6 +355,9 @@ impl LoaderState {
         if bytes.starts_with(MIXTURE_MAGIC) {
             return Self::mixture_from_bytes(bytes);
         }
+        if bytes.starts_with(PACK_MAGIC) {
+            return Self::pack_from_bytes(bytes);
+        }
         if bytes.starts_with(b"PDL1") {
             return Err(ClientError::Invalid(
                 "a loader state saved by an older pushdown (PDL1, without the dataset version): \
@@ -293,6 +389,7 @@ impl LoaderState {
                 echo: if v2 { 1 } else { word(4).max(1) },
                 per_rank: Some(word(0)),
                 mixture: None,
+                pack: None,
             });
         }
         if bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC {
@@ -316,6 +413,7 @@ impl LoaderState {
             echo: word(10).max(1),
             per_rank: None,
             mixture: None,
+            pack: None,
         })
     }
 }
@@ -958,8 +1056,53 @@ mod tests {
             echo: 3,
             per_rank: None,
             mixture: None,
+            pack: None,
         };
         assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
+        // A packed loader's partitions travel with it, the unknown ones too; ranks' states
+        // merge into one that knows every partition.
+        let at = |done, offset| Some(PackPos { done, offset });
+        let rank0 = LoaderState {
+            pack: Some(vec![at(3, 5), at(4, 0), None, None, None, None, None, None]),
+            ..s.clone()
+        };
+        let mut rank1 = rank0.clone();
+        rank1.pack = Some(vec![
+            None,
+            None,
+            at(1, 1),
+            at(9, 2),
+            at(0, 0),
+            at(5, 5),
+            at(6, 0),
+            at(2, 30),
+        ]);
+        for state in [&rank0, &rank1] {
+            let bytes = state.to_bytes();
+            assert!(bytes.starts_with(b"PDK1"));
+            assert_eq!(&LoaderState::from_bytes(&bytes).expect("packed state"), state);
+            let e = LoaderState::from_bytes(&bytes[..bytes.len() - 8]).expect_err("damaged");
+            assert!(e.to_string().contains("damaged"), "{e}");
+        }
+        let merged = LoaderState::merge(&[rank0.clone(), rank1.clone()]).expect("merge");
+        assert!(merged.pack.as_ref().expect("pack").iter().all(Option::is_some));
+        assert_eq!(merged.pack.as_ref().expect("pack")[3], at(9, 2));
+        let mut later = rank1.clone();
+        later.batches += 1;
+        assert!(
+            LoaderState::merge(&[rank0.clone(), later])
+                .expect_err("another step")
+                .to_string()
+                .contains("at one step")
+        );
+        let mut other = rank1;
+        other.pack.as_mut().expect("pack")[0] = at(7, 7);
+        assert!(
+            LoaderState::merge(&[rank0, other])
+                .expect_err("disagree")
+                .to_string()
+                .contains("partition 0")
+        );
         // A mixture's rows taken travel with it; a damaged one is refused.
         let mixed = LoaderState {
             mixture: Some(Taken(vec![(0..8).collect(), (10..18).collect()])),

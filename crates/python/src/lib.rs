@@ -17,6 +17,7 @@ use arrow::datatypes::{
 };
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
+use pushdown_client::pack::Pack;
 use pushdown_client::{
     Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, MixtureSource,
     RowSteps, StreamOptions,
@@ -68,7 +69,7 @@ impl PyLoader {
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
-        echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None
+        echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None, pack=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -101,6 +102,7 @@ impl PyLoader {
         placement: &str,
         partitions: Option<usize>,
         mixture: Option<Vec<MixtureArg>>,
+        pack: Option<PackArg>,
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
@@ -138,10 +140,7 @@ impl PyLoader {
             push,
         };
         let loader = py
-            .detach(|| match source {
-                Source::One(source) => Loader::new(&servers, source, options),
-                Source::Mixture(sources) => Loader::mixture(&servers, sources, options),
-            })
+            .detach(|| open_loader(&servers, source, pack, options))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(Mutex::new(loader)),
@@ -178,8 +177,14 @@ impl PyLoader {
         PyBytes::new(py, &state.to_bytes())
     }
 
-    fn restore(&self, state: &[u8]) -> PyResult<()> {
-        let state = LoaderState::from_bytes(state).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    /// Continues from a state, or from every rank's states merged (a packed loader's).
+    fn restore(&self, states: Vec<Vec<u8>>) -> PyResult<()> {
+        let states = states
+            .iter()
+            .map(|s| LoaderState::from_bytes(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let state = LoaderState::merge(&states).map_err(|e| PyValueError::new_err(e.to_string()))?;
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -300,11 +305,37 @@ fn positive_seconds(s: f64, name: &str) -> PyResult<std::time::Duration> {
 /// One source of `mixture=`, as the Python wrapper passes it: `(sql, pipeline, weight,
 /// servers)`.
 type MixtureArg = (Option<String>, Option<String>, f64, Option<Vec<String>>);
+/// `pack=` as `pushdown.Loader` passes it: `(column, length, eos_id, split_documents, pad_id)`.
+type PackArg = (String, usize, Option<u32>, bool, Option<u32>);
 
 /// What a loader reads: one source, or a mixture of them.
 enum Source {
     One(LoaderSource),
     Mixture(Vec<MixtureSource>),
+}
+
+/// The loader `source` and `pack=` ask for.
+fn open_loader(
+    servers: &[String],
+    source: Source,
+    pack: Option<PackArg>,
+    options: LoaderOptions,
+) -> pushdown_client::Result<Loader> {
+    let pack = pack.map(|(column, length, eos_id, split_documents, pad_id)| Pack {
+        column,
+        length,
+        eos_id,
+        split_documents,
+        pad_id,
+    });
+    match (source, pack) {
+        (Source::One(source), None) => Loader::new(servers, source, options),
+        (Source::One(source), Some(pack)) => Loader::packed(servers, source, pack, options),
+        (Source::Mixture(sources), None) => Loader::mixture(servers, sources, options),
+        (Source::Mixture(_), Some(_)) => Err(pushdown_client::ClientError::Invalid(
+            "pack= packs one source's documents: a mixture cannot be packed yet".into(),
+        )),
+    }
 }
 
 /// `compression=`: `auto` (the planner's choice: compress only when the link bounds the

@@ -20,7 +20,7 @@ use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use tokio::sync::mpsc;
 
-use super::options::{LoaderOptions, MixtureSource};
+use super::options::{LoaderOptions, LoaderSource, MixtureSource};
 use super::prepared::{Prepared, prepare};
 use super::producer::{EpochWatch, Gather, Producer, send_next, split_rows};
 use super::tensors::TensorBatch;
@@ -28,6 +28,7 @@ use crate::client::PushdownClient;
 use crate::error::{ClientError, Result};
 use crate::mixture::{Schedule, Taken};
 use crate::order::{Echo, Fnv, Order, Shape, cut, rank_partitions};
+use crate::pack::{Pack, PackPos, Packer, blocks_batch, token_ids};
 use crate::stream::StreamTotals;
 use pushdown_task::Task;
 
@@ -42,8 +43,12 @@ pub(super) struct Mixture {
     pub(super) version: u64,
     /// The batches' columns, every source's (nullable where any source's is).
     pub(super) schema: SchemaRef,
-    /// Global batches in a mixture epoch: as many rows as the sources hold together.
+    /// Global batches in a mixture epoch: as many rows as the sources hold together (packed:
+    /// about as many blocks as one pass over the documents fills).
     pub(super) epoch_batches: u64,
+    /// A packed loader: its one source's documents packed into blocks, `G` blocks per global
+    /// batch.
+    pub(super) pack: Option<Pack>,
 }
 
 impl Mixture {
@@ -110,7 +115,51 @@ impl Mixture {
             schedule,
             order,
             version: version.finish().max(1),
+            pack: None,
         })
+    }
+
+    /// A packed loader's source: one query whose `pack.column` holds each document's token
+    /// ids, its documents read by partition as a mixture's source is, packed into blocks.
+    /// The epoch is as many global batches as a pass over the documents fills, estimated
+    /// from the first documents of partition 0 (the same on every rank).
+    pub(super) async fn packed(
+        servers: &[String],
+        source: LoaderSource,
+        pack: Pack,
+        options: &LoaderOptions,
+    ) -> Result<Self> {
+        let one = MixtureSource {
+            source,
+            weight: 1.0,
+            servers: None,
+        };
+        let mut m = Self::prepare(servers, vec![one], options).await?;
+        pack.check(&m.schema)?;
+        let mut sources = Fnv::new();
+        sources.eat(&m.order.sources.to_le_bytes());
+        sources.eat(format!("{pack:?}").as_bytes());
+        m.order.sources = sources.finish();
+        let rows = rows_of(&m.sources[0]);
+        let partitions = m.order.partitions;
+        let sample = (rows / partitions).clamp(1, 256) as usize;
+        let totals = Arc::default();
+        let mut feed = Feed::start(&m.sources[0], 0, partitions, 1, 0, &totals)?;
+        let mut tokens = 0u64;
+        for batch in feed.take(sample).await? {
+            let column = batch.column_by_name(&pack.column).ok_or_else(|| {
+                ClientError::Invalid(format!("pack: the stream has no column `{}`", pack.column))
+            })?;
+            for row in 0..batch.num_rows() {
+                tokens += token_ids(column, row)?.len() as u64 + u64::from(pack.eos_id.is_some());
+            }
+        }
+        let per_batch = m.order.global_batch * pack.length as u64;
+        m.epoch_batches =
+            ((rows as u128 * tokens as u128) / (sample as u128 * per_batch as u128)).max(1) as u64;
+        m.schema = pack.schema();
+        m.pack = Some(pack);
+        Ok(m)
     }
 
     /// Refuses sources that cannot be mixed, naming the source and what differs.
@@ -247,6 +296,8 @@ pub(super) struct MixProducer {
     pub(super) rank: u64,
     pub(super) world: u64,
     pub(super) totals: Arc<Mutex<StreamTotals>>,
+    /// A packed loader's packers, where they are (known for this rank's partitions).
+    pub(super) packers: Vec<Option<PackPos>>,
 }
 
 impl MixProducer {
@@ -254,6 +305,9 @@ impl MixProducer {
     /// worker thread.
     pub(super) async fn run(mut self, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
         let m = Arc::clone(&self.mixture);
+        if let Some(pack) = &m.pack {
+            return self.run_packed(pack, tx).await;
+        }
         let options = &m.sources[0].shared.options;
         let partitions = m.schedule.partitions();
         let parts = rank_partitions(partitions, self.rank, self.world);
@@ -282,6 +336,57 @@ impl MixProducer {
         }
         while !in_flight.is_empty() {
             send_next(&mut in_flight, &tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Produces a packed loader's batches `first..` into `tx`: each of the rank's partitions
+    /// gives its share of every global batch's blocks, packed from its documents.
+    async fn run_packed(self, pack: &Pack, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
+        let m = &self.mixture;
+        let partitions = m.schedule.partitions();
+        let parts = rank_partitions(partitions, self.rank, self.world);
+        let readers = (parts.end - parts.start) as usize;
+        let mut feeds = Vec::new();
+        for p in parts.clone() {
+            let pos = self.packers.get(p as usize).copied().flatten().ok_or_else(|| {
+                ClientError::Invalid(format!(
+                    "the state does not say where partition {p} is: a packed loader's ranks each \
+                     save their own partitions, so restore the states of every rank merged \
+                     (load_state_dict with the list of them; LoaderState::merge in Rust)"
+                ))
+            })?;
+            let feed = Feed::start(&m.sources[0], p, partitions, readers, pos.done, &self.totals)?;
+            feeds.push((p, feed, Packer::new(pack.clone(), pos)));
+        }
+        let g = m.order.global_batch;
+        for t in self.first..m.epoch_batches {
+            let mut blocks = Vec::new();
+            let mut after = Vec::with_capacity(feeds.len());
+            for (p, feed, packer) in &mut feeds {
+                for _ in cut(g, *p, partitions)..cut(g, *p + 1, partitions) {
+                    while !packer.fill() {
+                        let rows = feed.take(1).await?;
+                        let batch = rows.first().ok_or_else(|| {
+                            ClientError::Invalid(
+                                "a packed loader's feed gave no row (a bug: please report it)".into(),
+                            )
+                        })?;
+                        let column = batch.column_by_name(&pack.column).ok_or_else(|| {
+                            ClientError::Invalid(format!("pack: the stream has no column `{}`", pack.column))
+                        })?;
+                        packer.push_document(token_ids(column, 0)?);
+                    }
+                    blocks.push(packer.take_block());
+                }
+                after.push((*p, packer.pos()));
+            }
+            let batch = blocks_batch(&m.schema, pack.length, &blocks)?;
+            let mut batch = TensorBatch::from_record_batch(&batch, self.epoch, t)?;
+            batch.packed = after;
+            if tx.send(Ok(batch)).await.is_err() {
+                break;
+            }
         }
         Ok(())
     }

@@ -57,6 +57,7 @@ use crate::completion::CompletionTotals;
 use crate::error::{ClientError, Result};
 use crate::mixture::Taken;
 use crate::order::{Echo, LoaderState, Shape, check_world, rank_partitions};
+use crate::pack::{Pack, PackPos};
 use crate::stream::StreamTotals;
 use pushdown_task::Task;
 
@@ -134,6 +135,9 @@ pub struct Loader {
     /// A mixture of sources (`prepared` is then its first source's), and where the consumer
     /// is in it.
     mixture: Option<(Arc<Mixture>, Taken)>,
+    /// A packed loader (a mixture of one source, packed): where each partition's packer is
+    /// after the batches given, known for this rank's partitions (all, before the first).
+    packers: Vec<Option<PackPos>>,
 }
 
 /// How long the consumer's wait is watched before the split is told whether it waits, and
@@ -221,6 +225,34 @@ impl Loader {
         Ok(loader)
     }
 
+    /// Blocks of `pack.length` tokens packed from the documents of `source` (its
+    /// `pack.column` holding each document's token ids), `batch_size` blocks per rank per
+    /// batch, each with its `position_ids` (see [`crate::pack`]). Documents are read as a
+    /// mixture's one source is: by partition, in the order's shuffle, each partition packed
+    /// on its own, so any world size dividing the partitions sees the same global batches.
+    /// The stream runs on through the source's epochs; a loader epoch is as many global
+    /// batches as a pass over the documents fills (estimated from the first documents of
+    /// partition 0). Each rank's state holds its own partitions' packers: restore from every
+    /// rank's states merged ([`LoaderState::merge`]).
+    pub fn packed<S: AsRef<str>>(
+        servers: &[S],
+        source: LoaderSource,
+        pack: Pack,
+        options: LoaderOptions,
+    ) -> Result<Self> {
+        let runtime = loader_runtime(&options)?;
+        let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let mixture = runtime.block_on(Mixture::packed(&servers, source, pack, &options))?;
+        let partitions = mixture.order.partitions;
+        check_world(partitions, options.world_size as u64)?;
+        let prepared = mixture.sources[0].clone();
+        let taken = Taken::start(1, partitions);
+        let mut loader = Self::assemble(runtime, prepared, partitions);
+        loader.packers = vec![Some(PackPos::default()); partitions as usize];
+        loader.mixture = Some((Arc::new(mixture), taken));
+        Ok(loader)
+    }
+
     fn assemble(runtime: tokio::runtime::Runtime, prepared: Prepared, partitions: u64) -> Self {
         let options = &prepared.shared.options;
         let (shared_echo, options_epochs) = (options.echo, options.epochs as u64);
@@ -247,6 +279,7 @@ impl Loader {
             streams: Arc::default(),
             partitions,
             mixture: None,
+            packers: Vec::new(),
         }
     }
 
@@ -285,7 +318,8 @@ impl Loader {
                 version: m.version,
                 echo: 1,
                 per_rank: None,
-                mixture: Some(taken.clone()),
+                mixture: m.pack.is_none().then(|| taken.clone()),
+                pack: m.pack.as_ref().map(|_| self.packers.clone()),
             };
         }
         let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
@@ -297,6 +331,7 @@ impl Loader {
             echo: self.echo,
             per_rank: None,
             mixture: None,
+            pack: None,
         }
     }
 
@@ -349,6 +384,9 @@ impl Loader {
         let Some((m, _)) = &self.mixture else {
             return Err(ClientError::Invalid("not a mixture".into()));
         };
+        if m.pack.is_some() {
+            return self.restore_packed(state);
+        }
         let Some(taken) = state.mixture.clone() else {
             return Err(ClientError::Invalid(
                 "the state was saved by a loader of one source, not by a mixture".into(),
@@ -361,20 +399,64 @@ impl Loader {
                 m.sources.len()
             )));
         }
+        let partitions = self.same_run(m, &state, "mixture (its sources' queries or weights differ)")?;
+        let mixture = match partitions == m.order.partitions {
+            true => Arc::clone(m),
+            false => Arc::new(m.with_partitions(partitions)?),
+        };
+        self.stop_producer();
+        self.partitions = partitions;
+        self.mixture = Some((mixture, taken));
+        self.epoch = state.epoch;
+        self.batches = state.batches;
+        self.epoch_start = None;
+        self.failed = false;
+        Ok(())
+    }
+
+    /// The partitions to continue a mixture's or packed loader's `state` with: the same
+    /// sources (`other` says what differs otherwise), order and files.
+    fn same_run(&self, m: &Mixture, state: &LoaderState, other: &str) -> Result<u64> {
         if state.order.sources != m.order.sources {
-            return Err(ClientError::Invalid(
-                "the state was saved by another mixture (its sources' queries or weights differ)".into(),
-            ));
+            return Err(ClientError::Invalid(format!(
+                "the state was saved by another {other}"
+            )));
         }
         let world = self.prepared.shared.options.world_size as u64;
         if let Some(why) = m.order.differs(&state.order, world) {
             return Err(ClientError::Invalid(why));
         }
-        let partitions = self.state_partitions(&state)?;
+        let partitions = self.state_partitions(state)?;
         if state.version != m.version {
             return Err(ClientError::Changed(format!(
-                "a mixture source changed since the state was saved in epoch {}: the sources were                  version {:016x}, they are now {:016x}; a mixture continues only on the files it                  was saved on",
+                "a source changed since the state was saved in epoch {}: the sources were \
+                 version {:016x}, they are now {:016x}; a mixture or packed loader continues \
+                 only on the files it was saved on",
                 state.epoch, state.version, m.version
+            )));
+        }
+        Ok(partitions)
+    }
+
+    /// [`Self::restore`] of a packed loader: the same query, packing, seed and batching, on
+    /// the same files, from a state that knows at least this rank's partitions.
+    fn restore_packed(&mut self, state: LoaderState) -> Result<()> {
+        let Some((m, _)) = &self.mixture else {
+            return Err(ClientError::Invalid("not a packed loader".into()));
+        };
+        let Some(packers) = state.pack.clone() else {
+            return Err(ClientError::Invalid(
+                "the state was not saved by a packed loader (pack=): it has no packers to continue".into(),
+            ));
+        };
+        let partitions = self.same_run(m, &state, "packed loader (its query or packing differ)")?;
+        let world = self.prepared.shared.options.world_size as u64;
+        let rank = self.prepared.shared.options.rank as u64;
+        if let Some(p) = rank_partitions(partitions, rank, world).find(|&p| packers[p as usize].is_none()) {
+            return Err(ClientError::Invalid(format!(
+                "the state does not say where partition {p} is (rank {rank} of {world} reads it): a \
+                 packed loader's ranks each save their own partitions, so restore the states of \
+                 every rank merged (load_state_dict with the list of them; LoaderState::merge in Rust)"
             )));
         }
         let mixture = match partitions == m.order.partitions {
@@ -383,7 +465,8 @@ impl Loader {
         };
         self.stop_producer();
         self.partitions = partitions;
-        self.mixture = Some((mixture, taken));
+        self.mixture = Some((mixture, Taken::start(1, partitions)));
+        self.packers = packers;
         self.epoch = state.epoch;
         self.batches = state.batches;
         self.epoch_start = None;
@@ -464,7 +547,10 @@ impl Loader {
         self.epoch = first;
         self.batches = 0;
         self.epoch_start = None;
-        if let Some((m, taken)) = &mut self.mixture {
+        if let Some((m, taken)) = &mut self.mixture
+            && m.pack.is_none()
+        {
+            // A packed stream goes on where it is: its epochs only count its batches.
             *taken = m.epoch_start(first);
         }
         if let Some(ahead) = self.ahead.take()
@@ -732,6 +818,7 @@ impl Loader {
             rank: options.rank as u64,
             world: options.world_size as u64,
             totals: Arc::clone(&self.streams),
+            packers: self.packers.clone(),
         };
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Closed("the loader is shut down"));
@@ -786,7 +873,15 @@ impl Iterator for Loader {
             match got {
                 Some(Ok(batch)) => {
                     if let Some((m, taken)) = &mut self.mixture {
-                        m.schedule.step(taken);
+                        if m.pack.is_some() {
+                            // Other ranks' packers move too, where this rank cannot see.
+                            self.packers.iter_mut().for_each(|p| *p = None);
+                            for &(p, pos) in &batch.packed {
+                                self.packers[p as usize] = Some(pos);
+                            }
+                        } else {
+                            m.schedule.step(taken);
+                        }
                     }
                     self.batches += 1;
                     self.stats.batches += 1;

@@ -160,6 +160,21 @@ class Loader:
     exactly and elastically, as one source's does, on the same files; the sources are
     planned when the loader is made. ``echo`` is not available with a mixture.
 
+    **Packed tokens.** ``pack={"column": "tokens", "length": L, "eos_id": 2}`` packs each
+    document's token ids (a list column, as ``tokenize`` makes) into blocks of exactly ``L``
+    tokens, after the shuffle: each batch is ``{"tokens": [b, L] uint32, "position_ids":
+    [b, L] int32}``, ``b = batch_size`` blocks, positions restarting at 0 at each document
+    (what FlashAttention's variable-length kernels and document masks take). A document cut
+    at a block's end continues in the next block, its positions continuing;
+    ``"split_documents": False`` starts each document in a fresh block instead, padding the
+    block's tail with ``pad_id`` (default ``eos_id``, else 0) and cutting a document longer
+    than a block. Documents are read by partition, each partition packed on its own, so any
+    world size dividing ``partitions`` sees the same global batches. The stream runs on
+    across the documents' epochs: a loader epoch is as many batches as one pass fills
+    (estimated from the first documents). Each rank's ``state_dict()`` holds its own
+    partitions' packers: the same world size restores from its own, another from the list of
+    every rank's states (``load_state_dict([s0, s1, ...])``).
+
     ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
     may split an op's shards between the servers and this process), ``"server"``,
     ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
@@ -197,6 +212,7 @@ class Loader:
         placement: str = "costed",
         partitions: Optional[int] = None,
         mixture: Optional[Sequence[Dict[str, Any]]] = None,
+        pack: Optional[Dict[str, Any]] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -250,6 +266,7 @@ class Loader:
             placement=placement,
             partitions=partitions,
             mixture=sources,
+            pack=None if pack is None else _pack(pack),
         )
         if epochs < 1:
             raise ValueError("epochs= is the epochs one pass covers: 1 or more")
@@ -349,8 +366,16 @@ class Loader:
             return {"pushdown_loader": self._before, "pushdown_rows_taken": self._batch_rows - len(self._rows)}
         return {"pushdown_loader": bytes(self._inner.state())}
 
-    def load_state_dict(self, state: Dict[str, bytes]) -> None:
-        self._inner.restore(state["pushdown_loader"])
+    def load_state_dict(self, state: Union[Dict[str, bytes], Sequence[Dict[str, bytes]]]) -> None:
+        """Continues from ``state``, or from the states of every rank saved at one step (a
+        list): a packed loader's ranks each know their own partitions, so at another world
+        size it continues from all of them together (``torch.distributed.all_gather_object``
+        collects them)."""
+        states = [state] if isinstance(state, dict) else list(state)
+        if not states:
+            raise ValueError("load_state_dict: no state given")
+        self._inner.restore([s["pushdown_loader"] for s in states])
+        state = states[0]
         self._continue = True
         self._in_pass = False
         self._rows = []
@@ -361,6 +386,18 @@ class Loader:
         """Batches and rows delivered, the fraction of time the consumer waited, the distinct
         rows read (fewer than ``rows`` when echoing) and the current echo factor."""
         return dict(self._inner.stats())
+
+
+def _pack(pack: Dict[str, Any]) -> tuple:
+    """``pack=`` as the native loader takes it: ``(column, length, eos_id, split_documents,
+    pad_id)``."""
+    if not isinstance(pack, dict) or "column" not in pack or "length" not in pack:
+        raise ValueError('pack= is a dict: {"column": "tokens", "length": 2048, "eos_id": ...}')
+    unknown = sorted(set(pack) - {"column", "length", "eos_id", "split_documents", "pad_id"})
+    if unknown:
+        raise ValueError(f"pack=: unknown keys {unknown}; known: column, length, eos_id, split_documents, pad_id")
+    return (pack["column"], int(pack["length"]), pack.get("eos_id"), bool(pack.get("split_documents", True)),
+            pack.get("pad_id"))
 
 
 def _mixture_sources(mixture: Sequence[Dict[str, Any]]) -> list:

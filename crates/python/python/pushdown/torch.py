@@ -171,11 +171,14 @@ class IterableDataset(_data.IterableDataset):
     def state_dict(self) -> Dict[str, bytes]:
         """The position of the loader (main-process loading)."""
         if self._loader is None:
+            if isinstance(self._state, list):
+                raise ValueError("state_dict: the dataset holds every rank's states, not yet restored: iterate first")
             return dict(self._state or {})
         return self._loader.state_dict()
 
-    def load_state_dict(self, state: Dict[str, bytes]) -> None:
-        self._state = dict(state)
+    def load_state_dict(self, state: Any) -> None:
+        """A state, or every rank's states in a list (a packed loader at another world size)."""
+        self._state = dict(state) if isinstance(state, dict) else [dict(s) for s in state]
         if self._loader is not None and self._workers == 1:
             self._loader.load_state_dict(self._state)
             self._state = None
