@@ -26,6 +26,7 @@ mod scale;
 mod scan;
 mod shared;
 mod split;
+mod text;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -119,6 +120,13 @@ enum Command {
     /// The global order against the per-rank order (partitions = world size): W = 1, 4 and 8
     /// ranks against one server, rows/s, server CPU per 1,000 rows, bytes read per epoch.
     Order {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Token streams for language models: packed blocks by pushdown against `tokenizers` and
+    /// greedy packing in DataLoader-style workers (tokens/s, trainer CPU per million tokens),
+    /// padding shares, a W = 8 straggler simulation, bytes per token.
+    Text {
         #[command(flatten)]
         options: Options,
     },
@@ -340,6 +348,7 @@ fn main() -> Result<()> {
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
         Command::Order { options } => ("order", options.resolve()),
+        Command::Text { options } => ("text", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0 (the 2-core suites) or in
     // the far-CPU order (`cpus::far_cpu`).
@@ -352,7 +361,11 @@ fn main() -> Result<()> {
     runtime.block_on(async {
         // These suites read images alone: the others are not generated for them.
         let images_only = matches!(suite, "feed" | "fleet" | "shared" | "order");
-        let data = datasets(&options, images_only.then_some(Kind::Images))?;
+        let only = match suite {
+            "text" => Some(Kind::Text),
+            _ => images_only.then_some(Kind::Images),
+        };
+        let data = datasets(&options, only)?;
         let command = format!(
             "cargo run --release -p pushdown-benches --bin harness -- {suite}{}",
             if options.quick { " --quick" } else { "" }
@@ -368,6 +381,7 @@ fn main() -> Result<()> {
                 "shared" => shared::suite(&options, &data, &command).await?,
                 "feed" => feed::suite(&options, &data, &command).await?,
                 "order" => order::suite(&options, &data, &command).await?,
+                "text" => text::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,
             };
             println!("{body}");

@@ -22,27 +22,22 @@ on another host is not the trainer's), and bytes per image received over the lin
 """
 
 import argparse
+import functools
 import io
 import json
 import math
 import os
 import random
-import resource
 import time
 
 import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image
 
+from workers import cpu_seconds, units_of, worker_batches
+
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-
-
-def cpu_seconds():
-    """CPU seconds of this process and its finished children."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def crop_box(rng, width, height, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
@@ -76,11 +71,6 @@ def transform(jpeg, rng, side):
     return ((x - MEAN) / STD).transpose(2, 0, 1)
 
 
-def units_of(data):
-    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet"))
-    return [(f, rg) for f in files for rg in range(pq.ParquetFile(f).num_row_groups)]
-
-
 def batches(units, seed, side, batch):
     rng = random.Random(seed)
     xs, labels = [], []
@@ -96,47 +86,14 @@ def batches(units, seed, side, batch):
         yield np.stack(xs), np.asarray(labels)
 
 
-def _worker(units, seed, side, batch, queue):
-    for b in batches(units, seed, side, batch):
-        queue.put(b)
-    queue.put(None)
+def _batches_of(units, k, side, batch):
+    return batches(units, 1000 + k, side, batch)
 
 
 def dataloader(data, workers, side, batch):
-    """Batches from worker processes: torch's DataLoader when importable, else
-    multiprocessing queues (two batches prefetched per worker either way)."""
-    units = units_of(data)
-    try:
-        import torch
-        from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-
-        class Images(IterableDataset):
-            def __iter__(self):
-                info = get_worker_info()
-                k, n = (info.id, info.num_workers) if info else (0, 1)
-                for x, y in batches(units[k::n], 1000 + k, side, batch):
-                    yield torch.from_numpy(x), torch.from_numpy(y)
-
-        yield "torch", None
-        yield from DataLoader(Images(), batch_size=None, num_workers=workers, prefetch_factor=2)
-    except ImportError:
-        import multiprocessing as mp
-
-        queue = mp.Queue(maxsize=2 * workers)
-        procs = [mp.Process(target=_worker, args=(units[k::workers], 1000 + k, side, batch, queue))
-                 for k in range(workers)]
-        for p in procs:
-            p.start()
-        yield "multiprocessing", None
-        done = 0
-        while done < workers:
-            b = queue.get()
-            if b is None:
-                done += 1
-            else:
-                yield b
-        for p in procs:
-            p.join()
+    """Batches from worker processes (`workers.py`: torch's DataLoader when importable, else
+    multiprocessing queues)."""
+    return worker_batches(units_of(data), workers, functools.partial(_batches_of, side=side, batch=batch))
 
 
 def pushdown_batches(server, side, thumb, batch, pixels=False, dtype="float32", epochs=1):

@@ -90,9 +90,11 @@ def oracle(root, name, docs, max_len, special):
     return [tok.encode(d, add_special_tokens=special).ids for d in docs]
 
 
-def by_id(loader, column):
+def by_id(loader, column, ids_type=None):
     got = {}
     for batch in loader:
+        if ids_type is not None:
+            assert batch[column].type.value_type == ids_type, batch[column].type
         for i, ids in zip(batch["id"].tolist(), batch[column]):
             got[i] = [int(x) for x in (ids.to_pylist() if hasattr(ids, "to_pylist") else ids)]
     return got
@@ -113,7 +115,11 @@ def test_tokenize_equals_the_tokenizers_library_on_every_document(corpus, name):
     ]
     for call, max_len, special in cases:
         want = oracle(root, name, docs, max_len, special)
-        got = by_id(pushdown.Loader(url, sql=f"SELECT id, {call} AS ids FROM {name}", batch_size=64), "ids")
+        # 16-bit ids where the vocabulary fits (MiniLM's 30,522), 32-bit past it (Llama's
+        # 128,256): the same ids as the library's either way.
+        ids_type = pa.uint16() if name == "minilm" else pa.uint32()
+        loader = pushdown.Loader(url, sql=f"SELECT id, {call} AS ids FROM {name}", batch_size=64)
+        got = by_id(loader, "ids", ids_type)
         assert len(got) == len(docs), call
         wrong = [i for i in range(len(docs)) if got[i] != want[i]]
         assert not wrong, (
@@ -140,7 +146,13 @@ def test_tokenize_on_the_trainer_equals_the_library(corpus):
     }
     want = oracle(root, "llama", docs, MAX_LEN, True)
     for placement in ["server", "trainer"]:
-        got = by_id(pushdown.Loader(url, pipeline=pipeline, placement=placement), "ids")
+        got = by_id(pushdown.Loader(url, pipeline=pipeline, placement=placement), "ids", pa.uint32())
+        assert [got[i] for i in range(len(docs))] == want, placement
+    # MiniLM's ids are 16-bit wherever they are made.
+    pipeline["dataset"] = "minilm"
+    want = oracle(root, "minilm", docs, MAX_LEN, True)
+    for placement in ["server", "trainer"]:
+        got = by_id(pushdown.Loader(url, pipeline=pipeline, placement=placement), "ids", pa.uint16())
         assert [got[i] for i in range(len(docs))] == want, placement
 
 
@@ -260,3 +272,25 @@ def test_whole_documents_start_blocks_and_bad_packing_is_named(corpus):
                         pack={"column": "body", "length": 8})
     with pytest.raises(ValueError, match="unknown keys"):
         pushdown.Loader(url, sql=PACK_SQL, pack={"column": "tokens", "length": 8, "eos": 2})
+
+
+def test_packed_16_bit_ids_equal_the_wide_ids(corpus):
+    """MiniLM's vocabulary fits 16 bits: its packed blocks are uint16, the same ids as the
+    library's (widened by cast_to, and by the oracle); an eos id past 16 bits is refused."""
+    import numpy as np
+    import pushdown
+
+    url, root, docs = corpus
+    sep = 102  # MiniLM's [SEP]
+    kw = dict(batch_size=4, partitions=4, shuffle_buffer=1)
+    narrow = pushdown.Loader(url, sql="SELECT tokenize(body, 100000) AS tokens FROM minilm",
+                             pack={"column": "tokens", "length": 64, "eos_id": sep}, **kw)
+    wide = pushdown.Loader(url, sql="SELECT cast_to(tokenize(body, 100000), 'int64') AS tokens FROM minilm",
+                           pack={"column": "tokens", "length": 64, "eos_id": sep}, **kw)
+    for n, w in zip(narrow, wide):
+        assert n["tokens"].dtype == np.uint16 and w["tokens"].dtype == np.uint32
+        assert np.array_equal(n["tokens"].astype(np.uint32), w["tokens"])
+        assert np.array_equal(n["position_ids"], w["position_ids"])
+    with pytest.raises(ValueError, match="16-bit"):
+        pushdown.Loader(url, sql="SELECT tokenize(body, 100000) AS tokens FROM minilm",
+                        pack={"column": "tokens", "length": 64, "eos_id": 70000}, **kw)

@@ -40,7 +40,7 @@ async fn same_on_both_sides_of(fx: &Fixture, dataset: &str, column: &str, call: 
         .expect("resources");
     // The client's executor: the op calls bound to the batches' schema, applied batch by batch.
     let Step::Map(map) = &step else { unreachable!() };
-    let calls = Calls::bind(&[map.call()], raw[0].schema()).expect("client calls");
+    let calls = Calls::bind(&[map.call()], raw[0].schema(), &resources).expect("client calls");
     let ctx = pushdown_ops::Context {
         seed: 0,
         resources: &resources,
@@ -333,15 +333,21 @@ async fn the_planner_places_ops_by_the_servers_measurements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_truncates_with_the_datasets_own_tokenizer() {
     use arrow::array::AsArray;
-    use arrow::datatypes::UInt32Type;
     let fx = Fixture::images_and_text(16, 200).await;
     let ids = |batches: &[arrow::record_batch::RecordBatch], col: usize| -> Vec<Vec<u32>> {
         batches
             .iter()
             .flat_map(|b| {
-                let list = b.column(col).as_list::<i32>().clone();
-                (0..list.len())
-                    .map(move |r| list.value(r).as_primitive::<UInt32Type>().values().to_vec())
+                // The dataset's tokenizer has 4,096 ids: they travel as 16-bit ids.
+                let column = b.column(col);
+                assert_eq!(
+                    column.data_type(),
+                    &arrow::datatypes::DataType::List(std::sync::Arc::new(
+                        arrow::datatypes::Field::new_list_field(arrow::datatypes::DataType::UInt16, false)
+                    ))
+                );
+                (0..column.len())
+                    .map(|r| pushdown_client::pack::token_ids(column, r).expect("ids"))
                     .collect::<Vec<_>>()
             })
             .collect()

@@ -279,7 +279,7 @@ impl Completion {
             batch.columns().to_vec(),
             &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
         )?;
-        let bound = Calls::bind(calls, batch.schema())?;
+        let bound = Calls::bind(calls, batch.schema(), self.resources.as_ref())?;
         let out = bound.apply(
             batch,
             &Context {

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Int32Array, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Int32Array, UInt16Array, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt16Type, UInt32Type, UInt64Type};
 use arrow::record_batch::RecordBatch;
 
@@ -77,7 +77,17 @@ impl Pack {
             DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _)
                 if item.data_type().is_integer() =>
             {
-                Ok(())
+                let wide = [self.eos_id, self.pad_id]
+                    .into_iter()
+                    .flatten()
+                    .find(|&id| id > u32::from(u16::MAX));
+                match (item.data_type(), wide) {
+                    (DataType::UInt16, Some(id)) => Err(ClientError::Invalid(format!(
+                        "pack: id {id} does not fit the column's 16-bit token ids (the tokenizer's \
+                         vocabulary has at most 65,536): give an eos_id and pad_id of the tokenizer's"
+                    ))),
+                    _ => Ok(()),
+                }
             }
             other => Err(ClientError::Invalid(format!(
                 "pack: column `{}` is {other}, not a list of token ids (tokenize(text, max_len) \
@@ -87,8 +97,21 @@ impl Pack {
         }
     }
 
-    /// The packed batches' columns: `tokens` and `position_ids`, each `[rows, length]`.
-    pub fn schema(&self) -> SchemaRef {
+    /// The packed batches' columns: `tokens` and `position_ids`, each `[rows, length]`; the
+    /// tokens as 16-bit ids when `source`'s column holds 16-bit ids (a vocabulary that fits),
+    /// else 32-bit.
+    pub fn schema(&self, source: &Schema) -> SchemaRef {
+        let ids = match source
+            .field_with_name(&self.column)
+            .map(|f| f.data_type().clone())
+        {
+            Ok(DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _))
+                if item.data_type() == &DataType::UInt16 =>
+            {
+                DataType::UInt16
+            }
+            _ => DataType::UInt32,
+        };
         let column = |name: &str, item: DataType| {
             let item = Arc::new(Field::new("item", item, false));
             Field::new(name, DataType::FixedSizeList(item, self.length as i32), false).with_metadata(
@@ -100,7 +123,7 @@ impl Pack {
             )
         };
         Arc::new(Schema::new(vec![
-            column(TOKENS, DataType::UInt32),
+            column(TOKENS, ids),
             column(POSITION_IDS, DataType::Int32),
         ]))
     }
@@ -272,8 +295,16 @@ pub fn blocks_batch(
             None,
         )?))
     };
+    let tokens: ArrayRef = match schema.field_with_name(TOKENS).map(|f| f.data_type().clone()) {
+        Ok(DataType::FixedSizeList(item, _)) if item.data_type() == &DataType::UInt16 => {
+            // The source's ids are 16-bit: every one fits.
+            Arc::new(UInt16Array::from_iter_values(tokens.iter().map(|&t| t as u16)))
+        }
+        _ => Arc::new(UInt32Array::from(tokens)),
+    };
+    let item = tokens.data_type().clone();
     let columns = vec![
-        list(Arc::new(UInt32Array::from(tokens)), DataType::UInt32)?,
+        list(tokens, item)?,
         list(Arc::new(Int32Array::from(positions)), DataType::Int32)?,
     ];
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)

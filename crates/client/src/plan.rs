@@ -235,7 +235,12 @@ const TIMED_ROWS: usize = 256;
 pub fn trainer_ns_per_row(pipeline: &Pipeline, schema: &arrow::datatypes::Schema) -> Option<f64> {
     use std::sync::Arc;
     let full = pushdown_planner::plan_limited(pipeline, schema, usize::MAX).ok()?;
-    let bound = pushdown_ops::Calls::bind(&full.fragment.ops, Arc::new(schema.clone())).ok()?;
+    let bound = pushdown_ops::Calls::bind(
+        &full.fragment.ops,
+        Arc::new(schema.clone()),
+        &pushdown_ops::NoResources,
+    )
+    .ok()?;
     let out = bound.schema();
     let indices = full
         .fragment

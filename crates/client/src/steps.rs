@@ -61,7 +61,7 @@ impl RowSteps {
                         calls.push(m.call());
                         i += 1;
                     }
-                    let calls = Calls::bind(&calls, Arc::clone(&current))?;
+                    let calls = Calls::bind(&calls, Arc::clone(&current), resources.as_ref())?;
                     current = calls.schema();
                     stages.push(Stage::Calls {
                         calls,

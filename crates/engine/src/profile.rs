@@ -344,8 +344,8 @@ fn profile_ops(
     let mut readable = grant.visible(datasets);
     readable.insert(dataset.name.clone(), Arc::clone(dataset));
     let resources = crate::udf::DatasetResources::new(readable, Some(dataset.name.clone()));
-    let calls =
-        pushdown_ops::Calls::bind(&f.ops, kept.schema()).map_err(|e| ServerError::BadQuery(e.to_string()))?;
+    let calls = pushdown_ops::Calls::bind(&f.ops, kept.schema(), &resources)
+        .map_err(|e| ServerError::BadQuery(e.to_string()))?;
     // The server's caps hold for the sample too: a call refused at planning never runs here.
     for (call, op, input) in calls.bound() {
         limits

@@ -246,7 +246,7 @@ impl ScalarUDFImpl for OpUdf {
             .collect::<Result<Vec<_>>>()?;
         let field = self
             .op
-            .output_field(input, &params, self.op.name())
+            .output_field_in(input, &params, self.op.name(), self.resources.as_ref())
             .map_err(|e| self.op_error(&e))?;
         self.limits
             .admit(self.op, input, &params)

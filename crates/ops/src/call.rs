@@ -171,8 +171,9 @@ pub struct Calls {
 
 impl Calls {
     /// Checks `calls`, in order, against batches of `schema`: every op exists, every input
-    /// column exists when its call runs, every parameter is valid.
-    pub fn bind(calls: &[Call], schema: SchemaRef) -> Result<Self> {
+    /// column exists when its call runs, every parameter is valid. Output types come from
+    /// [`Op::output_field_in`] with `resources` (those the calls will run with).
+    pub fn bind(calls: &[Call], schema: SchemaRef, resources: &dyn crate::Resources) -> Result<Self> {
         let mut current = Arc::clone(&schema);
         let mut bound = Vec::with_capacity(calls.len());
         for call in calls {
@@ -182,7 +183,7 @@ impl Calls {
                     op: op.name(),
                     reason: format!("no input column `{}`", call.input),
                 })?;
-            let field = Arc::new(op.output_field(&input_field, &call.params, &call.output)?);
+            let field = Arc::new(op.output_field_in(&input_field, &call.params, &call.output, resources)?);
             let replaces = current.index_of(&call.output).ok();
             let mut fields: Vec<FieldRef> = current.fields().iter().cloned().collect();
             match replaces {
@@ -275,7 +276,7 @@ impl Calls {
 
 /// Runs `calls` on `batch`: [`Calls::bind`] to its schema, then [`Calls::apply`].
 pub fn apply_calls(batch: RecordBatch, calls: &[Call], ctx: &Context<'_>) -> Result<RecordBatch> {
-    Calls::bind(calls, batch.schema())?.apply(batch, ctx)
+    Calls::bind(calls, batch.schema(), ctx.resources)?.apply(batch, ctx)
 }
 
 /// The seed of call `k` of a list applied with seed `seed`.

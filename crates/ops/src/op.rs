@@ -134,6 +134,19 @@ pub trait Op: Send + Sync + fmt::Debug {
     /// The output field for `input` and `params`, named `output`; checks the parameters.
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field>;
 
+    /// [`Self::output_field`] where the call's resources are at hand: what servers and
+    /// clients plan with. An op whose output type depends on a resource (`tokenize`: 16-bit
+    /// ids when the tokenizer's vocabulary fits) overrides this one.
+    fn output_field_in(
+        &self,
+        input: &Field,
+        params: &[Value],
+        output: &str,
+        _resources: &dyn crate::Resources,
+    ) -> Result<Field> {
+        self.output_field(input, params, output)
+    }
+
     /// The most bytes one output value may take, from the input field and `params` alone
     /// (before any value is seen), or `None` when the output is no larger than its input
     /// value. A server refuses or bounds a call from this before allocating anything; the

@@ -639,7 +639,8 @@ fn random_mask_rate_matches_p() {
 #[test]
 fn tokenize_and_pad_tokens() {
     use arrow::array::{FixedSizeListArray, StringArray};
-    use arrow::datatypes::UInt32Type;
+    // A 64-id vocabulary: 16-bit ids.
+    use arrow::datatypes::UInt16Type;
     let corpus = ["the data pipeline reads the data", "data to the trainer"];
     let json = crate::train_tokenizer(corpus.iter().cycle().take(50), 64).expect("train");
     let mut tokenizers = crate::Tokenizers::new(Some("text".into()));
@@ -667,8 +668,18 @@ fn tokenize_and_pad_tokens() {
 
     let pad = lookup("pad_tokens").expect("pad_tokens");
     let tokens_field = op
+        .output_field_in(&field, &[Value::Int(4)], "tokens", &tokenizers)
+        .expect("field");
+    assert_eq!(
+        tokens.data_type(),
+        tokens_field.data_type(),
+        "16-bit ids, planned and made"
+    );
+    // Without the tokenizer at hand, the plan can only say 32-bit.
+    let wide = op
         .output_field(&field, &[Value::Int(4)], "tokens")
         .expect("field");
+    assert_ne!(wide.data_type(), tokens_field.data_type());
     let padded = pad
         .apply_field(&tokens, &tokens_field, &[Value::Int(6), Value::Int(9)], 0)
         .expect("pad");
@@ -676,11 +687,11 @@ fn tokenize_and_pad_tokens() {
         .as_any()
         .downcast_ref::<FixedSizeListArray>()
         .expect("fixed");
-    let values = padded.values().as_primitive::<UInt32Type>().values();
+    let values = padded.values().as_primitive::<UInt16Type>().values();
     assert_eq!(values.len(), 18);
     assert_eq!(
         &values[..4],
-        list.value(0).as_primitive::<UInt32Type>().values().as_ref()
+        list.value(0).as_primitive::<UInt16Type>().values().as_ref()
     );
     assert_eq!(
         &values[4..],
@@ -722,16 +733,25 @@ fn calls_replace_or_append_columns_and_name_what_is_wrong() {
     assert_eq!(out.num_columns(), 2, "the first appends, the second replaces");
     assert_eq!(out.schema().field(1).data_type(), &DataType::Float32);
     assert!(out.column(1).is_null(1), "nulls stay nulls");
-    let bound = Calls::bind(&calls, Arc::clone(&schema)).unwrap();
+    let bound = Calls::bind(&calls, Arc::clone(&schema), &NoResources).unwrap();
     assert_eq!(bound.schema(), out.schema());
 
-    let unknown = Calls::bind(&[Call::new("nope", "c", vec![], "c")], Arc::clone(&schema)).unwrap_err();
+    let unknown = Calls::bind(
+        &[Call::new("nope", "c", vec![], "c")],
+        Arc::clone(&schema),
+        &NoResources,
+    )
+    .unwrap_err();
     assert!(
         matches!(unknown, OpError::UnknownOp(ref n) if n == "nope"),
         "{unknown}"
     );
-    let missing =
-        Calls::bind(&[Call::new("hash_bucket", "x", vec![Value::Int(7)], "h")], schema).unwrap_err();
+    let missing = Calls::bind(
+        &[Call::new("hash_bucket", "x", vec![Value::Int(7)], "h")],
+        schema,
+        &NoResources,
+    )
+    .unwrap_err();
     assert!(missing.to_string().contains("no input column `x`"), "{missing}");
     // Text parameters print as SQL literals, quotes escaped; floats keep their point.
     let call = Call::new("f", "c", vec![Value::Text("it's".into()), Value::Float(1.0)], "o");

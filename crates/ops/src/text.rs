@@ -241,6 +241,26 @@ impl Op for Tokenize {
         ))
     }
 
+    /// With the tokenizer at hand: `List<UInt16>` when its vocabulary fits in 16 bits.
+    fn output_field_in(
+        &self,
+        input: &Field,
+        params: &[Value],
+        output: &str,
+        resources: &dyn crate::Resources,
+    ) -> Result<Field> {
+        let field = self.output_field(input, params, output)?;
+        // A missing tokenizer is refused where the call runs (or plans), by name.
+        let Ok(tokenizer) = resources.tokenizer(Self::params(params)?.tokenizer) else {
+            return Ok(field);
+        };
+        Ok(Field::new(
+            output,
+            DataType::List(Arc::new(Field::new_list_field(ids_type(&tokenizer), false))),
+            input.is_nullable(),
+        ))
+    }
+
     /// `max_len` ids of 4 bytes, and the list's offset.
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         self.output_field(input, params, "output")?;
@@ -303,17 +323,63 @@ impl Op for Tokenize {
             out.values().append_slice(&ids);
             out.append(true);
         }
-        Ok(Arc::new(out.finish()))
+        narrowed("tokenize", Arc::new(out.finish()), &ids_type(&tokenizer))
     }
 }
 
+/// The type of a tokenizer's ids: `UInt16` when every id of its vocabulary (added tokens
+/// included) fits, else `UInt32`. Half the bytes on the wire and in the trainer's memory, as
+/// Megatron-LM stores them.
+pub fn ids_type(tokenizer: &Tokenizer) -> DataType {
+    if tokenizer.get_vocab_size(true) <= 1 << 16 {
+        DataType::UInt16
+    } else {
+        DataType::UInt32
+    }
+}
+
+/// A list of `UInt32` ids as a list of `item` ids (every id fits: the vocabulary says so).
+fn narrowed(op: &'static str, list: ArrayRef, item: &DataType) -> Result<ArrayRef> {
+    if item == &DataType::UInt32 {
+        return Ok(list);
+    }
+    let to = match list.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            DataType::FixedSizeList(Arc::new(Field::new_list_field(item.clone(), false)), *n)
+        }
+        _ => DataType::List(Arc::new(Field::new_list_field(item.clone(), false))),
+    };
+    arrow::compute::cast_with_options(
+        &list,
+        &to,
+        &arrow::compute::CastOptions {
+            safe: false,
+            ..Default::default()
+        },
+    )
+    .map_err(|source| OpError::Arrow { op, source })
+}
+
 /// `pad_tokens(tokens, len[, pad_id])`: token lists cut or padded (with `pad_id`, default 0 =
-/// `[PAD]`) to exactly `len`, as `FixedSizeList<UInt32, len>`: a fixed-shape tensor a trainer
-/// gets as one contiguous buffer. Nulls become all-padding rows.
+/// `[PAD]`) to exactly `len`, as `FixedSizeList<UInt32, len>` (`UInt16` when the ids and the
+/// pad id are 16-bit): a fixed-shape tensor a trainer gets as one contiguous buffer. Nulls
+/// become all-padding rows.
 #[derive(Debug)]
 pub struct PadTokens;
 
 impl PadTokens {
+    /// The output ids' type: 16-bit ids stay 16-bit when the pad id fits.
+    fn item(input: &Field, pad: u32) -> DataType {
+        match input.data_type() {
+            DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _)
+                if item.data_type() == &DataType::UInt16 && pad <= u32::from(u16::MAX) =>
+            {
+                DataType::UInt16
+            }
+            _ => DataType::UInt32,
+        }
+    }
+
     fn params(params: &[Value]) -> Result<(usize, u32)> {
         expect_params("pad_tokens", params, 1, 2)?;
         let len = int_param("pad_tokens", params, 0, "len", 1..=1 << 20, None)? as usize;
@@ -332,7 +398,7 @@ impl Op for PadTokens {
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
-        let (len, _) = Self::params(params)?;
+        let (len, pad) = Self::params(params)?;
         match input.data_type() {
             DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _)
                 if item.data_type().is_integer() => {}
@@ -346,7 +412,7 @@ impl Op for PadTokens {
         Ok(Field::new(
             output,
             DataType::FixedSizeList(
-                Arc::new(Field::new_list_field(DataType::UInt32, false)),
+                Arc::new(Field::new_list_field(Self::item(input, pad), false)),
                 len as i32,
             ),
             false,
@@ -396,6 +462,6 @@ impl Op for PadTokens {
             None,
         )
         .map_err(arrow_err)?;
-        Ok(Arc::new(out))
+        narrowed("pad_tokens", Arc::new(out), &Self::item(field, pad))
     }
 }

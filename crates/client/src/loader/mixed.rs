@@ -157,7 +157,7 @@ impl Mixture {
         let per_batch = m.order.global_batch * pack.length as u64;
         m.epoch_batches =
             ((rows as u128 * tokens as u128) / (sample as u128 * per_batch as u128)).max(1) as u64;
-        m.schema = pack.schema();
+        m.schema = pack.schema(&m.schema);
         m.pack = Some(pack);
         Ok(m)
     }
