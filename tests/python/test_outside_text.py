@@ -195,6 +195,9 @@ def test_packed_blocks_hold_every_document_once_as_the_library_encodes_it(corpus
                              seed=3, epochs=2, pack={"column": "tokens", "length": length, "eos_id": EOS})
     batches = list(loader)
     assert len(batches) == 2 * len(loader)
+    # What the partitions' streams carried is counted, though their readers stop mid-epoch.
+    ids_bytes = sum(b["tokens"].size for b in batches) * 4
+    assert 0.5 * ids_bytes < loader.stats["bytes_received"] < 4 * ids_bytes, loader.stats
     for b in batches:
         assert b["tokens"].shape == (batch, length) and b["tokens"].dtype == np.uint32
         assert b["position_ids"].shape == (batch, length) and b["position_ids"].dtype == np.int32

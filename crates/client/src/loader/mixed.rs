@@ -337,6 +337,9 @@ impl MixProducer {
         while !in_flight.is_empty() {
             send_next(&mut in_flight, &tx).await?;
         }
+        for feed in feeds.into_iter().flatten() {
+            feed.stop().await;
+        }
         Ok(())
     }
 
@@ -387,6 +390,9 @@ impl MixProducer {
             if tx.send(Ok(batch)).await.is_err() {
                 break;
             }
+        }
+        for (_, feed, _) in feeds {
+            feed.stop().await;
         }
         Ok(())
     }
@@ -513,6 +519,15 @@ impl Feed {
             }
         }));
         self.rx = rx;
+    }
+
+    /// Stops reading, once what the feed's streams cost is counted in its totals.
+    async fn stop(mut self) {
+        if let Some(producer) = self.producer.take() {
+            producer.abort();
+            // Resolves once the producer's future is dropped (its streams counted).
+            let _ = producer.await;
+        }
     }
 
     /// The next `n` rows, beginning the source's next epoch where this one runs out.

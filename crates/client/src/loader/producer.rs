@@ -61,6 +61,25 @@ pub(super) struct Cursor {
 
 /// A producer's rows on their way from its streams to its workers, and where it is in the
 /// epoch.
+/// An epoch's batching that adds what its streams cost to `totals` when it is dropped: at
+/// the end of the epoch, or when its producer is aborted (a mixture's or packed loader's
+/// feeds are, mid-epoch, when their loader's epoch ends).
+struct Counted<T> {
+    at: Batching<T>,
+    totals: Arc<std::sync::Mutex<StreamTotals>>,
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        for cursor in &self.at.cursors {
+            if let Some(stream) = &cursor.stream {
+                *totals += stream.totals();
+            }
+        }
+    }
+}
+
 pub(super) struct Batching<T> {
     pub(super) cursors: Vec<Cursor>,
     /// The next window to build.
@@ -150,15 +169,11 @@ impl Producer {
         if self.first >= plan.total {
             return Ok(());
         }
-        let mut at = self.batching(&plan, finish)?;
-        let result = self.produce(&plan, &mut at, &tx, &watch).await;
-        let mut totals = watch.totals.lock().unwrap_or_else(|p| p.into_inner());
-        for cursor in &at.cursors {
-            if let Some(stream) = &cursor.stream {
-                *totals += stream.totals();
-            }
-        }
-        result
+        let mut at = Counted {
+            at: self.batching(&plan, finish)?,
+            totals: Arc::clone(&watch.totals),
+        };
+        self.produce(&plan, &mut at.at, &tx, &watch).await
     }
 
     async fn produce<T: Send + 'static>(
