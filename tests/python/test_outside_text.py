@@ -297,3 +297,25 @@ def test_packed_16_bit_ids_equal_the_wide_ids(corpus):
     with pytest.raises(ValueError, match="16-bit"):
         pushdown.Loader(url, sql="SELECT tokenize(body, 100000) AS tokens FROM minilm",
                         pack={"column": "tokens", "length": 64, "eos_id": 70000}, **kw)
+
+
+def test_pushdown_run_packs_a_query(corpus):
+    """`pushdown run --sql ... --pack COLUMN:LENGTH[:EOS]`: the same packed loader, each
+    epoch's batches whole; a malformed spec is refused by name."""
+    import re
+    import subprocess
+
+    from conftest import BIN
+
+    url, _, _ = corpus
+    out = subprocess.run([BIN, "run", "--sql", PACK_SQL, "--pack", f"tokens:128:{EOS}", "--pack-batch", "4",
+                          "--server", url, "--epochs", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"packed: 2 epoch\(s\) of (\d+) global batches; delivered (\d+) rows in (\d+) batches",
+                      out.stdout)
+    assert found, out.stdout
+    per_epoch, rows, batches = map(int, found.groups())
+    assert batches == 2 * per_epoch and rows == 4 * batches
+    out = subprocess.run([BIN, "run", "--sql", PACK_SQL, "--pack", "tokens", "--server", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "COLUMN:LENGTH" in out.stderr, out.stderr

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pushdown_cli::mixture::{MixtureFile, run_mixture};
+use pushdown_cli::mixture::{MixtureFile, read_loader};
 use pushdown_client::run::{RunOptions, bytes, run};
 use pushdown_client::{ConnectOptions, Link, LoaderSource, PushdownClient, StreamOptions, costed_plan};
 use pushdown_datasets::{GenOptions, Kind, generate, progress_bar};
@@ -331,6 +331,14 @@ struct RunArgs {
     /// `servers`), read as a loader of world size 1 reads it.
     #[arg(long, conflicts_with = "out")]
     mixture: Option<PathBuf>,
+    /// Pack the documents' token ids of a column into blocks of exactly LENGTH tokens, with
+    /// their position_ids (`COLUMN:LENGTH[:EOS_ID]`, e.g. `tokens:2048:2`), read as a loader of
+    /// world size 1 reads them; `--pack-batch` blocks per batch.
+    #[arg(long, conflicts_with_all = ["out", "mixture"], value_parser = parse_pack)]
+    pack: Option<pushdown_client::pack::Pack>,
+    /// Blocks per batch with `--pack`.
+    #[arg(long, default_value_t = 8, requires = "pack")]
+    pack_batch: usize,
     #[command(flatten)]
     client: ClientArgs,
     /// Write the delivered rows to this Parquet file.
@@ -346,6 +354,21 @@ struct RunArgs {
     /// both ends deliver).
     #[arg(long, default_value = "costed", value_parser = parse_push)]
     placement: pushdown_client::Push,
+}
+
+/// `COLUMN:LENGTH[:EOS_ID]`.
+fn parse_pack(s: &str) -> Result<pushdown_client::pack::Pack, String> {
+    let bad = || format!("--pack {s}: COLUMN:LENGTH[:EOS_ID], e.g. tokens:2048:2");
+    let mut parts = s.split(':');
+    let (Some(column), Some(length)) = (parts.next(), parts.next()) else {
+        return Err(bad());
+    };
+    let mut pack = pushdown_client::pack::Pack::new(column, length.parse().map_err(|_| bad())?);
+    pack.eos_id = parts.next().map(|e| e.parse().map_err(|_| bad())).transpose()?;
+    if parts.next().is_some() || column.is_empty() {
+        return Err(bad());
+    }
+    Ok(pack)
 }
 
 fn parse_push(s: &str) -> Result<pushdown_client::Push, String> {
@@ -620,6 +643,9 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     if let Some(path) = args.mixture.clone() {
         return run_mixture_file(&path, args).await;
     }
+    if let Some(pack) = args.pack.clone() {
+        return run_packed_source(pack, args).await;
+    }
     let source = match (args.pipeline, args.sql) {
         (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(&path)?),
         (None, Some(sql)) => LoaderSource::Sql(sql),
@@ -650,14 +676,17 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// `run --mixture FILE`: the mixture read as a world-size-1 loader reads it.
-async fn run_mixture_file(path: &std::path::Path, args: RunArgs) -> Result<()> {
-    let (file, sources) = MixtureFile::from_file(path)?;
+/// The loader options of `run --mixture` and `run --pack`.
+fn loader_options(
+    args: &RunArgs,
+    batch_size: Option<usize>,
+    shuffle_buffer: Option<usize>,
+) -> Result<pushdown_client::LoaderOptions> {
     let stall_timeout = seconds(args.client.stall_timeout, "--stall-timeout")?;
     let defaults = StreamOptions::default();
-    let options = pushdown_client::LoaderOptions {
-        batch_size: file.batch_size,
-        shuffle_buffer: file.shuffle_buffer,
+    Ok(pushdown_client::LoaderOptions {
+        batch_size,
+        shuffle_buffer,
         seed: args.seed,
         epochs: args.epochs,
         push: args.placement,
@@ -671,9 +700,42 @@ async fn run_mixture_file(path: &std::path::Path, args: RunArgs) -> Result<()> {
             ..StreamOptions::default()
         },
         ..pushdown_client::LoaderOptions::default()
-    };
+    })
+}
+
+/// `run --mixture FILE`: the mixture read as a world-size-1 loader reads it.
+async fn run_mixture_file(path: &std::path::Path, args: RunArgs) -> Result<()> {
+    let (file, sources) = MixtureFile::from_file(path)?;
+    let options = loader_options(&args, file.batch_size, file.shuffle_buffer)?;
     let servers = args.client.servers.clone();
-    let report = tokio::task::spawn_blocking(move || run_mixture(&servers, sources, options)).await??;
+    let report = tokio::task::spawn_blocking(move || {
+        read_loader(
+            pushdown_client::Loader::mixture(&servers, sources, options)?,
+            "mixture",
+        )
+    })
+    .await??;
+    print!("{report}");
+    Ok(())
+}
+
+/// `run --pack COLUMN:LENGTH[:EOS]`: the query's documents packed into blocks, read as a
+/// world-size-1 loader reads them.
+async fn run_packed_source(pack: pushdown_client::pack::Pack, args: RunArgs) -> Result<()> {
+    let source = match (&args.pipeline, &args.sql) {
+        (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(path)?),
+        (None, Some(sql)) => LoaderSource::Sql(sql.clone()),
+        _ => anyhow::bail!("--pack packs the documents of a pipeline or --sql"),
+    };
+    let options = loader_options(&args, Some(args.pack_batch), None)?;
+    let servers = args.client.servers.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        read_loader(
+            pushdown_client::Loader::packed(&servers, source, pack, options)?,
+            "packed",
+        )
+    })
+    .await??;
     print!("{report}");
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use pushdown_client::{Loader, LoaderOptions, LoaderSource, MixtureSource};
+use pushdown_client::{Loader, LoaderSource, MixtureSource};
 use pushdown_planner::Pipeline;
 use serde::Deserialize;
 
@@ -75,9 +75,11 @@ impl MixtureFile {
     }
 }
 
-/// What a mixture run delivered.
+/// What a mixture's or packed loader's run delivered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MixtureReport {
+    /// `mixture` or `packed`.
+    pub what: &'static str,
     pub epochs: u64,
     pub batches_per_epoch: u64,
     pub batches: u64,
@@ -91,8 +93,9 @@ impl std::fmt::Display for MixtureReport {
         let secs = self.elapsed.as_secs_f64().max(1e-9);
         writeln!(
             f,
-            "mixture: {} epoch(s) of {} global batches; delivered {} rows in {} batches, {} \
+            "{}: {} epoch(s) of {} global batches; delivered {} rows in {} batches, {} \
              received, in {:.2} s ({:.0} rows/s)",
+            self.what,
             self.epochs,
             self.batches_per_epoch,
             self.rows,
@@ -104,23 +107,20 @@ impl std::fmt::Display for MixtureReport {
     }
 }
 
-/// Reads `epochs` epochs of the mixture on `servers` (world size 1). Blocks.
-pub fn run_mixture(
-    servers: &[String],
-    sources: Vec<MixtureSource>,
-    options: LoaderOptions,
-) -> Result<MixtureReport> {
-    let epochs = options.epochs as u64;
+/// Reads every epoch of a world-size-1 `loader` (a mixture's, a packed one's). Blocks.
+pub fn read_loader(mut loader: Loader, what: &'static str) -> Result<MixtureReport> {
     let start = Instant::now();
-    let mut loader = Loader::mixture(servers, sources, options)?;
     let (_, batches_per_epoch) = loader.epoch_len();
     let (mut batches, mut rows) = (0, 0);
+    let mut epochs = 0;
     for batch in loader.by_ref() {
         let batch = batch?;
+        epochs = epochs.max(batch.epoch + 1);
         batches += 1;
         rows += batch.rows as u64;
     }
     Ok(MixtureReport {
+        what,
         epochs,
         batches_per_epoch,
         batches,
