@@ -21,10 +21,9 @@
 //!   resizes, one worker process per trainer CPU.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use pushdown_client::run::Shares;
 use pushdown_client::{Link, Loader, LoaderOptions, LoaderSource, Push, StreamOptions};
 use pushdown_planner::Pipeline;
@@ -281,30 +280,17 @@ async fn loader_cell(
 
 /// `bench_feed.py` pinned to the trainer's CPUs, one worker per CPU.
 fn contender_cell(images: &Path, workers: usize, cpus: &str, demand: f64, epochs: usize) -> Result<Cell> {
-    // `PUSHDOWN_PYTHON`: an interpreter with pyarrow and pillow (and torch, for its
-    // DataLoader) where there is no `.venv`.
-    let python = std::env::var_os("PUSHDOWN_PYTHON").map_or_else(
-        || Path::new(".venv/bin/python").to_owned(),
-        std::path::PathBuf::from,
-    );
-    if std::env::var_os("PUSHDOWN_PYTHON").is_none() && !python.exists() {
-        bail!("no .venv: run scripts/setup-python.sh --bench (or set PUSHDOWN_PYTHON)");
-    }
-    let out = Command::new("taskset")
-        .args(["-c", cpus])
-        .arg(&python)
-        .arg("benches/python/bench_feed.py")
-        .arg("--data")
-        .arg(images)
-        .args(["--workers", &workers.to_string()])
-        .args(["--demand", &format!("{demand:.1}")])
-        .args(["--epochs", &epochs.to_string()])
-        .output()
-        .context("running bench_feed.py")?;
-    if !out.status.success() {
-        bail!("bench_feed.py failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("bench_feed.py's JSON")?;
+    let args = [
+        "--data".to_owned(),
+        images.to_string_lossy().into_owned(),
+        "--workers".to_owned(),
+        workers.to_string(),
+        "--demand".to_owned(),
+        format!("{demand:.1}"),
+        "--epochs".to_owned(),
+        epochs.to_string(),
+    ];
+    let v = crate::process::python_bench("bench_feed.py", &args, cpus)?;
     let num = |k: &str| v[k].as_f64().with_context(|| format!("bench_feed.py: no {k}"));
     Ok(Cell {
         feed: format!(

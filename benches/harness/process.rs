@@ -186,3 +186,28 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// `benches/python/SCRIPT ARGS…` pinned to `cpus`, its one line of JSON parsed. The
+/// interpreter is `PUSHDOWN_PYTHON`, else `.venv/bin/python` (pyarrow and what the script
+/// needs; torch for its DataLoader where installed).
+pub fn python_bench(script: &str, args: &[String], cpus: &str) -> anyhow::Result<serde_json::Value> {
+    use anyhow::{Context, bail};
+    let python = std::env::var_os("PUSHDOWN_PYTHON").map_or_else(
+        || std::path::Path::new(".venv/bin/python").to_owned(),
+        std::path::PathBuf::from,
+    );
+    if std::env::var_os("PUSHDOWN_PYTHON").is_none() && !python.exists() {
+        bail!("no .venv: run scripts/setup-python.sh --bench (or set PUSHDOWN_PYTHON)");
+    }
+    let out = std::process::Command::new("taskset")
+        .args(["-c", cpus])
+        .arg(&python)
+        .arg(format!("benches/python/{script}"))
+        .args(args)
+        .output()
+        .with_context(|| format!("running {script}"))?;
+    if !out.status.success() {
+        bail!("{script} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| format!("{script}'s JSON"))
+}

@@ -17,7 +17,6 @@
 //! * **Bytes** per token on the wire.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -93,28 +92,24 @@ fn pushdown(url: &str) -> Result<Rate> {
 
 /// `bench_text.py` pinned to the trainer's CPU.
 fn contender(text: &Path, workers: usize, cpus: &str) -> Result<Rate> {
-    let python = std::env::var_os("PUSHDOWN_PYTHON").map_or_else(
-        || Path::new(".venv/bin/python").to_owned(),
-        std::path::PathBuf::from,
-    );
-    if std::env::var_os("PUSHDOWN_PYTHON").is_none() && !python.exists() {
-        bail!("no .venv: run scripts/setup-python.sh --bench (or set PUSHDOWN_PYTHON)");
-    }
-    let out = Command::new("taskset")
-        .args(["-c", cpus])
-        .arg(&python)
-        .arg("benches/python/bench_text.py")
-        .arg("--data")
-        .arg(text)
-        .args(["--workers", &workers.to_string()])
-        .args(["--length", &LENGTH.to_string(), "--batch", &BATCH.to_string()])
-        .args(["--eos", &EOS.to_string(), "--min-quality", "0.5"])
-        .output()
-        .context("running bench_text.py")?;
-    if !out.status.success() {
-        bail!("bench_text.py failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("bench_text.py's JSON")?;
+    let args: Vec<String> = [
+        "--data",
+        &text.to_string_lossy(),
+        "--workers",
+        &workers.to_string(),
+        "--length",
+        &LENGTH.to_string(),
+        "--batch",
+        &BATCH.to_string(),
+        "--eos",
+        &EOS.to_string(),
+        "--min-quality",
+        "0.5",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let v = process::python_bench("bench_text.py", &args, cpus)?;
     let num = |k: &str| v[k].as_f64().with_context(|| format!("bench_text.py: no {k}"));
     Ok(Rate {
         name: v["loader"].as_str().unwrap_or("contender").to_owned(),

@@ -134,7 +134,20 @@ impl Mixture {
             weight: 1.0,
             servers: None,
         };
-        let mut m = Self::prepare(servers, vec![one], options).await?;
+        // The mixture's checks speak of "mixture source 0": here it is the packed query.
+        let mut m = Self::prepare(servers, vec![one], options)
+            .await
+            .map_err(|e| match e {
+                ClientError::Invalid(why) => ClientError::Invalid(
+                    why.replace("mixture source 0: ", "pack: ")
+                        .replace("mixture source 0", "the packed query")
+                        .replace(
+                            "a mixture's global batch",
+                            "a packed loader's global batch (in blocks)",
+                        ),
+                ),
+                other => other,
+            })?;
         pack.check(&m.schema)?;
         let mut sources = Fnv::new();
         sources.eat(&m.order.sources.to_le_bytes());
