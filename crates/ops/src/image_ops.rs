@@ -421,12 +421,15 @@ impl Op for DecodeCenterCrop {
             let pixels = resize(self.name(), &mut resizer, &img, w, h)?;
             // torchvision: int(round((side - crop) / 2.0)), Python's round (ties to even).
             let corner = |side: u32, crop: u32| (f64::from(side - crop) / 2.0).round_ties_even() as usize;
-            let (top, left) = (corner(h, ch), corner(w, cw));
-            let stride = w as usize * 3;
-            for y in top..top + ch as usize {
-                let from = y * stride + left * 3;
-                out.extend_from_slice(&pixels[from..from + cw as usize * 3]);
-            }
+            let at = out.len();
+            out.resize(at + (ch * cw * 3) as usize, 0);
+            crate::tensor_ops::crop(
+                &pixels,
+                (h as usize, w as usize, 3),
+                (corner(h, ch), corner(w, cw)),
+                (ch as usize, cw as usize),
+                &mut out[at..],
+            );
             Ok(())
         })
     }

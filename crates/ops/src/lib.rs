@@ -20,13 +20,13 @@
 //! | `cast_to(value, type)` | `'float32'`, `'int32'`, … | that type | deterministic |
 //! | `center_crop(pixels, w, h)` | width, height | pixels `h×w×c` | deterministic |
 //! | `grayscale(pixels)` | | pixels `h×w×1` (BT.601 luma) | deterministic |
-//! | `normalize(pixels, mean, std[, layout])` | mean, std (numbers or per-channel lists), `'hwc'`/`'chw'` | `f32` tensor `(x/255 − mean[c])/std[c]` | deterministic, expanding |
+//! | `normalize(pixels, mean, std[, layout][, dtype])` | mean, std (numbers or per-channel lists), `'hwc'`/`'chw'`, `'float32'`/`'float16'`/`'bfloat16'` | float tensor `(x/255 − mean[c])/std[c]` | deterministic, expanding |
 //! | `to_chw(pixels)` | | pixels `c×h×w` | deterministic |
 //! | `random_crop(pixels, w, h)` | width, height | pixels `h×w×c` | random: trainer only |
 //! | `random_resized_crop(px\|img, h, w[, scale…, ratio…])` | size, scale (0.08, 1), ratio (3/4, 4/3) | pixels `h×w×3`: torchvision's `RandomResizedCrop` | random: trainer only |
 //! | `random_flip(pixels, p)` | probability | pixels, mirrored with probability `p` | random: trainer only |
 //! | `color_jitter(pixels, s)` | strength | pixels, brightness and contrast ×U[1−s, 1+s] | random: trainer only |
-//! | `tokenize(text, max_len[, tokenizer])` | max tokens, tokenizer name (default: the dataset's) | `List<UInt32>` token ids, truncated | deterministic, reducing |
+//! | `tokenize(text, max_len[, tokenizer])` | max tokens, tokenizer name (default: the dataset's) | token ids, truncated: `List<UInt16>` when the vocabulary fits 16 bits, else `List<UInt32>` | deterministic, reducing |
 //! | `pad_tokens(tokens, len[, pad_id])` | length, pad id (0) | `FixedSizeList<UInt32, len>` | deterministic |
 //! | `random_mask(tokens, p, id)` | probability, mask id | token lists, each id masked with probability `p` | random: trainer only |
 //!

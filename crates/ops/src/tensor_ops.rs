@@ -94,7 +94,7 @@ fn map_u8(
     .map_err(|source| OpError::Arrow { op, source })
 }
 
-fn crop(
+pub(crate) fn crop(
     src: &[u8],
     (_, w, c): (usize, usize, usize),
     (top, left): (usize, usize),
@@ -341,10 +341,24 @@ impl Op for RandomResizedCrop {
         let p = ResizedCrop::params(params)?;
         let out_len = (p.height * p.width * 3) as usize;
         let mut resizer = fast_image_resize::Resizer::new();
-        let mut one = |row: usize, img: image::RgbImage, out: &mut [u8]| -> Result<()> {
+        // Pixel rows are read in place, images decoded: either way only the drawn window is
+        // copied out, then resized.
+        let mut one = |row: usize, img: &[u8], (ih, iw): (u32, u32), out: &mut [u8]| -> Result<()> {
             let mut rng = row_rng(seed, row);
-            let (top, left, h, w) = resized_crop_box(&mut rng, (img.height(), img.width()), p.scale, p.ratio);
-            let window = image::imageops::crop_imm(&img, left, top, w, h).to_image();
+            let (top, left, h, w) = resized_crop_box(&mut rng, (ih, iw), p.scale, p.ratio);
+            let mut window = vec![0u8; (h * w * 3) as usize];
+            let at = (top as usize, left as usize);
+            crop(
+                img,
+                (ih as usize, iw as usize, 3),
+                at,
+                (h as usize, w as usize),
+                &mut window,
+            );
+            let window = image::RgbImage::from_raw(w, h, window).ok_or_else(|| OpError::BadArguments {
+                op: "random_resized_crop",
+                reason: "a crop window outside its image (a bug: please report it)".into(),
+            })?;
             let pixels = crate::image_ops::resize(self.name(), &mut resizer, &window, p.width, p.height)?;
             out.copy_from_slice(&pixels);
             Ok(())
@@ -358,20 +372,21 @@ impl Op for RandomResizedCrop {
                     let img = crate::image_ops::decode(self.name(), row, bytes)?;
                     let at = out.len();
                     out.resize(at + out_len, 0);
-                    one(row, img, &mut out[at..])
+                    one(row, img.as_raw(), (img.height(), img.width()), &mut out[at..])
                 },
             );
         }
-        let (h, w, _) = shape_of(self.name(), field)?;
+        let (h, w, c) = shape_of(self.name(), field)?;
+        if c != 3 {
+            return Err(OpError::BadArguments {
+                op: "random_resized_crop",
+                reason: format!("expects RGB pixels (3 channels), got {c}"),
+            });
+        }
         let mut failed = None;
         let out = map_u8(self.name(), input, out_len, |row, src, out| {
-            let done = match image::RgbImage::from_raw(w as u32, h as u32, src.to_vec()) {
-                Some(img) => one(row, img, out),
-                None => Err(OpError::BadArguments {
-                    op: "random_resized_crop",
-                    reason: "expects RGB pixels (3 channels)".into(),
-                }),
-            };
+            // The row itself (h·w·3 values): read in place, not copied.
+            let done = one(row, src, (h as u32, w as u32), out);
             if let Err(e) = done {
                 failed.get_or_insert(e);
             }
@@ -586,40 +601,19 @@ impl Op for Normalize {
         let values = list.values().as_primitive::<UInt8Type>();
         let size = list.value_length() as usize;
         let start = list.offset() * size;
-        let c = shape.2;
         let src = &values.values()[start..start + list.len() * size];
-        let normalized = |out: &mut dyn FnMut(usize, f32)| {
-            for (row, from) in src.chunks_exact(size.max(1)).enumerate() {
-                if list.is_null(row) {
-                    continue;
-                }
-                for (i, px) in from.chunks_exact(c).enumerate() {
-                    for (k, &v) in px.iter().enumerate() {
-                        out(
-                            row * size + layout.place(shape, i, k),
-                            f32::from(v) * scale[k] + shift[k],
-                        );
-                    }
-                }
-            }
+        let affine = Affine {
+            scale: &scale,
+            shift: &shift,
+            layout,
+            shape,
         };
-        let n = list.len() * size;
         let values: ArrayRef = match dtype {
-            FloatType::F32 => {
-                let mut out = vec![0f32; n];
-                normalized(&mut |i, x| out[i] = x);
-                Arc::new(Float32Array::from(out))
-            }
-            FloatType::F16 => {
-                let mut out = vec![f16::ZERO; n];
-                normalized(&mut |i, x| out[i] = f16::from_f32(x));
-                Arc::new(Float16Array::from(out))
-            }
-            FloatType::Bf16 => {
-                let mut out = vec![0u16; n];
-                normalized(&mut |i, x| out[i] = bf16::from_f32(x).to_bits());
-                Arc::new(UInt16Array::from(out))
-            }
+            FloatType::F32 => Arc::new(Float32Array::from(affine.apply(src, list.nulls(), |x| x))),
+            FloatType::F16 => Arc::new(Float16Array::from(affine.apply(src, list.nulls(), f16::from_f32))),
+            FloatType::Bf16 => Arc::new(UInt16Array::from(
+                affine.apply(src, list.nulls(), |x| bf16::from_f32(x).to_bits()),
+            )),
         };
         let item = Arc::new(Field::new("item", dtype.arrow(), false));
         FixedSizeListArray::try_new(item, size as i32, values, list.nulls().cloned())
@@ -628,6 +622,41 @@ impl Op for Normalize {
                 op: "normalize",
                 source,
             })
+    }
+}
+
+/// `normalize`'s per-channel `x·scale[c] + shift[c]`, written in `layout`.
+struct Affine<'a> {
+    scale: &'a [f32],
+    shift: &'a [f32],
+    layout: Layout,
+    shape: (usize, usize, usize),
+}
+
+impl Affine<'_> {
+    /// Every row of `src` (`h·w·c` values each; null rows left zero) as `T`, `convert` inlined
+    /// into the loop over values.
+    fn apply<T: Copy + Default>(
+        &self,
+        src: &[u8],
+        nulls: Option<&arrow::buffer::NullBuffer>,
+        convert: impl Fn(f32) -> T,
+    ) -> Vec<T> {
+        let (h, w, c) = self.shape;
+        let size = (h * w * c).max(1);
+        let mut out = vec![T::default(); src.len()];
+        for (row, (from, to)) in src.chunks_exact(size).zip(out.chunks_exact_mut(size)).enumerate() {
+            if nulls.is_some_and(|n| n.is_null(row)) {
+                continue;
+            }
+            for (i, px) in from.chunks_exact(c).enumerate() {
+                for (k, &v) in px.iter().enumerate() {
+                    to[self.layout.place(self.shape, i, k)] =
+                        convert(f32::from(v) * self.scale[k] + self.shift[k]);
+                }
+            }
+        }
+        out
     }
 }
 
