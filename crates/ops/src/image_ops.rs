@@ -423,7 +423,7 @@ impl Op for DecodeCenterCrop {
             let corner = |side: u32, crop: u32| (f64::from(side - crop) / 2.0).round_ties_even() as usize;
             let at = out.len();
             out.resize(at + (ch * cw * 3) as usize, 0);
-            crate::tensor_ops::crop(
+            crop(
                 &pixels,
                 (h as usize, w as usize, 3),
                 (corner(h, ch), corner(w, cw)),
@@ -508,5 +508,19 @@ impl Op for Thumbnail {
             Ok(())
         })?;
         Ok(Arc::new(out.finish()))
+    }
+}
+
+/// Copies the `(ch, cw)` window at `(top, left)` of an HWC `src` of row width `w` into `out`.
+pub(crate) fn crop(
+    src: &[u8],
+    (_, w, c): (usize, usize, usize),
+    (top, left): (usize, usize),
+    (ch, cw): (usize, usize),
+    out: &mut [u8],
+) {
+    for y in 0..ch {
+        let from = ((top + y) * w + left) * c;
+        out[y * cw * c..(y + 1) * cw * c].copy_from_slice(&src[from..from + cw * c]);
     }
 }

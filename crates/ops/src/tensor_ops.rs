@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::image_ops::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY};
+use crate::image_ops::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY, crop};
 use crate::op::{Op, OpError, Result, Value, expect_params, floats_param, int_param};
 
 /// `(height, width, channels)` of a pixel-tensor field.
@@ -92,19 +92,6 @@ fn map_u8(
     )
     .map(|a| Arc::new(a) as ArrayRef)
     .map_err(|source| OpError::Arrow { op, source })
-}
-
-pub(crate) fn crop(
-    src: &[u8],
-    (_, w, c): (usize, usize, usize),
-    (top, left): (usize, usize),
-    (ch, cw): (usize, usize),
-    out: &mut [u8],
-) {
-    for y in 0..ch {
-        let from = ((top + y) * w + left) * c;
-        out[y * cw * c..(y + 1) * cw * c].copy_from_slice(&src[from..from + cw * c]);
-    }
 }
 
 fn crop_size(op: &'static str, params: &[Value], (h, w, _): (usize, usize, usize)) -> Result<(usize, usize)> {
