@@ -319,3 +319,249 @@ def test_pushdown_run_packs_a_query(corpus):
     out = subprocess.run([BIN, "run", "--sql", PACK_SQL, "--pack", "tokens", "--server", url],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "COLUMN:LENGTH" in out.stderr, out.stderr
+
+
+BUCKET_SQL = "SELECT id, tokenize(body, 100000) AS tokens FROM minilm"
+
+
+def bucket_boundaries(root, docs):
+    """Deciles of the library's lengths: every bucket holds documents."""
+    import numpy as np
+
+    lengths = [len(ids) for ids in oracle(root, "minilm", docs, None, True)]
+    return sorted({int(q) for q in np.quantile(lengths, np.arange(1, 10) / 10)}), lengths
+
+
+def rows_of(batch):
+    """(id, ids without padding) of each row of a bucketed batch."""
+    n = batch["tokens_length"]
+    return [(int(i), batch["tokens"][r, :n[r]].tolist()) for r, i in enumerate(batch["id"].tolist())]
+
+
+def test_every_bucketed_global_batch_holds_one_bucket_padded_to_its_longest(corpus):
+    """bucket_by=: each global batch's sequences fall in one bucket, padded to the batch's own
+    longest (16-bit ids kept), each the `tokenizers` library's encoding. The stream runs on
+    (a row queued at an epoch's end comes in the next), so over 3 epochs every row comes 3
+    times, give or take one; padding is far below padding to the longest sequence."""
+    import collections
+
+    import numpy as np
+    import pushdown
+
+    url, root, docs = corpus
+    boundaries, lengths = bucket_boundaries(root, docs)
+    want = oracle(root, "minilm", docs, None, True)
+    edges = [0, *boundaries, 1 << 30]
+    k = len(edges) - 1
+    batch, epochs = 8, 3
+    loader = pushdown.Loader(url, sql=BUCKET_SQL, batch_size=batch, shuffle_buffer=64, partitions=4, seed=2,
+                             epochs=epochs, bucket_by={"column": "tokens", "boundaries": boundaries, "pad_id": 0})
+    assert len(loader) == len(docs) // batch
+    seen, slots, used, buckets = collections.Counter(), 0, 0, set()
+    batches = 0
+    for b in loader:
+        batches += 1
+        tokens, n = b["tokens"], b["tokens_length"]
+        assert tokens.dtype == np.uint16 and n.dtype == np.int32
+        assert tokens.shape == (batch, int(n.max())), "padded to the batch's own longest"
+        bucket = {next(j for j in range(k) if edges[j] <= int(x) < edges[j + 1]) for x in n}
+        assert len(bucket) == 1, f"batch {batches} mixes buckets {bucket}: lengths {n.tolist()}"
+        buckets |= bucket
+        for r, (i, ids) in enumerate(rows_of(b)):
+            assert ids == want[i], f"row {i}"
+            assert (tokens[r, n[r]:] == 0).all()
+            seen[i] += 1
+        slots += tokens.size
+        used += int(n.sum())
+    assert batches == epochs * len(loader)
+    assert buckets == set(range(k))
+    assert set(seen) == set(range(len(docs))), "every row comes"
+    assert all(epochs - 1 <= c <= epochs + 1 for c in seen.values()), collections.Counter(seen.values())
+    # Against batches of the same size in a shuffled order, each padded to its own longest.
+    shuffled = np.random.default_rng(0).permutation(lengths)[: len(lengths) // batch * batch].reshape(-1, batch)
+    unbucketed = 1 - shuffled.sum() / (shuffled.max(axis=1).sum() * batch)
+    padding = 1 - used / slots
+    assert padding < 0.5 * unbucketed, (padding, unbucketed)
+    print(f"bucketed padding {padding:.1%}, unbucketed {unbucketed:.1%}; "
+          f"rows given {collections.Counter(seen.values())} times over {epochs} epochs")
+
+
+def test_bucketed_batches_are_the_same_at_two_ranks_and_resume_at_one(corpus):
+    """Global batches hold the same rows at world size 1 and 2 (each rank its partitions'
+    rows, padded to its own longest); both ranks' states together resume at world size 1,
+    exactly; a state of another kind is refused."""
+    import pushdown
+
+    url, root, docs = corpus
+    boundaries, _ = bucket_boundaries(root, docs)
+    kw = dict(sql=BUCKET_SQL, partitions=4, seed=9, epochs=3,
+              bucket_by={"column": "tokens", "boundaries": boundaries})
+    one_rank, two_ranks = dict(batch_size=8, shuffle_buffer=64), dict(batch_size=4, shuffle_buffer=32, world_size=2)
+    whole = [rows_of(b) for _, b in zip(range(30), pushdown.Loader(url, **one_rank, **kw))]
+    ranks = [pushdown.Loader(url, rank=r, **two_ranks, **kw) for r in range(2)]
+    its = [iter(r) for r in ranks]
+    for i in range(11):
+        halves = [rows_of(next(it)) for it in its]
+        assert halves[0] + halves[1] == whole[i], i
+    states = [r.state_dict() for r in ranks]
+    one = pushdown.Loader(url, **one_rank, **kw)
+    one.load_state_dict(states)
+    rest = [rows_of(b) for _, b in zip(range(19), one)]
+    assert rest == whole[11:30], "resumed at world size 1 from both ranks' states"
+    packed = pushdown.Loader(url, sql=BUCKET_SQL, partitions=4, seed=9, batch_size=8, shuffle_buffer=64,
+                             pack={"column": "tokens", "length": 64})
+    with pytest.raises(ValueError, match="bucket_by="):
+        again = pushdown.Loader(url, **one_rank, **kw)
+        again.load_state_dict(packed.state_dict())
+        next(iter(again))
+
+
+def test_bad_buckets_are_named(corpus):
+    import pushdown
+
+    url, _, _ = corpus
+    for bucket_by, says in [
+        ({"column": "tokens", "boundaries": [64, 32]}, "must increase"),
+        ({"column": "ids", "boundaries": [64]}, "no column `ids`"),
+        ({"column": "tokens", "boundaries": [64], "pad_id": 70000}, "16-bit"),
+        ({"column": "tokens", "boundary": [64]}, "bucket_by= is a dict"),
+        ({"column": "tokens", "boundaries": [64], "pad": 1}, "unknown keys"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            pushdown.Loader(url, sql=BUCKET_SQL, batch_size=4, partitions=4, bucket_by=bucket_by)
+    with pytest.raises(ValueError, match="give one"):
+        pushdown.Loader(url, sql=BUCKET_SQL, batch_size=4, partitions=4, pack={"column": "tokens", "length": 8},
+                        bucket_by={"column": "tokens", "boundaries": [64]})
+
+
+def test_pushdown_run_buckets_a_query(corpus):
+    import re
+    import subprocess
+
+    from conftest import BIN
+
+    url, _, _ = corpus
+    out = subprocess.run([BIN, "run", "--sql", BUCKET_SQL, "--bucket-by", "tokens:64,128,256", "--pack-batch", "4",
+                          "--server", url], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = re.search(r"bucketed: 1 epoch\(s\) of (\d+) global batches; delivered (\d+) rows in (\d+) batches",
+                      out.stdout)
+    assert found, out.stdout
+    per_epoch, rows, batches = map(int, found.groups())
+    assert batches == per_epoch and rows == 4 * batches
+    out = subprocess.run([BIN, "run", "--sql", BUCKET_SQL, "--bucket-by", "tokens:64,x", "--server", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "COLUMN:B1,B2" in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory):
+    """A dataset that ships no tokenizer, on a server with a folder of tokenizers by name."""
+    docs = stdlib_docstrings() + EXTRA
+    data = tmp_path_factory.mktemp("bare")
+    (data / "notes").mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(len(docs)), pa.int64()), "body": pa.array(docs)}),
+                   data / "notes" / "part-0.parquet", row_group_size=128)
+    folder = tmp_path_factory.mktemp("tokenizers")
+    shutil.copy(TOKENIZERS / PUBLISHED["llama"], folder / "llama3.json")
+    served = Served(data, args=("--tokenizers", str(folder)))
+    yield f"http://{served.addr}", docs
+    served.stop()
+
+
+def test_a_tokenizer_the_trainer_gives_tokenizes_on_the_servers_and_on_the_trainer(corpus, bare):
+    """tokenizer=: a dataset that ships none is tokenized with the trainer's file (a path or
+    its bytes), at the server (SQL, a pipeline) and at the trainer (a pipeline placed there),
+    each id the `tokenizers` library's; without it the call is refused naming the dataset; a
+    file the library cannot read is refused before any server is asked."""
+    import pushdown
+
+    url, docs = bare
+    _, root, _ = corpus
+    path = TOKENIZERS / PUBLISHED["minilm"]
+    want = oracle(root, "minilm", docs, MAX_LEN, True)
+    sql = f"SELECT id, tokenize(body, {MAX_LEN}) AS tokens FROM notes"
+    with pytest.raises(ValueError, match="ships no tokenizer.json"):
+        list(pushdown.Loader(url, sql=sql, batch_size=64))
+    for given in [path, str(path), path.read_bytes()]:
+        got = by_id(pushdown.Loader(url, sql=sql, batch_size=64, tokenizer=given), "tokens", pa.uint16())
+        assert [got[i] for i in range(len(docs))] == want
+    pipeline = {
+        "dataset": "notes",
+        "steps": [
+            {"op": "map", "call": "tokenize", "input": "body", "params": [MAX_LEN], "output": "ids"},
+            {"op": "select", "columns": ["id", "ids"]},
+            {"op": "batch", "size": 50},
+        ],
+    }
+    for placement in ["server", "trainer"]:
+        got = by_id(pushdown.Loader(url, pipeline=pipeline, placement=placement, tokenizer=path), "ids",
+                    pa.uint16())
+        assert [got[i] for i in range(len(docs))] == want, placement
+    with pytest.raises(ValueError, match="invalid tokenizer.json"):
+        pushdown.Loader(url, sql=sql, tokenizer=b"{ not a tokenizer")
+
+
+def test_a_tokenizer_of_the_servers_folder_is_named_by_the_call(corpus, bare):
+    """`pushdown serve --tokenizers DIR`: `tokenize(body, n, 'llama3')` reads DIR/llama3.json,
+    on the server and, sent by it, on the trainer; an unknown name lists the folder's."""
+    import pushdown
+
+    url, docs = bare
+    _, root, _ = corpus
+    want = oracle(root, "llama", docs, MAX_LEN, True)
+    sql = f"SELECT id, tokenize(body, {MAX_LEN}, 'llama3') AS tokens FROM notes"
+    got = by_id(pushdown.Loader(url, sql=sql, batch_size=64), "tokens", pa.uint32())
+    assert [got[i] for i in range(len(docs))] == want
+    pipeline = {
+        "dataset": "notes",
+        "steps": [
+            {"op": "map", "call": "tokenize", "input": "body", "params": [MAX_LEN, "llama3"], "output": "ids"},
+            {"op": "select", "columns": ["id", "ids"]},
+        ],
+    }
+    got = by_id(pushdown.Loader(url, pipeline=pipeline, placement="trainer", batch_size=64), "ids")
+    assert [got[i] for i in range(len(docs))] == want
+    with pytest.raises(ValueError, match=r"llama3"):
+        list(pushdown.Loader(url, sql=sql.replace("'llama3'", "'llama4'"), batch_size=64))
+
+
+def test_pack_and_bucket_by_steps_of_a_pipeline_are_the_loaders_options(corpus, tmp_path):
+    """A pipeline's `pack` step packs as `pack=` does (the same blocks), its `bucket_by` step
+    buckets as `bucket_by=` does; `pushdown run PIPELINE` reads such a file."""
+    import json
+    import subprocess
+
+    import numpy as np
+    import pushdown
+    from conftest import BIN
+
+    url, root, docs = corpus
+    head = [
+        {"op": "map", "call": "tokenize", "input": "body", "params": [100000], "output": "tokens"},
+        {"op": "select", "columns": ["tokens"]},
+    ]
+    pack = {"column": "tokens", "length": 128, "eos_id": EOS}
+    kw = dict(partitions=4, shuffle_buffer=64, seed=3)
+    by_step = pushdown.Loader(url, pipeline={"dataset": "llama", "steps": [
+        *head, {"op": "pack", **pack}, {"op": "batch", "size": 4}]}, **kw)
+    by_option = pushdown.Loader(url, pipeline={"dataset": "llama", "steps": [*head, {"op": "batch", "size": 4}]},
+                                pack=pack, **kw)
+    assert len(by_step) == len(by_option)
+    for _, a, b in zip(range(12), by_step, by_option):
+        assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["position_ids"], b["position_ids"])
+    boundaries, _ = bucket_boundaries(root, docs)
+    bucket_steps = [{"op": "map", "call": "tokenize", "input": "body", "params": [100000], "output": "tokens"},
+                    {"op": "select", "columns": ["id", "tokens"]},
+                    {"op": "bucket_by", "column": "tokens", "boundaries": boundaries},
+                    {"op": "batch", "size": 4}]
+    by_step = pushdown.Loader(url, pipeline={"dataset": "minilm", "steps": bucket_steps}, **kw)
+    by_option = pushdown.Loader(url, pipeline={"dataset": "minilm", "steps": [*bucket_steps[:2], bucket_steps[3]]},
+                                bucket_by={"column": "tokens", "boundaries": boundaries}, **kw)
+    for _, a, b in zip(range(12), by_step, by_option):
+        assert rows_of(a) == rows_of(b)
+    path = tmp_path / "bucketed.json"
+    path.write_text(json.dumps({"dataset": "minilm", "steps": bucket_steps}))
+    out = subprocess.run([BIN, "run", str(path), "--server", url], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "bucketed: 1 epoch(s) of" in out.stdout, out.stdout

@@ -184,6 +184,10 @@ struct ServeArgs {
     /// Named views, served as datasets (TOML: `[[view]] name = "…" sql = "SELECT …"`).
     #[arg(long, env = "PUSHDOWN_CATALOG")]
     catalog: Option<PathBuf>,
+    /// A folder of tokenizers by name (`NAME.json`): `tokenize(body, 512, 'NAME')` uses
+    /// `DIR/NAME.json` where no dataset is called NAME.
+    #[arg(long, env = "PUSHDOWN_TOKENIZERS")]
+    tokenizers: Option<PathBuf>,
     #[command(flatten)]
     cache: CacheArgs,
 }
@@ -336,8 +340,13 @@ struct RunArgs {
     /// world size 1 reads them; `--pack-batch` blocks per batch.
     #[arg(long, conflicts_with_all = ["out", "mixture"], value_parser = parse_pack)]
     pack: Option<pushdown_client::pack::Pack>,
-    /// Blocks per batch with `--pack`.
-    #[arg(long, default_value_t = 8, requires = "pack")]
+    /// Draw every global batch from one length bucket of a column's token lists, padded to
+    /// the batch's longest (`COLUMN:B1,B2,...[:PAD_ID]`, e.g. `tokens:64,256,1024`), read as
+    /// a loader of world size 1 reads them; `--pack-batch` rows per batch.
+    #[arg(long, conflicts_with_all = ["out", "mixture", "pack"], value_parser = parse_bucket_by)]
+    bucket_by: Option<pushdown_client::bucket::BucketBy>,
+    /// Blocks (with `--pack`) or rows (with `--bucket-by`) per batch.
+    #[arg(long, default_value_t = 8)]
     pack_batch: usize,
     #[command(flatten)]
     client: ClientArgs,
@@ -369,6 +378,27 @@ fn parse_pack(s: &str) -> Result<pushdown_client::pack::Pack, String> {
         return Err(bad());
     }
     Ok(pack)
+}
+
+/// `COLUMN:B1,B2,...[:PAD_ID]`.
+fn parse_bucket_by(s: &str) -> Result<pushdown_client::bucket::BucketBy, String> {
+    let bad = || format!("--bucket-by {s}: COLUMN:B1,B2,...[:PAD_ID], e.g. tokens:64,256,1024");
+    let mut parts = s.split(':');
+    let (Some(column), Some(boundaries)) = (parts.next(), parts.next()) else {
+        return Err(bad());
+    };
+    let boundaries = boundaries
+        .split(',')
+        .map(|b| b.trim().parse().map_err(|_| bad()))
+        .collect::<Result<Vec<u32>, _>>()?;
+    let mut by = pushdown_client::bucket::BucketBy::new(column, boundaries);
+    if let Some(pad) = parts.next() {
+        by.pad_id = pad.parse().map_err(|_| bad())?;
+    }
+    if parts.next().is_some() || column.is_empty() {
+        return Err(bad());
+    }
+    Ok(by)
 }
 
 fn parse_push(s: &str) -> Result<pushdown_client::Push, String> {
@@ -564,6 +594,7 @@ fn server_config(args: &ServeArgs) -> ServerConfig {
             default_mode: args.cache.cache,
             modes: args.cache.cache_datasets.iter().cloned().collect(),
         },
+        tokenizers: args.tokenizers.clone(),
         ..defaults
     }
 }
@@ -643,8 +674,12 @@ async fn run_pipeline(args: RunArgs) -> Result<()> {
     if let Some(path) = args.mixture.clone() {
         return run_mixture_file(&path, args).await;
     }
-    if let Some(pack) = args.pack.clone() {
-        return run_packed_source(pack, args).await;
+    let regrouped_file = match &args.pipeline {
+        Some(path) => Pipeline::from_file(path)?.without_regroup().1.is_some(),
+        None => false,
+    };
+    if args.pack.is_some() || args.bucket_by.is_some() || regrouped_file {
+        return run_regrouped_source(args).await;
     }
     let source = match (args.pipeline, args.sql) {
         (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(&path)?),
@@ -719,21 +754,43 @@ async fn run_mixture_file(path: &std::path::Path, args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// `run --pack COLUMN:LENGTH[:EOS]`: the query's documents packed into blocks, read as a
-/// world-size-1 loader reads them.
-async fn run_packed_source(pack: pushdown_client::pack::Pack, args: RunArgs) -> Result<()> {
+/// `run --pack COLUMN:LENGTH[:EOS]` or `--bucket-by COLUMN:B1,...`, or a pipeline with a
+/// `pack` or `bucket_by` step: the query's documents packed into blocks, or its rows batched
+/// by length bucket, read as a world-size-1 loader reads them.
+async fn run_regrouped_source(args: RunArgs) -> Result<()> {
     let source = match (&args.pipeline, &args.sql) {
         (Some(path), None) => LoaderSource::Pipeline(Pipeline::from_file(path)?),
         (None, Some(sql)) => LoaderSource::Sql(sql.clone()),
-        _ => anyhow::bail!("--pack packs the documents of a pipeline or --sql"),
+        _ => anyhow::bail!("--pack and --bucket-by take the rows of a pipeline or --sql"),
     };
-    let options = loader_options(&args, Some(args.pack_batch), None)?;
+    let step = match &source {
+        LoaderSource::Pipeline(p) => p.without_regroup().1,
+        LoaderSource::Sql(_) => None,
+    };
+    if step.is_some() && (args.pack.is_some() || args.bucket_by.is_some()) {
+        anyhow::bail!("the pipeline has its own pack or bucket_by step: drop --pack or --bucket-by");
+    }
+    let what = match (&args.pack, &step) {
+        (Some(_), _) | (None, Some(pushdown_planner::Step::Pack(_))) => "packed",
+        _ => "bucketed",
+    };
+    // A pipeline's own step takes its batch size from the pipeline's batch step.
+    let batch_size = if step.is_some() {
+        None
+    } else {
+        Some(args.pack_batch)
+    };
+    let options = loader_options(&args, batch_size, None)?;
     let servers = args.client.servers.clone();
+    let (pack, bucket_by) = (args.pack.clone(), args.bucket_by.clone());
     let report = tokio::task::spawn_blocking(move || {
-        read_loader(
-            pushdown_client::Loader::packed(&servers, source, pack, options)?,
-            "packed",
-        )
+        let loader = match (pack, bucket_by) {
+            (Some(pack), _) => pushdown_client::Loader::packed(&servers, source, pack, options)?,
+            (None, Some(by)) => pushdown_client::Loader::bucketed(&servers, source, by, options)?,
+            // The pipeline's own step regroups it.
+            (None, None) => pushdown_client::Loader::new(&servers, source, options)?,
+        };
+        read_loader(loader, what)
     })
     .await??;
     print!("{report}");

@@ -122,6 +122,16 @@ async fn plan_on(node: &Arc<fleet::Node>, descriptor: FlightDescriptor) -> Resul
 #[derive(Debug, Clone)]
 pub struct PushdownClient {
     fleet: Arc<Fleet>,
+    /// The tokenizer the trainer gives ([`ConnectOptions::tokenizer`]).
+    given: Option<Arc<GivenTokenizer>>,
+}
+
+/// A tokenizer a trainer gives the servers: its bytes, its content id, and its model here.
+#[derive(Debug)]
+struct GivenTokenizer {
+    id: String,
+    json: bytes::Bytes,
+    model: Arc<pushdown_ops::TokenizerModel>,
 }
 
 /// The longest wait for one server's scaling signal.
@@ -137,10 +147,69 @@ impl PushdownClient {
 
     /// [`Self::connect`] with credentials and TLS settings: `https://` and `grpc+tls://`
     /// URLs (and `dns://` names when a CA is given) are reached over TLS.
+    /// A tokenizer given ([`ConnectOptions::tokenizer`]) is parsed here first: a file the
+    /// `tokenizers` library cannot read is refused before any server is asked.
     pub async fn connect_with<S: AsRef<str>>(urls: &[S], options: ConnectOptions) -> Result<Self> {
+        let given = match &options.tokenizer {
+            Some(json) => {
+                let model = pushdown_ops::load_tokenizer(json)
+                    .map_err(|e| ClientError::Invalid(format!("the tokenizer given: {e}")))?;
+                Some(Arc::new(GivenTokenizer {
+                    id: pushdown_ops::tokenizer_id(json),
+                    json: bytes::Bytes::from(json.as_ref().clone()),
+                    model: Arc::new(model),
+                }))
+            }
+            None => None,
+        };
         Ok(Self {
             fleet: Arc::new(Fleet::connect(urls, options).await?),
+            given,
         })
+    }
+
+    /// The id of the tokenizer this client gives the servers (`sha256:…`), if it gives one.
+    pub fn tokenizer_id(&self) -> Option<&str> {
+        self.given.as_deref().map(|g| g.id.as_str())
+    }
+
+    /// `request` naming the given tokenizer as its calls' default (where it names none),
+    /// once every server that answers keeps it: each is asked whether it does (`has_tokenizer`)
+    /// and given it (`give_tokenizer`) only where it does not. A server that cannot be
+    /// reached is left to planning's own rules; one that refuses the tokenizer fails this.
+    async fn with_given_tokenizer(&self, request: &ScanRequest) -> Result<ScanRequest> {
+        let mut request = request.clone();
+        let Some(given) = &self.given else {
+            return Ok(request);
+        };
+        if request.tokenizer.is_some() {
+            return Ok(request);
+        }
+        futures::future::try_join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let has = Action::new(ActionKind::HasTokenizer.name(), bytes::Bytes::from(given.id.clone()));
+            let kept = match node.action(has).await {
+                Ok(answer) => answer.first().is_some_and(|r| &r.body[..] == b"yes"),
+                Err(status) if Failure::of(status.code()) == Failure::Transient => {
+                    tracing::warn!(server = %node.url, error = %status.message(), "could not ask for the tokenizer");
+                    return Ok(());
+                }
+                Err(status) => return Err(ClientError::server(&node.url, status)),
+            };
+            if !kept {
+                let give = Action::new(ActionKind::GiveTokenizer.name(), given.json.clone());
+                match node.action(give).await {
+                    Ok(_) => tracing::debug!(server = %node.url, id = %given.id, "gave the tokenizer"),
+                    Err(status) if Failure::of(status.code()) == Failure::Transient => {
+                        tracing::warn!(server = %node.url, error = %status.message(), "could not give the tokenizer");
+                    }
+                    Err(status) => return Err(ClientError::server(&node.url, status)),
+                }
+            }
+            Ok(())
+        }))
+        .await?;
+        request.tokenizer = Some(given.id.clone());
+        Ok(request)
     }
 
     /// The servers known so far (those given, and those endpoints named).
@@ -186,6 +255,7 @@ impl PushdownClient {
     ///   one member hangs; files only it holds join the first plan after it answers).
     pub async fn plan(&self, request: &ScanRequest) -> Result<FlightInfo> {
         self.fleet.rediscover().await;
+        let request = self.with_given_tokenizer(request).await?;
         let descriptor = FlightDescriptor::new_cmd(request.encode());
         let (answers, unreachable) = ask_to_plan(self.fleet.nodes(), &descriptor).await?;
         let offered: Vec<Option<BTreeSet<(String, String)>>> =
@@ -372,6 +442,7 @@ impl PushdownClient {
 
     /// Runs the server's `profile` action on the fragment of `request`.
     pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
+        let request = self.with_given_tokenizer(request).await?;
         let bodies = self.action(ActionKind::Profile, request.encode()).await?;
         let body = bodies
             .first()
@@ -415,8 +486,8 @@ impl PushdownClient {
     }
 
     /// The resources the client-side `steps` of a pipeline over `dataset` need, as their ops
-    /// declare them ([`pushdown_ops::Op::needs`]): the tokenizers their calls name, or
-    /// `dataset`'s for calls that name none.
+    /// declare them ([`pushdown_ops::Op::needs`]): the tokenizers their calls name, or for
+    /// calls that name none the one this client gives, else `dataset`'s.
     pub async fn resources_for(&self, steps: &[pushdown_planner::Step], dataset: &str) -> Result<Tokenizers> {
         let calls: Vec<pushdown_ops::Call> = steps
             .iter()
@@ -434,12 +505,16 @@ impl PushdownClient {
         calls: &[pushdown_ops::Call],
         dataset: &str,
     ) -> Result<Tokenizers> {
-        let mut tokenizers = Tokenizers::new(Some(dataset.to_owned()));
+        let default = self.tokenizer_id().unwrap_or(dataset).to_owned();
+        let mut tokenizers = Tokenizers::new(Some(default.clone()));
+        if let Some(given) = &self.given {
+            tokenizers.insert(given.id.clone(), Arc::clone(&given.model));
+        }
         for call in calls {
             for need in call.needs()? {
                 match need {
                     pushdown_ops::Need::Tokenizer(name) => {
-                        let name = name.unwrap_or_else(|| dataset.to_owned());
+                        let name = name.unwrap_or_else(|| default.clone());
                         if !tokenizers.contains(&name) {
                             let tokenizer = self.tokenizer(&name).await?;
                             tokenizers.insert(name, tokenizer);

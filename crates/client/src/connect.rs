@@ -1,6 +1,7 @@
 //! How a client reaches its servers (credentials, TLS, message sizes) and what their
 //! FlightInfo carries beyond Flight's own fields.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_flight::FlightInfo;
@@ -29,6 +30,10 @@ pub struct ConnectOptions {
     /// that failed (it rests, and a plan goes on without it where the others hold its
     /// files). Streams have their own deadline, [`crate::StreamOptions::stall_timeout`].
     pub call_timeout: Duration,
+    /// A `tokenizer.json` the trainer gives: given to each server that does not keep it
+    /// when a request is planned, and the tokenizer of every call that names none (on the
+    /// servers and here alike). None: a call's tokenizer is the dataset's.
+    pub tokenizer: Option<Arc<Vec<u8>>>,
 }
 
 impl Default for ConnectOptions {
@@ -38,6 +43,7 @@ impl Default for ConnectOptions {
             tls_ca: None,
             tls_identity: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            tokenizer: None,
         }
     }
 }
@@ -49,6 +55,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("tls_ca", &self.tls_ca.is_some())
             .field("tls_identity", &self.tls_identity.is_some())
             .field("call_timeout", &self.call_timeout)
+            .field("tokenizer", &self.tokenizer.as_ref().map(|t| t.len()))
             .finish()
     }
 }
@@ -90,6 +97,7 @@ impl ConnectOptions {
             tls_ca: ca.map(read).transpose()?,
             tls_identity,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            tokenizer: None,
         })
     }
 }

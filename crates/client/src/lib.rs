@@ -21,13 +21,16 @@
 //! a holder: planning, a call any server may answer, a shard's stream); `control` (the adaptive split's control loop:
 //! pure, no I/O); `completion` and `tune` (the shared completion and the streams-in-flight
 //! tuner); `stream` (shard streams, holding the fleet); `client` ([`PushdownClient`]);
-//! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime); `loader` and `run` on
-//! top. This root only documents and re-exports.
+//! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime),
+//! with `deal`, `mixture`, `pack` and `bucket` (dealing by weight, mixtures, packed blocks,
+//! length buckets: pure too); `loader` and `run` on top. This root only documents and re-exports.
 
+pub mod bucket;
 mod client;
 mod completion;
 mod connect;
 mod control;
+mod deal;
 mod error;
 mod fleet;
 mod loader;
@@ -49,7 +52,7 @@ pub use loader::{
     Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderStats, MixtureSource, Prepared, Push,
     TensorBatch,
 };
-pub use order::{Echo, LoaderState};
+pub use order::{Echo, LoaderState, PartPos};
 pub use plan::{Link, LinkSource, costed_plan, costed_plan_for_ranks, is_on_this_host};
 pub use steps::RowSteps;
 pub use stream::{Order, READ_AHEAD_BYTES, Segment, ShardStream, StreamOptions, StreamTotals};

@@ -22,6 +22,7 @@
 //! * the mixture's epoch is `⌊Σ_s n_s / G⌋` global batches (as many rows as the sources hold
 //!   together): it ends on a batch count, never on one source running out.
 
+use crate::deal::furthest_behind;
 use crate::error::{ClientError, Result};
 pub use crate::order::Taken;
 
@@ -172,20 +173,6 @@ impl Schedule {
         }
         taken
     }
-}
-
-/// The source furthest behind its weight when the mixture's row `t` is dealt (`counts`: rows
-/// of each dealt before it): the largest `w·(t+1) − count`, the first on a tie.
-fn furthest_behind(weights: &[f64], counts: &[u64], t: u64) -> usize {
-    let target = (t + 1) as f64;
-    let mut best = (0, f64::NEG_INFINITY);
-    for (s, (&w, &c)) in weights.iter().zip(counts).enumerate() {
-        let behind = w * target - c as f64;
-        if behind > best.1 {
-            best = (s, behind);
-        }
-    }
-    best.0
 }
 
 /// A chunk holding `chunk[s]` rows of each source, its sources spread evenly: each place

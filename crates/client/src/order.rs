@@ -33,6 +33,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+use crate::bucket::BucketPos;
 use crate::error::{ClientError, Result};
 use crate::pack::PackPos;
 
@@ -186,10 +187,17 @@ pub struct LoaderState {
     /// `version` is then its sources' together, needed at any position (a source's epochs
     /// run across the mixture's).
     pub mixture: Option<Taken>,
-    /// A packed loader's state (`PDK1`): where each partition's packer is, known for the
-    /// partitions the saving rank read (`None` for the others: a state of every partition
-    /// is [`LoaderState::merge`]d from every rank's).
-    pub pack: Option<Vec<Option<PackPos>>>,
+    /// A packed (`PDK1`) or bucketed (`PDB1`) loader's state: where each partition's packer
+    /// or bucketer is, known for the partitions the saving rank read (`None` for the others:
+    /// a state of every partition is [`LoaderState::merge`]d from every rank's).
+    pub parts: Option<Vec<Option<PartPos>>>,
+}
+
+/// Where one partition of a packed or bucketed loader is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartPos {
+    Pack(PackPos),
+    Bucket(BucketPos),
 }
 
 const STATE_MAGIC: &[u8; 4] = b"PDL4";
@@ -199,6 +207,10 @@ const MIXTURE_MAGIC: &[u8; 4] = b"PDM1";
 /// A packed loader's state: a `PDL4` state's words, then partitions `P` and, per partition,
 /// documents done (`u64::MAX`: not known to this rank) and tokens into the next.
 const PACK_MAGIC: &[u8; 4] = b"PDK1";
+/// A bucketed loader's state: a `PDL4` state's words, then partitions `P` and, per
+/// partition, its first row still queued (`u64::MAX`: not known to this rank), the words
+/// `n` of its bitmap of rows given after it, and those `n` words.
+const BUCKET_MAGIC: &[u8; 4] = b"PDB1";
 const STATE_WORDS: usize = 11;
 const STATE_LEN: usize = 4 + STATE_WORDS * 8;
 /// States of the per-rank order: a fingerprint, epoch, batches, version and (`PDL3`) echo.
@@ -233,26 +245,45 @@ impl LoaderState {
                 out.extend_from_slice(&rows.to_le_bytes());
             }
         }
-        if let Some(pack) = &self.pack {
-            out[..4].copy_from_slice(PACK_MAGIC);
-            out.extend_from_slice(&(pack.len() as u64).to_le_bytes());
-            for pos in pack {
-                let (done, offset) = pos.map_or((u64::MAX, 0), |p| (p.done, p.offset));
-                out.extend_from_slice(&done.to_le_bytes());
-                out.extend_from_slice(&offset.to_le_bytes());
+        if let Some(parts) = &self.parts {
+            let bucketed = parts.iter().flatten().any(|p| matches!(p, PartPos::Bucket(_)));
+            out[..4].copy_from_slice(if bucketed { BUCKET_MAGIC } else { PACK_MAGIC });
+            out.extend_from_slice(&(parts.len() as u64).to_le_bytes());
+            for pos in parts {
+                let words = match pos {
+                    None => vec![u64::MAX, 0],
+                    Some(PartPos::Pack(p)) => vec![p.done, p.offset],
+                    Some(PartPos::Bucket(b)) => {
+                        let mut w = vec![b.first, b.given.len().div_ceil(8) as u64];
+                        w.extend(b.given.chunks(8).map(|c| {
+                            let mut word = [0u8; 8];
+                            word[..c.len()].copy_from_slice(c);
+                            u64::from_le_bytes(word)
+                        }));
+                        w
+                    }
+                };
+                for w in words {
+                    out.extend_from_slice(&w.to_le_bytes());
+                }
             }
         }
         out
     }
 
-    /// A packed loader's state: the `PDL4` words, then each partition's packer.
-    fn pack_from_bytes(bytes: &[u8]) -> Result<Self> {
+    /// A packed (`PDK1`) or bucketed (`PDB1`) loader's state: the `PDL4` words, then each
+    /// partition's packer or bucketer.
+    fn parts_from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bucketed = bytes.starts_with(BUCKET_MAGIC);
         let bad = || {
-            ClientError::Invalid(
-                "a damaged pushdown packed-loader state (PDK1): its length does not match its \
-                 partitions"
-                    .into(),
-            )
+            let kind = if bucketed {
+                "bucketed-loader state (PDB1)"
+            } else {
+                "packed-loader state (PDK1)"
+            };
+            ClientError::Invalid(format!(
+                "a damaged pushdown {kind}: its length does not match its partitions"
+            ))
         };
         if bytes.len() < STATE_LEN + 8 || !(bytes.len() - STATE_LEN).is_multiple_of(8) {
             return Err(bad());
@@ -265,20 +296,43 @@ impl LoaderState {
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
             .collect();
         let partitions = words[0] as usize;
-        if partitions as u64 != state.order.partitions || words.len() != 1 + 2 * partitions {
+        if partitions as u64 != state.order.partitions {
             return Err(bad());
         }
-        state.pack = Some(
-            words[1..]
-                .chunks_exact(2)
-                .map(|w| {
-                    (w[0] != u64::MAX).then_some(PackPos {
-                        done: w[0],
-                        offset: w[1],
-                    })
-                })
-                .collect(),
-        );
+        let mut rest = &words[1..];
+        let mut parts = Vec::with_capacity(partitions.min(rest.len()));
+        for _ in 0..partitions {
+            // A packer's two words; a bucketer's first row, its bitmap's words and the bitmap.
+            let [first, second, tail @ ..] = rest else {
+                return Err(bad());
+            };
+            let n = if bucketed {
+                usize::try_from(*second).map_err(|_| bad())?
+            } else {
+                0
+            };
+            if tail.len() < n {
+                return Err(bad());
+            }
+            parts.push((*first != u64::MAX).then(|| match bucketed {
+                false => PartPos::Pack(PackPos {
+                    done: *first,
+                    offset: *second,
+                }),
+                true => {
+                    let mut given: Vec<u8> = tail[..n].iter().flat_map(|w| w.to_le_bytes()).collect();
+                    while given.last() == Some(&0) {
+                        given.pop();
+                    }
+                    PartPos::Bucket(BucketPos { first: *first, given })
+                }
+            }));
+            rest = &tail[n..];
+        }
+        if !rest.is_empty() {
+            return Err(bad());
+        }
+        state.parts = Some(parts);
         Ok(state)
     }
 
@@ -292,8 +346,8 @@ impl LoaderState {
         let mut out = first.clone();
         for (i, s) in states.iter().enumerate().skip(1) {
             let (mut a, mut b) = (out.clone(), s.clone());
-            a.pack = None;
-            b.pack = None;
+            a.parts = None;
+            b.parts = None;
             if a != b {
                 return Err(ClientError::Invalid(format!(
                     "state {i} is not at state 0's position in the same loader (epoch {} batch {} \
@@ -302,18 +356,18 @@ impl LoaderState {
                     s.epoch, s.batches, first.epoch, first.batches
                 )));
             }
-            let (Some(merged), Some(theirs)) = (out.pack.as_mut(), s.pack.as_ref()) else {
+            let (Some(merged), Some(theirs)) = (out.parts.as_mut(), s.parts.as_ref()) else {
                 continue;
             };
             for (p, (m, t)) in merged.iter_mut().zip(theirs).enumerate() {
-                match (*m, *t) {
+                match (&*m, t) {
                     (Some(x), Some(y)) if x != y => {
                         return Err(ClientError::Invalid(format!(
                             "states 0 and {i} disagree on partition {p}'s position: they come \
                              from different runs"
                         )));
                     }
-                    (None, Some(y)) => *m = Some(y),
+                    (None, Some(y)) => *m = Some(y.clone()),
                     _ => {}
                 }
             }
@@ -355,8 +409,8 @@ impl LoaderState {
         if bytes.starts_with(MIXTURE_MAGIC) {
             return Self::mixture_from_bytes(bytes);
         }
-        if bytes.starts_with(PACK_MAGIC) {
-            return Self::pack_from_bytes(bytes);
+        if bytes.starts_with(PACK_MAGIC) || bytes.starts_with(BUCKET_MAGIC) {
+            return Self::parts_from_bytes(bytes);
         }
         if bytes.starts_with(b"PDL1") {
             return Err(ClientError::Invalid(
@@ -389,7 +443,7 @@ impl LoaderState {
                 echo: if v2 { 1 } else { word(4).max(1) },
                 per_rank: Some(word(0)),
                 mixture: None,
-                pack: None,
+                parts: None,
             });
         }
         if bytes.len() != STATE_LEN || &bytes[..4] != STATE_MAGIC {
@@ -413,7 +467,7 @@ impl LoaderState {
             echo: word(10).max(1),
             per_rank: None,
             mixture: None,
-            pack: None,
+            parts: None,
         })
     }
 }
@@ -1056,18 +1110,18 @@ mod tests {
             echo: 3,
             per_rank: None,
             mixture: None,
-            pack: None,
+            parts: None,
         };
         assert_eq!(LoaderState::from_bytes(&s.to_bytes()).expect("state"), s);
         // A packed loader's partitions travel with it, the unknown ones too; ranks' states
         // merge into one that knows every partition.
-        let at = |done, offset| Some(PackPos { done, offset });
+        let at = |done, offset| Some(PartPos::Pack(PackPos { done, offset }));
         let rank0 = LoaderState {
-            pack: Some(vec![at(3, 5), at(4, 0), None, None, None, None, None, None]),
+            parts: Some(vec![at(3, 5), at(4, 0), None, None, None, None, None, None]),
             ..s.clone()
         };
         let mut rank1 = rank0.clone();
-        rank1.pack = Some(vec![
+        rank1.parts = Some(vec![
             None,
             None,
             at(1, 1),
@@ -1085,8 +1139,8 @@ mod tests {
             assert!(e.to_string().contains("damaged"), "{e}");
         }
         let merged = LoaderState::merge(&[rank0.clone(), rank1.clone()]).expect("merge");
-        assert!(merged.pack.as_ref().expect("pack").iter().all(Option::is_some));
-        assert_eq!(merged.pack.as_ref().expect("pack")[3], at(9, 2));
+        assert!(merged.parts.as_ref().expect("parts").iter().all(Option::is_some));
+        assert_eq!(merged.parts.as_ref().expect("parts")[3], at(9, 2));
         let mut later = rank1.clone();
         later.batches += 1;
         assert!(
@@ -1096,13 +1150,35 @@ mod tests {
                 .contains("at one step")
         );
         let mut other = rank1;
-        other.pack.as_mut().expect("pack")[0] = at(7, 7);
+        other.parts.as_mut().expect("parts")[0] = at(7, 7);
         assert!(
             LoaderState::merge(&[rank0, other])
                 .expect_err("disagree")
                 .to_string()
                 .contains("partition 0")
         );
+        // A bucketed loader's bitmaps travel with it, of any length.
+        let bucket = |first, given: Vec<u8>| Some(PartPos::Bucket(BucketPos { first, given }));
+        let bucketed = LoaderState {
+            parts: Some(vec![
+                bucket(4, vec![]),
+                None,
+                bucket(9, vec![1, 0, 255, 3, 5, 6, 7, 8, 9, 10]),
+                bucket(0, vec![0x80]),
+                None,
+                None,
+                None,
+                None,
+            ]),
+            ..s.clone()
+        };
+        let bytes = bucketed.to_bytes();
+        assert!(bytes.starts_with(b"PDB1"));
+        assert_eq!(LoaderState::from_bytes(&bytes).expect("bucketed state"), bucketed);
+        for cut in [bytes.len() - 8, STATE_LEN + 8 * 5] {
+            let e = LoaderState::from_bytes(&bytes[..cut]).expect_err("damaged");
+            assert!(e.to_string().contains("damaged pushdown bucketed"), "{e}");
+        }
         // A mixture's rows taken travel with it; a damaged one is refused.
         let mixed = LoaderState {
             mixture: Some(Taken(vec![(0..8).collect(), (10..18).collect()])),

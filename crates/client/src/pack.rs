@@ -41,6 +41,18 @@ pub struct Pack {
     pub pad_id: Option<u32>,
 }
 
+impl From<pushdown_planner::PackStep> for Pack {
+    fn from(s: pushdown_planner::PackStep) -> Self {
+        Self {
+            column: s.column,
+            length: s.length,
+            eos_id: s.eos_id,
+            split_documents: s.split_documents,
+            pad_id: s.pad_id,
+        }
+    }
+}
+
 /// The output columns of a packed loader.
 pub const TOKENS: &str = "tokens";
 pub const POSITION_IDS: &str = "position_ids";

@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// The scaling signal's window: clients' reports and the server's CPU use over this
     /// long answer "how many servers would remove the stall".
     pub scaling_window: Duration,
+    /// A folder of tokenizers by name (`NAME.json`), for calls that name one no dataset is
+    /// called (`tokenize(body, 512, 'llama3')`).
+    pub tokenizers: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +106,7 @@ impl Default for ServerConfig {
             max_query_memory: 512 << 20,
             cache: CacheConfig::default(),
             scaling_window: Duration::from_secs(10),
+            tokenizers: None,
         }
     }
 }

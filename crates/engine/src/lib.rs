@@ -18,7 +18,7 @@
 //! | a node: what requests share; the one ticket → batches path | [`node`], [`ticket`] |
 //! | planning and opening queries, profiles | [`query`], [`profile`], [`views`], [`udf`], [`table`], [`conjunction`] |
 //! | the SQL allow-list | [`allow`] |
-//! | storage, catalog, cache, read-ahead | [`store`], [`catalog`], [`cache`], [`prefetch`] |
+//! | storage, catalog, cache, read-ahead | [`store`], [`catalog`], [`tokenizers`], [`cache`], [`prefetch`] |
 //! | access, limits, accounting, scheduling | [`auth`], [`config`], [`metrics`], [`scaling`], [`runtime`], [`pool`], [`error`] |
 //!
 //! The crate depends on neither `tonic` nor `arrow-flight` (`scripts/test.sh` checks it):
@@ -46,6 +46,7 @@ pub mod startup;
 pub mod store;
 pub mod table;
 pub mod ticket;
+pub mod tokenizers;
 pub mod udf;
 pub mod views;
 

@@ -21,6 +21,7 @@ use crate::runtime::CpuRuntime;
 use crate::scaling::Scaling;
 use crate::startup::StartupError;
 use crate::store::InstrumentedStore;
+use crate::tokenizers::TokenizerCatalog;
 use crate::views::Views;
 
 /// Shared by every request of a server.
@@ -136,6 +137,7 @@ impl NodeBuilder {
                 runtime,
                 store_url,
                 Arc::clone(&config),
+                Arc::new(TokenizerCatalog::new(config.tokenizers.clone())),
             ),
             metrics,
             cpu,

@@ -169,7 +169,7 @@ pub async fn profile(
     };
     let datasets = engine.catalog().datasets().await?;
     let ctx = engine.session(1);
-    let limits = engine.op_limits(&ctx);
+    let limits = engine.op_limits(&ctx, request.tokenizer.as_deref());
     // The fragment may read a view: it is sampled through it, over the dataset beneath.
     let checked = engine.check(&request.query, grant)?;
     let referenced = engine
@@ -343,7 +343,8 @@ fn profile_ops(
 ) -> Result<Vec<OpProfile>> {
     let mut readable = grant.visible(datasets);
     readable.insert(dataset.name.clone(), Arc::clone(dataset));
-    let resources = crate::udf::DatasetResources::new(readable, Some(dataset.name.clone()));
+    let default = limits.tokenizer.clone().or_else(|| Some(dataset.name.clone()));
+    let resources = crate::udf::DatasetResources::new(readable, default, Arc::clone(&limits.tokenizers));
     let calls = pushdown_ops::Calls::bind(&f.ops, kept.schema(), &resources)
         .map_err(|e| ServerError::BadQuery(e.to_string()))?;
     // The server's caps hold for the sample too: a call refused at planning never runs here.

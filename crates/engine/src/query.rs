@@ -51,6 +51,7 @@ use crate::catalog::{Catalog, DataFile, Dataset, METADATA_SIZE_HINT, lookup};
 use crate::error::{Result, ServerError};
 use crate::layout::PartitionFilter;
 use crate::table::ShardTable;
+use crate::tokenizers::TokenizerCatalog;
 use crate::udf::OpLimits;
 use crate::views::Views;
 
@@ -189,6 +190,8 @@ pub struct Engine {
     /// A session's state kept to parse queries and name what they read, the same for every
     /// query (built once: cloning a session's state copies its function registries).
     parser: std::sync::OnceLock<datafusion::execution::SessionState>,
+    /// Tokenizers no dataset ships: given by trainers, or the server's folder of them.
+    tokenizers: Arc<TokenizerCatalog>,
 }
 
 impl Engine {
@@ -198,6 +201,7 @@ impl Engine {
         runtime: Arc<RuntimeEnv>,
         store_url: ObjectStoreUrl,
         config: Arc<ServerConfig>,
+        tokenizers: Arc<TokenizerCatalog>,
     ) -> Self {
         Self {
             catalog,
@@ -206,6 +210,7 @@ impl Engine {
             store_url,
             config,
             parser: std::sync::OnceLock::new(),
+            tokenizers,
         }
     }
 
@@ -276,9 +281,17 @@ impl Engine {
         SessionContext::new_with_state(state)
     }
 
-    /// The caps of op calls in a query of `ctx`: the server's, accounted in `ctx`'s pool.
-    pub fn op_limits(&self, ctx: &SessionContext) -> OpLimits {
+    /// Tokenizers no dataset ships: given by trainers, or the server's folder of them.
+    pub fn tokenizers(&self) -> &Arc<TokenizerCatalog> {
+        &self.tokenizers
+    }
+
+    /// The caps of op calls in a query of `ctx`: the server's, accounted in `ctx`'s pool;
+    /// `tokenizer`, the one calls that name none use (a request's; none: the dataset read's).
+    pub fn op_limits(&self, ctx: &SessionContext, tokenizer: Option<&str>) -> OpLimits {
         OpLimits {
+            tokenizer: tokenizer.map(str::to_owned),
+            tokenizers: Arc::clone(&self.tokenizers),
             max_row_bytes: self.config.max_op_row_bytes,
             max_batch_bytes: self.config.max_op_batch_bytes,
             pool: Some(Arc::clone(&ctx.runtime_env().memory_pool)),
@@ -409,7 +422,7 @@ impl Engine {
         let checked = self.check(query, grant)?;
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(1);
-        let limits = self.op_limits(&ctx);
+        let limits = self.op_limits(&ctx, None);
         self.register_referenced(&ctx, &datasets, grant, &checked, &limits, |d| {
             self.full_table(d, false)
         })
@@ -427,7 +440,7 @@ impl Engine {
         let checked = self.check(&request.query, grant)?;
         let datasets = self.catalog.datasets().await?;
         let ctx = self.session(self.config.cpu_threads);
-        let limits = self.op_limits(&ctx);
+        let limits = self.op_limits(&ctx, request.tokenizer.as_deref());
         let referenced = self
             .register_names(&ctx, &datasets, grant, checked.names(), &limits, |d| {
                 self.full_table(d, false)
@@ -866,7 +879,7 @@ impl Engine {
                 }
             }
         }
-        let limits = self.op_limits(&ctx);
+        let limits = self.op_limits(&ctx, ticket.request.tokenizer.as_deref());
         // Views over the shard's dataset read the shard table just registered.
         self.register_names(&ctx, datasets, grant, checked.names(), &limits, |d| {
             self.full_table(d, pushdown)
@@ -952,7 +965,7 @@ impl Engine {
             ));
         }
         let ctx = self.session(self.config.cpu_threads);
-        let limits = self.op_limits(&ctx);
+        let limits = self.op_limits(&ctx, ticket.request.tokenizer.as_deref());
         let referenced = self
             .register_referenced(&ctx, datasets, grant, checked, &limits, |d| {
                 self.full_table(d, pushdown)
@@ -1208,7 +1221,12 @@ pub fn register_ops(
     default: Option<String>,
     limits: &OpLimits,
 ) {
-    let resources = Arc::new(crate::udf::DatasetResources::new(datasets.clone(), default));
+    let default = limits.tokenizer.clone().or(default);
+    let resources = Arc::new(crate::udf::DatasetResources::new(
+        datasets.clone(),
+        default,
+        Arc::clone(&limits.tokenizers),
+    ));
     for udf in crate::udf::udfs(resources, limits.clone()) {
         ctx.register_udf(udf);
     }

@@ -26,18 +26,49 @@ use std::collections::BTreeMap;
 use pushdown_ops::{Context, Op, Resources, Value};
 
 use crate::catalog::Dataset;
+use crate::tokenizers::TokenizerCatalog;
 
-/// Resources of op calls on a server: each dataset's `tokenizer.json`, by dataset name.
+/// Resources of op calls on a server: each dataset's `tokenizer.json`, by dataset name, then
+/// the server's other tokenizers ([`TokenizerCatalog`]: given by trainers, or its folder's).
 #[derive(Debug)]
 pub struct DatasetResources {
     datasets: BTreeMap<String, Arc<Dataset>>,
     default: Option<String>,
+    tokenizers: Arc<TokenizerCatalog>,
 }
 
 impl DatasetResources {
-    /// `default`: the dataset whose resources a call that names none gets (the one being read).
-    pub fn new(datasets: BTreeMap<String, Arc<Dataset>>, default: Option<String>) -> Self {
-        Self { datasets, default }
+    /// `default`: the tokenizer a call that names none gets (the request's, else the dataset
+    /// being read).
+    pub fn new(
+        datasets: BTreeMap<String, Arc<Dataset>>,
+        default: Option<String>,
+        tokenizers: Arc<TokenizerCatalog>,
+    ) -> Self {
+        Self {
+            datasets,
+            default,
+            tokenizers,
+        }
+    }
+
+    /// The tokenizer `name` when no dataset is called so.
+    fn other_tokenizer(&self, name: &str) -> std::result::Result<Arc<tokenizers::Tokenizer>, String> {
+        match self.tokenizers.get(name)? {
+            Some(t) => Ok(t),
+            None if name.starts_with(pushdown_ops::TOKENIZER_ID_PREFIX) => Err(format!(
+                "the tokenizer {name} a trainer gave is not on this server (a restarted server \
+                 forgets them; a loader gives its tokenizer again when it plans an epoch)"
+            )),
+            None => {
+                let names = self.tokenizers.names();
+                let folder = match names.is_empty() {
+                    true => String::new(),
+                    false => format!(", nor among the server's tokenizers {names:?}"),
+                };
+                Err(format!("no dataset '{name}' to take a tokenizer from{folder}"))
+            }
+        }
     }
 }
 
@@ -49,10 +80,9 @@ impl Resources for DatasetResources {
                     .into(),
             );
         };
-        let dataset = self
-            .datasets
-            .get(name)
-            .ok_or_else(|| format!("no dataset '{name}' to take a tokenizer from"))?;
+        let Some(dataset) = self.datasets.get(name) else {
+            return self.other_tokenizer(name);
+        };
         match &dataset.tokenizer {
             None => Err(format!(
                 "dataset '{name}' ships no {}",
@@ -64,9 +94,13 @@ impl Resources for DatasetResources {
     }
 }
 
-/// What op calls of one query may produce.
+/// What op calls of one query may produce, and the tokenizers they may use.
 #[derive(Debug, Clone)]
 pub struct OpLimits {
+    /// The tokenizer calls that name none use (the request's); none: the dataset read's.
+    pub tokenizer: Option<String>,
+    /// The server's tokenizers that no dataset ships.
+    pub tokenizers: Arc<TokenizerCatalog>,
     /// A call whose output value may exceed this many bytes is refused at planning.
     pub max_row_bytes: u64,
     /// Rows per batch are cut so that a batch of the largest call's outputs stays under this.
@@ -81,6 +115,8 @@ impl OpLimits {
     /// No caps and no accounting: for code that runs its own trusted queries.
     pub fn unlimited() -> Self {
         Self {
+            tokenizer: None,
+            tokenizers: Arc::default(),
             max_row_bytes: u64::MAX,
             max_batch_bytes: u64::MAX,
             pool: None,

@@ -74,7 +74,8 @@ pub use tensor_ops::{
     ResizedCrop, ToChw, resized_crop_box, shape_of,
 };
 pub use text::{
-    PadTokens, SPECIAL_TOKENS, TOKENIZER_FILE, Tokenize, Tokenizers, load_tokenizer, train_tokenizer,
+    PadTokens, SPECIAL_TOKENS, TOKENIZER_FILE, TOKENIZER_ID_PREFIX, Tokenize, Tokenizers, load_tokenizer,
+    tokenizer_id, train_tokenizer,
 };
 /// The tokenizer type of the `tokenizers` crate, as ops use it.
 pub use tokenizers::Tokenizer as TokenizerModel;

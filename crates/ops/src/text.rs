@@ -72,6 +72,18 @@ pub fn load_tokenizer(bytes: &[u8]) -> std::result::Result<Tokenizer, String> {
     Ok(tokenizer)
 }
 
+/// The prefix of a tokenizer's content id ([`tokenizer_id`]).
+pub const TOKENIZER_ID_PREFIX: &str = "sha256:";
+
+/// A tokenizer's name by its content: `sha256:` and the SHA-256 of its `tokenizer.json`
+/// bytes in hex. A trainer names the tokenizer it gives the servers by it, so the same file
+/// is one entry on a server whoever sends it, and another file never takes its place.
+pub fn tokenizer_id(json: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, json);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TOKENIZER_ID_PREFIX}{hex}")
+}
+
 /// Trains a BPE tokenizer (whitespace/punctuation pre-tokenization, [`SPECIAL_TOKENS`] first)
 /// on `corpus` and returns its JSON. Training is deterministic: the same corpus gives the same
 /// bytes.

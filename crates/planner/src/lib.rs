@@ -52,7 +52,7 @@ mod split;
 pub use cost::{CostedPlan, Environment, Estimate, OpCost, parse_bandwidth, plan_with_profile};
 pub use error::PlanError;
 pub use expr::columns_read;
-pub use pipeline::{MapStep, Pipeline, Step};
+pub use pipeline::{BucketStep, MapStep, PackStep, Pipeline, Step};
 pub use split::{Placement, Plan, Side, plan, plan_limited};
 
 #[cfg(test)]

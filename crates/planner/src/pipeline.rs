@@ -57,6 +57,42 @@ pub enum Step {
         #[serde(default)]
         drop_last: bool,
     },
+    /// Pack each document's token ids into blocks (the loader's `pack=`): the last step but
+    /// for a batch step, which then counts blocks.
+    Pack(PackStep),
+    /// Draw every global batch from one length bucket (the loader's `bucket_by=`): the last
+    /// step but for a batch step.
+    BucketBy(BucketStep),
+}
+
+/// `pack`: documents' token ids in `column` packed into blocks of `length` tokens, each
+/// document followed by `eos_id` when given; `split_documents = false` keeps documents whole
+/// (a block's tail padded with `pad_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackStep {
+    pub column: String,
+    pub length: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_id: Option<u32>,
+    #[serde(default = "split_by_default")]
+    pub split_documents: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_id: Option<u32>,
+}
+
+fn split_by_default() -> bool {
+    true
+}
+
+/// `bucket_by`: `column`'s token lists bucketed at `boundaries`, padded with `pad_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketStep {
+    pub column: String,
+    pub boundaries: Vec<u32>,
+    #[serde(default)]
+    pub pad_id: u32,
 }
 
 /// `call(input, params…)`, written to `output` (default: the input column, replaced). The
@@ -154,6 +190,18 @@ impl Pipeline {
         })
     }
 
+    /// The pipeline without its `pack` or `bucket_by` step, and that step: a loader reads
+    /// the rest and regroups its rows so.
+    pub fn without_regroup(&self) -> (Pipeline, Option<Step>) {
+        let mut rest = self.clone();
+        let at = rest
+            .steps
+            .iter()
+            .position(|s| matches!(s, Step::Pack(_) | Step::BucketBy(_)));
+        let step = at.map(|i| rest.steps.remove(i));
+        (rest, step)
+    }
+
     /// Parses a pipeline file: TOML, or JSON when the text starts with `{`.
     pub fn parse(text: &str) -> Result<Self, PlanError> {
         if text.trim_start().starts_with('{') {
@@ -180,6 +228,7 @@ impl Step {
     pub fn is_deterministic(&self) -> bool {
         match self {
             Step::Select { .. } | Step::Filter { .. } | Step::Batch { .. } => true,
+            Step::Pack(_) | Step::BucketBy(_) => true,
             Step::Map(m) => m.op().is_some_and(|op| op.is_deterministic()),
             Step::Shuffle { .. } => false,
         }
@@ -189,7 +238,7 @@ impl Step {
     pub fn is_row_wise(&self) -> bool {
         match self {
             Step::Select { .. } | Step::Filter { .. } | Step::Map(_) => true,
-            Step::Shuffle { .. } | Step::Batch { .. } => false,
+            Step::Shuffle { .. } | Step::Batch { .. } | Step::Pack(_) | Step::BucketBy(_) => false,
         }
     }
 
@@ -199,7 +248,7 @@ impl Step {
     pub fn commutes_with_filters(&self) -> bool {
         match self {
             Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Map(_) => true,
-            Step::Batch { .. } => false,
+            Step::Batch { .. } | Step::Pack(_) | Step::BucketBy(_) => false,
         }
     }
 
@@ -214,6 +263,8 @@ impl Step {
             Step::Select { columns } => Ok(columns.clone()),
             Step::Filter { expr } => crate::expr::columns_read(expr),
             Step::Map(m) => Ok(vec![pushdown_ops::input_column(&m.input)]),
+            Step::Pack(p) => Ok(vec![p.column.clone()]),
+            Step::BucketBy(b) => Ok(vec![b.column.clone()]),
             Step::Shuffle { .. } | Step::Batch { .. } => Ok(vec![]),
         }
     }
@@ -222,6 +273,8 @@ impl Step {
     pub fn writes(&self) -> Vec<String> {
         match self {
             Step::Map(m) => vec![m.output().to_owned()],
+            Step::Pack(_) => vec!["tokens".to_owned(), "position_ids".to_owned()],
+            Step::BucketBy(b) => vec![format!("{}_length", b.column)],
             Step::Select { .. } | Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => vec![],
         }
     }
@@ -247,6 +300,17 @@ impl fmt::Display for Step {
             Step::Batch { size, drop_last } => {
                 write!(f, "batch {size}{}", if *drop_last { " drop_last" } else { "" })
             }
+            Step::Pack(p) => {
+                write!(f, "pack {} length={}", p.column, p.length)?;
+                if let Some(eos) = p.eos_id {
+                    write!(f, " eos_id={eos}")?;
+                }
+                if !p.split_documents {
+                    write!(f, " whole documents")?;
+                }
+                Ok(())
+            }
+            Step::BucketBy(b) => write!(f, "bucket_by {} boundaries={:?}", b.column, b.boundaries),
         }
     }
 }

@@ -123,7 +123,7 @@ pub fn plan_limited(pipeline: &Pipeline, schema: &Schema, max_server_ops: usize)
                 }
                 ops.push(m.call());
             }
-            Step::Shuffle { .. } | Step::Batch { .. } => {}
+            Step::Shuffle { .. } | Step::Batch { .. } | Step::Pack(_) | Step::BucketBy(_) => {}
         }
     }
     let needed = client_needs(client, &columns);
@@ -275,10 +275,27 @@ fn validate(steps: &[Step], schema: &Schema) -> Result<(), PlanError> {
                 }
             }
             Step::Batch { size: 0, .. } => return Err(unsupported("batch size must be at least 1".into())),
+            Step::Pack(_) | Step::BucketBy(_) => regroup_last(&steps[index..]).map_err(unsupported)?,
             Step::Filter { .. } | Step::Shuffle { .. } | Step::Batch { .. } => {}
         }
     }
     Ok(())
+}
+
+/// A `pack` or `bucket_by` step (`steps[0]`) regroups the rows the steps before it give:
+/// only a batch step may follow it. `Err` carries the reason.
+fn regroup_last(steps: &[Step]) -> Result<(), String> {
+    let step = &steps[0];
+    match steps[1..].iter().find(|s| !matches!(s, Step::Batch { .. })) {
+        Some(Step::Pack(_) | Step::BucketBy(_)) => {
+            Err("a pipeline packs or buckets its rows once: one pack or bucket_by step".into())
+        }
+        Some(after) => Err(format!(
+            "`{step}` regroups the rows the steps before it give: only a batch step may come \
+             after it, not `{after}`"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Moves filters and selects as early as their inputs allow, past permutations and row-wise
@@ -302,7 +319,11 @@ fn hoist(steps: &[Step]) -> (Vec<Step>, Vec<Option<String>>) {
                 Step::Select { columns } => {
                     prev.writes().is_empty() && prev.reads().iter().all(|r| columns.contains(r))
                 }
-                Step::Shuffle { .. } | Step::Batch { .. } | Step::Map(_) => false,
+                Step::Shuffle { .. }
+                | Step::Batch { .. }
+                | Step::Map(_)
+                | Step::Pack(_)
+                | Step::BucketBy(_) => false,
             }
         };
         while at > 0 && crosses(&out[at - 1]) {

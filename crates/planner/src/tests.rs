@@ -169,6 +169,54 @@ output = "pixels"
     assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
 }
 
+#[test]
+fn pack_and_bucket_steps_parse_come_last_and_leave_the_rest_to_plan() {
+    let text = r#"
+dataset = "web"
+steps = [
+  { op = "map", call = "tokenize", input = "body", params = [4096], output = "tokens" },
+  { op = "select", columns = ["tokens"] },
+  { op = "pack", column = "tokens", length = 2048, eos_id = 2 },
+  { op = "batch", size = 8 },
+]
+"#;
+    let p = Pipeline::parse(text).unwrap();
+    assert_eq!(p.steps()[2].to_string(), "pack tokens length=2048 eos_id=2");
+    assert_eq!(Pipeline::parse(&p.to_toml()).unwrap(), p);
+    let (rest, step) = p.without_regroup();
+    let Some(Step::Pack(pack)) = step else {
+        panic!("no pack step")
+    };
+    assert!(pack.split_documents && pack.pad_id.is_none());
+    assert_eq!(rest.steps().len(), 3);
+    assert!(!rest.steps().iter().any(|s| matches!(s, Step::Pack(_))));
+    let schema = Schema::new(vec![Field::new("body", DataType::Utf8, false)]);
+    assert!(plan(&p, &schema).is_ok(), "a batch step may follow");
+    let bucketed = Pipeline::parse(
+        r#"{"dataset": "web", "steps": [{"op": "bucket_by", "column": "body", "boundaries": [64, 256]}]}"#,
+    )
+    .unwrap();
+    assert!(matches!(bucketed.without_regroup().1, Some(Step::BucketBy(b)) if b.pad_id == 0));
+    for (steps, says) in [
+        (
+            r#"[{"op": "pack", "column": "body", "length": 8}, {"op": "filter", "expr": "body <> ''"}]"#,
+            "only a batch step may come after it",
+        ),
+        (
+            r#"[{"op": "pack", "column": "body", "length": 8}, {"op": "bucket_by", "column": "body", "boundaries": [4]}]"#,
+            "one pack or bucket_by step",
+        ),
+    ] {
+        let p = Pipeline::parse(&format!(r#"{{"dataset": "web", "steps": {steps}}}"#)).unwrap();
+        let e = plan(&p, &schema).expect_err("refused").to_string();
+        assert!(e.contains(says), "{e}");
+    }
+    let e = Pipeline::parse(r#"{"dataset": "web", "steps": [{"op": "pack", "column": "b", "size": 8}]}"#)
+        .expect_err("unknown field")
+        .to_string();
+    assert!(e.contains("size") || e.contains("length"), "{e}");
+}
+
 mod cost {
     use pushdown_protocol::{OpProfile, Profile};
 

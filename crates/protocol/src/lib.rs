@@ -111,6 +111,9 @@ pub struct ScanRequest {
     pub filter_pushdown: FilterPushdown,
     /// Which of a fragment's ops the server may leave to the client.
     pub deferral: Deferral,
+    /// The tokenizer of op calls that name none (a given tokenizer's `sha256:` id, or a
+    /// server's tokenizer by name); none: the dataset read's.
+    pub tokenizer: Option<String>,
 }
 
 /// Which ops of a fragment the server may leave to the client: ops `from..` then run on the
@@ -514,18 +517,22 @@ pub enum ActionKind {
     Profile,
     Count,
     Tokenizer,
+    GiveTokenizer,
+    HasTokenizer,
     Refresh,
     Report,
     Scaling,
 }
 
 impl ActionKind {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::Health,
         Self::Explain,
         Self::Profile,
         Self::Count,
         Self::Tokenizer,
+        Self::GiveTokenizer,
+        Self::HasTokenizer,
         Self::Refresh,
         Self::Report,
         Self::Scaling,
@@ -539,6 +546,8 @@ impl ActionKind {
             Self::Profile => "profile",
             Self::Count => "count",
             Self::Tokenizer => "tokenizer",
+            Self::GiveTokenizer => "give_tokenizer",
+            Self::HasTokenizer => "has_tokenizer",
             Self::Refresh => "refresh",
             Self::Report => "report",
             Self::Scaling => "scaling",
@@ -562,6 +571,14 @@ impl ActionKind {
             }
             Self::Tokenizer => {
                 "Body: a dataset name. Returns the dataset's tokenizer.json, for client-side `tokenize`"
+            }
+            Self::GiveTokenizer => {
+                "Body: a tokenizer.json. Keeps it (parsed; refused with the parser's reason) and returns \
+                 its id, `sha256:` and the hex SHA-256 of the bytes, which a ScanRequest's `tokenizer` \
+                 or a call's tokenizer argument names"
+            }
+            Self::HasTokenizer => {
+                "Body: a tokenizer's id (`sha256:…`). Returns `yes` when this server keeps it, else `no`"
             }
             Self::Refresh => {
                 "No body. Lists the data root now (files added, removed or rewritten) instead of at the \
@@ -731,6 +748,7 @@ impl ScanRequest {
             stats: false,
             filter_pushdown: FilterPushdown::default(),
             deferral: Deferral::Never,
+            tokenizer: None,
         }
     }
 
@@ -823,6 +841,7 @@ mod to_proto {
                     from,
                 }),
             },
+            tokenizer: r.tokenizer.clone().unwrap_or_default(),
         }
     }
 
@@ -931,6 +950,7 @@ mod from_proto {
             stats: m.stats,
             filter_pushdown,
             deferral,
+            tokenizer: Some(m.tokenizer).filter(|t| !t.is_empty()),
         })
     }
 
@@ -1076,6 +1096,7 @@ mod tests {
             stats: true,
             filter_pushdown: FilterPushdown::On,
             deferral: Deferral::IfBusy { from: 0 },
+            tokenizer: Some("sha256:00ff".into()),
         }
     }
 

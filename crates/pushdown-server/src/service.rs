@@ -223,7 +223,7 @@ impl PushdownService {
         // answer its probes and hear its clients' reports.
         if matches!(
             kind,
-            ActionKind::Health | ActionKind::Report | ActionKind::Scaling
+            ActionKind::Health | ActionKind::Report | ActionKind::Scaling | ActionKind::HasTokenizer
         ) {
             return self.run_action(kind, action, grant).await;
         }
@@ -253,7 +253,30 @@ impl PushdownService {
             ActionKind::Count => self.count(&action.body, grant).await,
             ActionKind::Refresh => self.refresh(&grant).await,
             ActionKind::Tokenizer => self.tokenizer(&action.body, &grant).await,
+            ActionKind::GiveTokenizer => self.give_tokenizer(&action.body).await,
+            ActionKind::HasTokenizer => Ok(self.has_tokenizer(&action.body)),
         }
+    }
+
+    /// `give_tokenizer`: keeps a trainer's tokenizer (parsed off the async threads) and
+    /// returns its id. Any caller may give one: it is kept by its content, so it names
+    /// only itself, and it reads no data.
+    async fn give_tokenizer(&self, body: &[u8]) -> Result<Vec<arrow_flight::Result>> {
+        let tokenizers = Arc::clone(self.state.node.engine.tokenizers());
+        let json = body.to_vec();
+        let id = tokio::task::spawn_blocking(move || tokenizers.give(&json))
+            .await
+            .map_err(|e| ServerError::Internal(format!("parsing a given tokenizer: {e}")))?
+            .map_err(|reason| ServerError::BadRequest(format!("give_tokenizer: {reason}")))?;
+        Ok(vec![arrow_flight::Result::new(bytes::Bytes::from(id))])
+    }
+
+    /// `has_tokenizer`: whether this server keeps the given tokenizer the body names.
+    fn has_tokenizer(&self, body: &[u8]) -> Vec<arrow_flight::Result> {
+        let id = String::from_utf8_lossy(body);
+        let kept = self.state.node.engine.tokenizers().given(id.trim()).is_some();
+        let answer: &'static [u8] = if kept { b"yes" } else { b"no" };
+        vec![arrow_flight::Result::new(bytes::Bytes::from_static(answer))]
     }
 
     /// `health`: the server answers.
@@ -348,10 +371,35 @@ impl PushdownService {
         let name = std::str::from_utf8(body)
             .map_err(|_| ServerError::BadRequest("the tokenizer action's body is a dataset name".into()))?;
         let name = name.trim();
-        grant.check_spelling(name)?;
-        // A view's tokenizer is its dataset's.
+        // A tokenizer of the server's own (its folder's, or a given one) where no dataset or
+        // view has the name.
         let views = self.state.node.engine.views();
         let bases = views.bases_of(name);
+        let is_dataset = views.get(name).is_some()
+            || self
+                .state
+                .node
+                .engine
+                .catalog()
+                .snapshot()
+                .keys()
+                .any(|d| d.eq_ignore_ascii_case(name));
+        if !is_dataset
+            && let Some(t) = self
+                .state
+                .node
+                .engine
+                .tokenizers()
+                .get(name)
+                .map_err(|reason| ServerError::NoResource(format!("tokenizer `{name}`: {reason}")))?
+        {
+            let json = t
+                .to_string(false)
+                .map_err(|e| ServerError::failed("serializing the tokenizer", e))?;
+            return Ok(vec![arrow_flight::Result::new(json)]);
+        }
+        grant.check_spelling(name)?;
+        // A view's tokenizer is its dataset's.
         let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
             [only] => {
                 let dataset = self.state.node.engine.catalog().dataset(only).await?;

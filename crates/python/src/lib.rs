@@ -17,6 +17,7 @@ use arrow::datatypes::{
 };
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
+use pushdown_client::bucket::BucketBy;
 use pushdown_client::pack::Pack;
 use pushdown_client::{
     Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, MixtureSource,
@@ -69,7 +70,8 @@ impl PyLoader {
         world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
-        echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None, pack=None
+        echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None, pack=None,
+        bucket_by=None, tokenizer=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -103,6 +105,8 @@ impl PyLoader {
         partitions: Option<usize>,
         mixture: Option<Vec<MixtureArg>>,
         pack: Option<PackArg>,
+        bucket_by: Option<BucketArg>,
+        tokenizer: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
@@ -110,6 +114,7 @@ impl PyLoader {
         let echo = echo_mode(echo, echo_max)?;
         let report_every = report_interval(report_every_s)?;
         let mut connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
+        connect.tokenizer = tokenizer.map(Arc::new);
         let stream = stream_options(concurrency, stall_timeout_s, max_retries)?;
         connect.call_timeout = match call_timeout_s {
             Some(s) => positive_seconds(s, "call_timeout_s")?,
@@ -140,7 +145,7 @@ impl PyLoader {
             push,
         };
         let loader = py
-            .detach(|| open_loader(&servers, source, pack, options))
+            .detach(|| open_loader(&servers, source, pack, bucket_by, options))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(Mutex::new(loader)),
@@ -307,6 +312,8 @@ fn positive_seconds(s: f64, name: &str) -> PyResult<std::time::Duration> {
 type MixtureArg = (Option<String>, Option<String>, f64, Option<Vec<String>>);
 /// `pack=` as `pushdown.Loader` passes it: `(column, length, eos_id, split_documents, pad_id)`.
 type PackArg = (String, usize, Option<u32>, bool, Option<u32>);
+/// `bucket_by=` as `pushdown.Loader` passes it: `(column, boundaries, pad_id)`.
+type BucketArg = (String, Vec<u32>, u32);
 
 /// What a loader reads: one source, or a mixture of them.
 enum Source {
@@ -314,13 +321,30 @@ enum Source {
     Mixture(Vec<MixtureSource>),
 }
 
-/// The loader `source` and `pack=` ask for.
+/// The loader `source`, `pack=` and `bucket_by=` ask for.
 fn open_loader(
     servers: &[String],
     source: Source,
     pack: Option<PackArg>,
+    bucket_by: Option<BucketArg>,
     options: LoaderOptions,
 ) -> pushdown_client::Result<Loader> {
+    if let Some((column, boundaries, pad_id)) = bucket_by {
+        let by = BucketBy {
+            column,
+            boundaries,
+            pad_id,
+        };
+        return match (source, pack) {
+            (Source::One(source), None) => Loader::bucketed(servers, source, by, options),
+            (_, Some(_)) => Err(pushdown_client::ClientError::Invalid(
+                "pack= and bucket_by= are two ways to batch sequences: give one".into(),
+            )),
+            (Source::Mixture(_), None) => Err(pushdown_client::ClientError::Invalid(
+                "bucket_by= buckets one source's rows: a mixture cannot be bucketed yet".into(),
+            )),
+        };
+    }
     let pack = pack.map(|(column, length, eos_id, split_documents, pad_id)| Pack {
         column,
         length,

@@ -24,11 +24,12 @@ use super::options::{LoaderOptions, LoaderSource, MixtureSource};
 use super::prepared::{Prepared, prepare};
 use super::producer::{EpochWatch, Gather, Producer, send_next, split_rows};
 use super::tensors::TensorBatch;
+use crate::bucket::{BucketBy, Bucketer, Buckets, SAMPLE, list_len};
 use crate::client::PushdownClient;
 use crate::error::{ClientError, Result};
 use crate::mixture::{Schedule, Taken};
-use crate::order::{Echo, Fnv, Order, Shape, cut, rank_partitions};
-use crate::pack::{Pack, PackPos, Packer, blocks_batch, token_ids};
+use crate::order::{Echo, Fnv, Order, PartPos, Shape, cut, rank_partitions};
+use crate::pack::{Pack, Packer, blocks_batch, token_ids};
 use crate::stream::StreamTotals;
 use pushdown_task::Task;
 
@@ -46,9 +47,43 @@ pub(super) struct Mixture {
     /// Global batches in a mixture epoch: as many rows as the sources hold together (packed:
     /// about as many blocks as one pass over the documents fills).
     pub(super) epoch_batches: u64,
-    /// A packed loader: its one source's documents packed into blocks, `G` blocks per global
-    /// batch.
-    pub(super) pack: Option<Pack>,
+    /// A packed or bucketed loader: how its one source's rows are regrouped.
+    pub(super) regroup: Option<Regroup>,
+}
+
+/// How a loader of one source regroups its rows, partition by partition.
+#[derive(Debug, Clone)]
+pub(super) enum Regroup {
+    /// Documents packed into blocks, `G` blocks per global batch.
+    Pack(Pack),
+    /// Sequences queued by length, each global batch from one bucket.
+    Buckets(Buckets),
+}
+
+impl Regroup {
+    /// What a partition of it starts at.
+    pub(super) fn start(&self) -> PartPos {
+        match self {
+            Regroup::Pack(_) => PartPos::Pack(Default::default()),
+            Regroup::Buckets(_) => PartPos::Bucket(Default::default()),
+        }
+    }
+
+    /// Whether `pos` is a position of this kind of regrouping.
+    pub(super) fn fits(&self, pos: &PartPos) -> bool {
+        matches!(
+            (self, pos),
+            (Regroup::Pack(_), PartPos::Pack(_)) | (Regroup::Buckets(_), PartPos::Bucket(_))
+        )
+    }
+
+    /// The option that asks for it, for messages.
+    pub(super) fn option(&self) -> &'static str {
+        match self {
+            Regroup::Pack(_) => "pack=",
+            Regroup::Buckets(_) => "bucket_by=",
+        }
+    }
 }
 
 impl Mixture {
@@ -115,7 +150,7 @@ impl Mixture {
             schedule,
             order,
             version: version.finish().max(1),
-            pack: None,
+            regroup: None,
         })
     }
 
@@ -129,50 +164,124 @@ impl Mixture {
         pack: Pack,
         options: &LoaderOptions,
     ) -> Result<Self> {
+        let mut m = Self::one_source(
+            servers,
+            source,
+            options,
+            "pack",
+            "a packed loader's global batch (in blocks)",
+        )
+        .await?;
+        pack.check(&m.schema)?;
+        m.fingerprint(&format!("{pack:?}"));
+        let rows = rows_of(&m.sources[0]);
+        let sample = (rows / m.order.partitions).clamp(1, 256) as usize;
+        let lengths = m.sample_lengths(&pack.column, sample, 0..1, "pack").await?;
+        let eos = u64::from(pack.eos_id.is_some());
+        let tokens: u64 = lengths.iter().map(|&n| n as u64 + eos).sum();
+        let per_batch = m.order.global_batch * pack.length as u64;
+        m.epoch_batches =
+            ((rows as u128 * tokens as u128) / (lengths.len() as u128 * per_batch as u128)).max(1) as u64;
+        m.schema = pack.schema(&m.schema);
+        m.regroup = Some(Regroup::Pack(pack));
+        Ok(m)
+    }
+
+    /// A bucketed loader's source: one query whose `by.column` holds each row's token ids,
+    /// its rows read by partition as a mixture's source is, each global batch from one
+    /// length bucket (see [`crate::bucket`]). The buckets' weights are their shares of the
+    /// first rows of every partition ([`SAMPLE`] in all; the same on every rank); the epoch
+    /// is `⌊rows / G⌋` global batches.
+    pub(super) async fn bucketed(
+        servers: &[String],
+        source: LoaderSource,
+        by: BucketBy,
+        options: &LoaderOptions,
+    ) -> Result<Self> {
+        let mut m = Self::one_source(
+            servers,
+            source,
+            options,
+            "bucket_by",
+            "a bucketed loader's global batch",
+        )
+        .await?;
+        by.check(&m.schema)?;
+        m.fingerprint(&format!("{by:?}"));
+        let rows = rows_of(&m.sources[0]);
+        let partitions = m.order.partitions;
+        let sample = (rows / partitions).clamp(1, (SAMPLE as u64 / partitions).max(1)) as usize;
+        let lengths = m
+            .sample_lengths(&by.column, sample, 0..partitions, "bucket_by")
+            .await?;
+        m.epoch_batches = (rows / m.order.global_batch).max(1);
+        m.schema = by.schema(&m.schema);
+        m.regroup = Some(Regroup::Buckets(Buckets::from_sample(
+            by,
+            &lengths,
+            m.order.seed,
+        )?));
+        Ok(m)
+    }
+
+    /// One source prepared as a mixture of one, its checks' messages speaking of `option`
+    /// and `batch` rather than of "mixture source 0" and a mixture's global batch.
+    async fn one_source(
+        servers: &[String],
+        source: LoaderSource,
+        options: &LoaderOptions,
+        option: &str,
+        batch: &str,
+    ) -> Result<Self> {
         let one = MixtureSource {
             source,
             weight: 1.0,
             servers: None,
         };
-        // The mixture's checks speak of "mixture source 0": here it is the packed query.
-        let mut m = Self::prepare(servers, vec![one], options)
+        Self::prepare(servers, vec![one], options)
             .await
             .map_err(|e| match e {
                 ClientError::Invalid(why) => ClientError::Invalid(
-                    why.replace("mixture source 0: ", "pack: ")
-                        .replace("mixture source 0", "the packed query")
-                        .replace(
-                            "a mixture's global batch",
-                            "a packed loader's global batch (in blocks)",
-                        ),
+                    why.replace("mixture source 0: ", &format!("{option}: "))
+                        .replace("mixture source 0", "the query")
+                        .replace("a mixture's global batch", batch),
                 ),
                 other => other,
-            })?;
-        pack.check(&m.schema)?;
+            })
+    }
+
+    /// Makes the order's fingerprint also name the regrouping (`what`).
+    fn fingerprint(&mut self, what: &str) {
         let mut sources = Fnv::new();
-        sources.eat(&m.order.sources.to_le_bytes());
-        sources.eat(format!("{pack:?}").as_bytes());
-        m.order.sources = sources.finish();
-        let rows = rows_of(&m.sources[0]);
-        let partitions = m.order.partitions;
-        let sample = (rows / partitions).clamp(1, 256) as usize;
+        sources.eat(&self.order.sources.to_le_bytes());
+        sources.eat(what.as_bytes());
+        self.order.sources = sources.finish();
+    }
+
+    /// The lengths of `column`'s lists in the first `n` rows of each of `partitions`
+    /// partitions, in order (every rank reads the same).
+    async fn sample_lengths(
+        &self,
+        column: &str,
+        n: usize,
+        partitions: std::ops::Range<u64>,
+        option: &str,
+    ) -> Result<Vec<usize>> {
         let totals = Arc::default();
-        let mut feed = Feed::start(&m.sources[0], 0, partitions, 1, 0, &totals)?;
-        let mut tokens = 0u64;
-        for batch in feed.take(sample).await? {
-            let column = batch.column_by_name(&pack.column).ok_or_else(|| {
-                ClientError::Invalid(format!("pack: the stream has no column `{}`", pack.column))
-            })?;
-            for row in 0..batch.num_rows() {
-                tokens += token_ids(column, row)?.len() as u64 + u64::from(pack.eos_id.is_some());
+        let mut lengths = Vec::with_capacity(n * (partitions.end - partitions.start) as usize);
+        for p in partitions {
+            let mut feed = Feed::start(&self.sources[0], p, self.order.partitions, 1, 0, &totals)?;
+            for batch in feed.take(n).await? {
+                let column = batch.column_by_name(column).ok_or_else(|| {
+                    ClientError::Invalid(format!("{option}: the stream has no column `{column}`"))
+                })?;
+                for row in 0..batch.num_rows() {
+                    lengths.push(list_len(column, row)?);
+                }
             }
+            feed.stop().await;
         }
-        let per_batch = m.order.global_batch * pack.length as u64;
-        m.epoch_batches =
-            ((rows as u128 * tokens as u128) / (sample as u128 * per_batch as u128)).max(1) as u64;
-        m.schema = pack.schema(&m.schema);
-        m.pack = Some(pack);
-        Ok(m)
+        Ok(lengths)
     }
 
     /// Refuses sources that cannot be mixed, naming the source and what differs.
@@ -245,6 +354,19 @@ fn feed_shape(source: &Prepared, partitions: u64) -> Shape {
     }
 }
 
+/// `column` of a row from the feed, or an error naming `option`.
+fn column_of<'a>(row: &'a RecordBatch, column: &str, option: &str) -> Result<&'a arrow::array::ArrayRef> {
+    row.column_by_name(column)
+        .ok_or_else(|| ClientError::Invalid(format!("{option}: the stream has no column `{column}`")))
+}
+
+/// A state's position of partition `p` is not of the regrouping `option` asks for.
+fn not_this_kind(p: u64, option: &str) -> ClientError {
+    ClientError::Invalid(format!(
+        "the state's partition {p} was saved by another kind of loader, not by one with {option}"
+    ))
+}
+
 /// A source's error, prefixed with which source it is where that is not said.
 fn named(i: usize, e: ClientError) -> ClientError {
     match e {
@@ -309,8 +431,8 @@ pub(super) struct MixProducer {
     pub(super) rank: u64,
     pub(super) world: u64,
     pub(super) totals: Arc<Mutex<StreamTotals>>,
-    /// A packed loader's packers, where they are (known for this rank's partitions).
-    pub(super) packers: Vec<Option<PackPos>>,
+    /// A packed or bucketed loader's partitions, where they are (known for this rank's).
+    pub(super) parts: Vec<Option<PartPos>>,
 }
 
 impl MixProducer {
@@ -318,8 +440,10 @@ impl MixProducer {
     /// worker thread.
     pub(super) async fn run(mut self, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
         let m = Arc::clone(&self.mixture);
-        if let Some(pack) = &m.pack {
-            return self.run_packed(pack, tx).await;
+        match &m.regroup {
+            Some(Regroup::Pack(pack)) => return self.run_packed(pack, tx).await,
+            Some(Regroup::Buckets(buckets)) => return self.run_bucketed(buckets, tx).await,
+            None => {}
         }
         let options = &m.sources[0].shared.options;
         let partitions = m.schedule.partitions();
@@ -356,23 +480,42 @@ impl MixProducer {
         Ok(())
     }
 
+    /// The feeds of the rank's partitions, each started where its position says, with it.
+    fn part_feeds(&self) -> Result<Vec<(u64, Feed, PartPos)>> {
+        let m = &self.mixture;
+        let partitions = m.schedule.partitions();
+        let parts = rank_partitions(partitions, self.rank, self.world);
+        let readers = (parts.end - parts.start) as usize;
+        parts
+            .map(|p| {
+                let pos = self.parts.get(p as usize).cloned().flatten().ok_or_else(|| {
+                    ClientError::Invalid(format!(
+                        "the state does not say where partition {p} is: a packed or bucketed \
+                         loader's ranks each save their own partitions, so restore the states of \
+                         every rank merged (load_state_dict with the list of them; \
+                         LoaderState::merge in Rust)"
+                    ))
+                })?;
+                let row = match &pos {
+                    PartPos::Pack(k) => k.done,
+                    PartPos::Bucket(b) => b.first,
+                };
+                let feed = Feed::start(&m.sources[0], p, partitions, readers, row, &self.totals)?;
+                Ok((p, feed, pos))
+            })
+            .collect()
+    }
+
     /// Produces a packed loader's batches `first..` into `tx`: each of the rank's partitions
     /// gives its share of every global batch's blocks, packed from its documents.
     async fn run_packed(self, pack: &Pack, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
         let m = &self.mixture;
         let partitions = m.schedule.partitions();
-        let parts = rank_partitions(partitions, self.rank, self.world);
-        let readers = (parts.end - parts.start) as usize;
         let mut feeds = Vec::new();
-        for p in parts.clone() {
-            let pos = self.packers.get(p as usize).copied().flatten().ok_or_else(|| {
-                ClientError::Invalid(format!(
-                    "the state does not say where partition {p} is: a packed loader's ranks each \
-                     save their own partitions, so restore the states of every rank merged \
-                     (load_state_dict with the list of them; LoaderState::merge in Rust)"
-                ))
-            })?;
-            let feed = Feed::start(&m.sources[0], p, partitions, readers, pos.done, &self.totals)?;
+        for (p, feed, pos) in self.part_feeds()? {
+            let PartPos::Pack(pos) = pos else {
+                return Err(not_this_kind(p, "pack="));
+            };
             feeds.push((p, feed, Packer::new(pack.clone(), pos)));
         }
         let g = m.order.global_batch;
@@ -382,24 +525,75 @@ impl MixProducer {
             for (p, feed, packer) in &mut feeds {
                 for _ in cut(g, *p, partitions)..cut(g, *p + 1, partitions) {
                     while !packer.fill() {
-                        let rows = feed.take(1).await?;
-                        let batch = rows.first().ok_or_else(|| {
-                            ClientError::Invalid(
-                                "a packed loader's feed gave no row (a bug: please report it)".into(),
-                            )
-                        })?;
-                        let column = batch.column_by_name(&pack.column).ok_or_else(|| {
-                            ClientError::Invalid(format!("pack: the stream has no column `{}`", pack.column))
-                        })?;
-                        packer.push_document(token_ids(column, 0)?);
+                        let row = feed.row().await?;
+                        packer.push_document(token_ids(column_of(&row, &pack.column, "pack")?, 0)?);
                     }
                     blocks.push(packer.take_block());
                 }
-                after.push((*p, packer.pos()));
+                after.push((*p, PartPos::Pack(packer.pos())));
             }
             let batch = blocks_batch(&m.schema, pack.length, &blocks)?;
             let mut batch = TensorBatch::from_record_batch(&batch, self.epoch, t)?;
-            batch.packed = after;
+            batch.parts = after;
+            if tx.send(Ok(batch)).await.is_err() {
+                break;
+            }
+        }
+        for (_, feed, _) in feeds {
+            feed.stop().await;
+        }
+        Ok(())
+    }
+
+    /// Produces a bucketed loader's batches `first..` into `tx`: every global batch's bucket
+    /// from the schedule, each of the rank's partitions giving its share of the batch's rows
+    /// from that bucket's queue, read on until the queue holds them.
+    async fn run_bucketed(self, buckets: &Buckets, tx: mpsc::Sender<Result<TensorBatch>>) -> Result<()> {
+        let m = &self.mixture;
+        let partitions = m.schedule.partitions();
+        let mut feeds = Vec::new();
+        for (p, feed, pos) in self.part_feeds()? {
+            let PartPos::Bucket(pos) = pos else {
+                return Err(not_this_kind(p, "bucket_by="));
+            };
+            feeds.push((p, feed, Bucketer::new(buckets.len(), pos)));
+        }
+        let g = m.order.global_batch;
+        // A partition that queues two passes over its rows waits on a bucket the data lacks.
+        let bound = 2 * rows_of(&m.sources[0]) / partitions + 2 * g;
+        let mut schedule = buckets.schedule(self.epoch * m.epoch_batches + self.first);
+        for t in self.first..m.epoch_batches {
+            let bucket = schedule.next().unwrap_or_default();
+            let mut rows = Vec::new();
+            let mut after = Vec::with_capacity(feeds.len());
+            for (p, feed, bucketer) in &mut feeds {
+                let need = (cut(g, *p + 1, partitions) - cut(g, *p, partitions)) as usize;
+                while bucketer.ready(bucket) < need {
+                    let row = feed.row().await?;
+                    let len = list_len(column_of(&row, &buckets.by.column, "bucket_by")?, 0)?;
+                    bucketer.push(buckets.queue_of(len), row);
+                    if bucketer.queued() as u64 > bound {
+                        return Err(ClientError::Invalid(format!(
+                            "bucket_by: partition {p} queued {} rows waiting for bucket {bucket}, \
+                             whose share of the data is far below its share of the sample the \
+                             buckets were weighted by ({:.3}): merge it with a neighbour (drop a \
+                             boundary)",
+                            bucketer.queued(),
+                            buckets.weights()[bucket]
+                        )));
+                    }
+                }
+                rows.extend(bucketer.take(bucket, need));
+                after.push((*p, PartPos::Bucket(bucketer.pos())));
+            }
+            let (by, epoch) = (buckets.by.clone(), self.epoch);
+            let batch = tokio::task::spawn_blocking(move || {
+                TensorBatch::from_record_batch(&by.padded(&rows)?, epoch, t)
+            })
+            .await
+            .map_err(|e| ClientError::Invalid(format!("a bucketed batch's worker failed: {e}")))?;
+            let mut batch = batch?;
+            batch.parts = after;
             if tx.send(Ok(batch)).await.is_err() {
                 break;
             }
@@ -541,6 +735,13 @@ impl Feed {
             // Resolves once the producer's future is dropped (its streams counted).
             let _ = producer.await;
         }
+    }
+
+    /// The next row, as a batch of one.
+    async fn row(&mut self) -> Result<RecordBatch> {
+        self.take(1).await?.pop().ok_or_else(|| {
+            ClientError::Invalid("a partition's feed gave no row (a bug: please report it)".into())
+        })
     }
 
     /// The next `n` rows, beginning the source's next epoch where this one runs out.

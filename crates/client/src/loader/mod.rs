@@ -52,13 +52,16 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use tokio::sync::mpsc;
 
+use crate::bucket::BucketBy;
 use crate::client::PushdownClient;
 use crate::completion::CompletionTotals;
 use crate::error::{ClientError, Result};
 use crate::mixture::Taken;
+use crate::order::PartPos;
 use crate::order::{Echo, LoaderState, Shape, check_world, rank_partitions};
-use crate::pack::{Pack, PackPos};
+use crate::pack::Pack;
 use crate::stream::StreamTotals;
+use pushdown_planner::Step;
 use pushdown_task::Task;
 
 /// What the consumer experienced.
@@ -135,9 +138,10 @@ pub struct Loader {
     /// A mixture of sources (`prepared` is then its first source's), and where the consumer
     /// is in it.
     mixture: Option<(Arc<Mixture>, Taken)>,
-    /// A packed loader (a mixture of one source, packed): where each partition's packer is
-    /// after the batches given, known for this rank's partitions (all, before the first).
-    packers: Vec<Option<PackPos>>,
+    /// A packed or bucketed loader (a mixture of one source, regrouped): where each
+    /// partition's packer or bucketer is after the batches given, known for this rank's
+    /// partitions (all, before the first).
+    parts: Vec<Option<PartPos>>,
 }
 
 /// How long the consumer's wait is watched before the split is told whether it waits, and
@@ -174,8 +178,22 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
-    /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread.
+    /// Connects, plans, and counts each shard's rows. Blocks; call from a plain thread. A
+    /// pipeline with a `pack` or `bucket_by` step is [`Self::packed`] or [`Self::bucketed`]
+    /// over the steps before it.
     pub fn new<S: AsRef<str>>(servers: &[S], source: LoaderSource, options: LoaderOptions) -> Result<Self> {
+        if let LoaderSource::Pipeline(pipeline) = &source
+            && let (rest, Some(step)) = pipeline.without_regroup()
+        {
+            let rest = LoaderSource::Pipeline(rest);
+            return match step {
+                Step::Pack(s) => Self::packed(servers, rest, Pack::from(s), options),
+                Step::BucketBy(s) => Self::bucketed(servers, rest, BucketBy::from(s), options),
+                other => Err(ClientError::Invalid(format!(
+                    "`{other}` is not a regrouping step"
+                ))),
+            };
+        }
         let runtime = loader_runtime(&options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let (shared, shards) = runtime.block_on(async move {
@@ -243,12 +261,43 @@ impl Loader {
         let runtime = loader_runtime(&options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let mixture = runtime.block_on(Mixture::packed(&servers, source, pack, &options))?;
+        Self::regrouped(runtime, mixture, &options)
+    }
+
+    /// Rows of `source` in global batches each drawn from one length bucket of
+    /// `by.column`'s token lists, padded to the batch's longest (with each row's length in
+    /// `{column}_length`), so that every rank's share of a step holds sequences of about one
+    /// length: tf.data service's coordinated reads (see [`crate::bucket`]). Rows are read as
+    /// a mixture's one source is, by partition, each partition queueing its rows by bucket,
+    /// so any world size dividing the partitions sees the same global batches. The stream
+    /// runs on through the source's epochs, `⌊rows / G⌋` global batches to a loader epoch.
+    /// Each rank's state holds its own partitions' queues: restore from every rank's
+    /// states merged ([`LoaderState::merge`]).
+    pub fn bucketed<S: AsRef<str>>(
+        servers: &[S],
+        source: LoaderSource,
+        by: BucketBy,
+        options: LoaderOptions,
+    ) -> Result<Self> {
+        let runtime = loader_runtime(&options)?;
+        let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
+        let mixture = runtime.block_on(Mixture::bucketed(&servers, source, by, &options))?;
+        Self::regrouped(runtime, mixture, &options)
+    }
+
+    /// A packed or bucketed loader over its prepared source, every partition at its start.
+    fn regrouped(
+        runtime: tokio::runtime::Runtime,
+        mixture: Mixture,
+        options: &LoaderOptions,
+    ) -> Result<Self> {
         let partitions = mixture.order.partitions;
         check_world(partitions, options.world_size as u64)?;
         let prepared = mixture.sources[0].clone();
         let taken = Taken::start(1, partitions);
         let mut loader = Self::assemble(runtime, prepared, partitions);
-        loader.packers = vec![Some(PackPos::default()); partitions as usize];
+        let start = mixture.regroup.as_ref().map(|r| r.start());
+        loader.parts = vec![start; partitions as usize];
         loader.mixture = Some((Arc::new(mixture), taken));
         Ok(loader)
     }
@@ -279,7 +328,7 @@ impl Loader {
             streams: Arc::default(),
             partitions,
             mixture: None,
-            packers: Vec::new(),
+            parts: Vec::new(),
         }
     }
 
@@ -318,8 +367,8 @@ impl Loader {
                 version: m.version,
                 echo: 1,
                 per_rank: None,
-                mixture: m.pack.is_none().then(|| taken.clone()),
-                pack: m.pack.as_ref().map(|_| self.packers.clone()),
+                mixture: m.regroup.is_none().then(|| taken.clone()),
+                parts: m.regroup.as_ref().map(|_| self.parts.clone()),
             };
         }
         let mid_epoch = self.batches > 0 && self.planned_epoch == self.epoch;
@@ -331,7 +380,7 @@ impl Loader {
             echo: self.echo,
             per_rank: None,
             mixture: None,
-            pack: None,
+            parts: None,
         }
     }
 
@@ -384,8 +433,8 @@ impl Loader {
         let Some((m, _)) = &self.mixture else {
             return Err(ClientError::Invalid("not a mixture".into()));
         };
-        if m.pack.is_some() {
-            return self.restore_packed(state);
+        if m.regroup.is_some() {
+            return self.restore_regrouped(state);
         }
         let Some(taken) = state.mixture.clone() else {
             return Err(ClientError::Invalid(
@@ -438,25 +487,36 @@ impl Loader {
         Ok(partitions)
     }
 
-    /// [`Self::restore`] of a packed loader: the same query, packing, seed and batching, on
-    /// the same files, from a state that knows at least this rank's partitions.
-    fn restore_packed(&mut self, state: LoaderState) -> Result<()> {
+    /// [`Self::restore`] of a packed or bucketed loader: the same query, regrouping, seed
+    /// and batching, on the same files, from a state that knows at least this rank's
+    /// partitions.
+    fn restore_regrouped(&mut self, state: LoaderState) -> Result<()> {
         let Some((m, _)) = &self.mixture else {
-            return Err(ClientError::Invalid("not a packed loader".into()));
+            return Err(ClientError::Invalid("not a packed or bucketed loader".into()));
         };
-        let Some(packers) = state.pack.clone() else {
-            return Err(ClientError::Invalid(
-                "the state was not saved by a packed loader (pack=): it has no packers to continue".into(),
-            ));
+        let Some(regroup) = &m.regroup else {
+            return Err(ClientError::Invalid("not a packed or bucketed loader".into()));
         };
-        let partitions = self.same_run(m, &state, "packed loader (its query or packing differ)")?;
+        let option = regroup.option();
+        let parts = match state.parts.clone() {
+            Some(parts) if parts.iter().flatten().all(|p| regroup.fits(p)) => parts,
+            _ => {
+                return Err(ClientError::Invalid(format!(
+                    "the state was not saved by a loader with {option}: it has no positions of \
+                     that kind to continue"
+                )));
+            }
+        };
+        let other = format!("loader with {option} (its query or settings differ)");
+        let partitions = self.same_run(m, &state, &other)?;
         let world = self.prepared.shared.options.world_size as u64;
         let rank = self.prepared.shared.options.rank as u64;
-        if let Some(p) = rank_partitions(partitions, rank, world).find(|&p| packers[p as usize].is_none()) {
+        if let Some(p) = rank_partitions(partitions, rank, world).find(|&p| parts[p as usize].is_none()) {
             return Err(ClientError::Invalid(format!(
                 "the state does not say where partition {p} is (rank {rank} of {world} reads it): a \
-                 packed loader's ranks each save their own partitions, so restore the states of \
-                 every rank merged (load_state_dict with the list of them; LoaderState::merge in Rust)"
+                 loader with {option} saves on each rank only that rank's partitions, so restore \
+                 the states of every rank merged (load_state_dict with the list of them; \
+                 LoaderState::merge in Rust)"
             )));
         }
         let mixture = match partitions == m.order.partitions {
@@ -466,7 +526,7 @@ impl Loader {
         self.stop_producer();
         self.partitions = partitions;
         self.mixture = Some((mixture, Taken::start(1, partitions)));
-        self.packers = packers;
+        self.parts = parts;
         self.epoch = state.epoch;
         self.batches = state.batches;
         self.epoch_start = None;
@@ -548,9 +608,10 @@ impl Loader {
         self.batches = 0;
         self.epoch_start = None;
         if let Some((m, taken)) = &mut self.mixture
-            && m.pack.is_none()
+            && m.regroup.is_none()
         {
-            // A packed stream goes on where it is: its epochs only count its batches.
+            // A packed or bucketed stream goes on where it is: its epochs only count its
+            // batches.
             *taken = m.epoch_start(first);
         }
         if let Some(ahead) = self.ahead.take()
@@ -818,7 +879,7 @@ impl Loader {
             rank: options.rank as u64,
             world: options.world_size as u64,
             totals: Arc::clone(&self.streams),
-            packers: self.packers.clone(),
+            parts: self.parts.clone(),
         };
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Closed("the loader is shut down"));
@@ -873,11 +934,11 @@ impl Iterator for Loader {
             match got {
                 Some(Ok(batch)) => {
                     if let Some((m, taken)) = &mut self.mixture {
-                        if m.pack.is_some() {
-                            // Other ranks' packers move too, where this rank cannot see.
-                            self.packers.iter_mut().for_each(|p| *p = None);
-                            for &(p, pos) in &batch.packed {
-                                self.packers[p as usize] = Some(pos);
+                        if m.regroup.is_some() {
+                            // Other ranks' partitions move too, where this rank cannot see.
+                            self.parts.iter_mut().for_each(|p| *p = None);
+                            for (p, pos) in &batch.parts {
+                                self.parts[*p as usize] = Some(pos.clone());
                             }
                         } else {
                             m.schedule.step(taken);

@@ -31,9 +31,9 @@ pub struct TensorBatch {
     /// The batch's index in its epoch, and the epoch.
     pub index: u64,
     pub epoch: u64,
-    /// A packed loader's: where the packer of each of the rank's partitions is after this
-    /// batch.
-    pub packed: Vec<(u64, crate::pack::PackPos)>,
+    /// A packed or bucketed loader's: where the packer or bucketer of each of the rank's
+    /// partitions is after this batch.
+    pub parts: Vec<(u64, crate::order::PartPos)>,
 }
 
 impl TensorBatch {
@@ -56,7 +56,7 @@ impl TensorBatch {
             columns,
             index,
             epoch,
-            packed: Vec::new(),
+            parts: Vec::new(),
         })
     }
 

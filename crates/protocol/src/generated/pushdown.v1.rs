@@ -16,6 +16,11 @@ pub struct ScanRequest {
     /// Which of the fragment's ops the server may leave to the client (placement per shard).
     #[prost(message, optional, tag = "6")]
     pub deferral: ::core::option::Option<Deferral>,
+    /// The tokenizer of op calls that name none: a tokenizer the client gave the server (the
+    /// `give_tokenizer` action; its `sha256:` content id) or one of the server's by name. Empty:
+    /// the tokenizer of the dataset read.
+    #[prost(string, tag = "7")]
+    pub tokenizer: ::prost::alloc::string::String,
     #[prost(oneof = "scan_request::Query", tags = "1, 2")]
     pub query: ::core::option::Option<scan_request::Query>,
 }

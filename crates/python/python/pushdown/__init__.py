@@ -19,6 +19,7 @@ PyTorch: ``pushdown.torch.IterableDataset`` (``pip install 'pushdown[torch]'``).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from ._native import BUILD_PROFILE, _Loader, _Transform
@@ -175,6 +176,25 @@ class Loader:
     partitions' packers: the same world size restores from its own, another from the list of
     every rank's states (``load_state_dict([s0, s1, ...])``).
 
+    **Coordinated length buckets.** ``bucket_by={"column": "tokens", "boundaries": [64, 256,
+    1024], "pad_id": 0}`` (instead of ``pack``) keeps sequences whole and draws every global
+    batch from one length bucket (``[0, 64)``, ``[64, 256)``, ``[256, 1024)``, ``[1024, ∞)``), so
+    every rank's share of a step holds sequences of about one length and no rank waits for
+    another's long tail (tf.data service's coordinated reads). Each batch pads the column to
+    its own longest sequence (``[b, longest]``, 16-bit ids stay 16-bit) and gives each row's
+    length in ``"<column>_length"``. Which bucket each global batch takes is a function of the
+    seed and the buckets' shares of the first rows of every partition, the same on every rank.
+    Rows are read by partition as with ``pack``; the stream runs on across epochs of
+    ``⌊rows / (batch_size · world_size)⌋`` batches, and ``state_dict()`` resumes exactly, at
+    another world size from the list of every rank's states.
+
+    **A tokenizer of the trainer's.** ``tokenizer="path/to/tokenizer.json"`` (or its bytes)
+    is the tokenizer of every ``tokenize`` call that names none, wherever the call runs. Each
+    server is given it once, kept there by its content (``sha256:…``, the same file is one
+    entry whoever sends it); a server that restarted is given it again when the next epoch
+    is planned. Calls may also name a tokenizer of the server's folder (``pushdown serve
+    --tokenizers DIR``: ``tokenize(body, 512, 'llama3')`` reads ``DIR/llama3.json``).
+
     ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
     may split an op's shards between the servers and this process), ``"server"``,
     ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
@@ -213,6 +233,8 @@ class Loader:
         partitions: Optional[int] = None,
         mixture: Optional[Sequence[Dict[str, Any]]] = None,
         pack: Optional[Dict[str, Any]] = None,
+        bucket_by: Optional[Dict[str, Any]] = None,
+        tokenizer: Optional[Union[str, "os.PathLike[str]", bytes]] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -267,6 +289,8 @@ class Loader:
             partitions=partitions,
             mixture=sources,
             pack=None if pack is None else _pack(pack),
+            bucket_by=None if bucket_by is None else _bucket_by(bucket_by),
+            tokenizer=_tokenizer_bytes(tokenizer),
         )
         if epochs < 1:
             raise ValueError("epochs= is the epochs one pass covers: 1 or more")
@@ -398,6 +422,29 @@ def _pack(pack: Dict[str, Any]) -> tuple:
         raise ValueError(f"pack=: unknown keys {unknown}; known: column, length, eos_id, split_documents, pad_id")
     return (pack["column"], int(pack["length"]), pack.get("eos_id"), bool(pack.get("split_documents", True)),
             pack.get("pad_id"))
+
+
+def _tokenizer_bytes(tokenizer: Optional[Union[str, "os.PathLike[str]", bytes]]) -> Optional[bytes]:
+    """``tokenizer=`` as the native loader takes it: the ``tokenizer.json`` bytes."""
+    if tokenizer is None or isinstance(tokenizer, bytes):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        with open(tokenizer, "rb") as f:
+            return f.read()
+    raise ValueError(f"tokenizer= is a tokenizer.json path or its bytes, got {type(tokenizer).__name__}")
+
+
+def _bucket_by(bucket_by: Dict[str, Any]) -> tuple:
+    """``bucket_by=`` as the native loader takes it: ``(column, boundaries, pad_id)``."""
+    if not isinstance(bucket_by, dict) or "column" not in bucket_by or "boundaries" not in bucket_by:
+        raise ValueError('bucket_by= is a dict: {"column": "tokens", "boundaries": [64, 256, 1024], "pad_id": 0}')
+    unknown = sorted(set(bucket_by) - {"column", "boundaries", "pad_id"})
+    if unknown:
+        raise ValueError(f"bucket_by=: unknown keys {unknown}; known: column, boundaries, pad_id")
+    boundaries = bucket_by["boundaries"]
+    if isinstance(boundaries, (str, bytes)) or not all(isinstance(b, int) and b >= 0 for b in boundaries):
+        raise ValueError(f"bucket_by=: boundaries are increasing lengths in tokens, got {boundaries!r}")
+    return (bucket_by["column"], [int(b) for b in boundaries], int(bucket_by.get("pad_id", 0)))
 
 
 def _mixture_sources(mixture: Sequence[Dict[str, Any]]) -> list:
