@@ -219,7 +219,7 @@ def test_a_file_only_the_frozen_server_holds_is_an_error_naming_it(data, tmp_pat
                     fleet[2].stop()
                     frozen_at["t"] = time.monotonic()
 
-        with pytest.raises(RuntimeError) as err:
+        with pytest.raises(pushdown.UnavailableError) as err:
             bounded(until_error, 120)
         assert "t" in frozen_at, f"failed before the freeze: {err.value}"
         # The next epoch's plan waits one deadline for c, then names it and its file.

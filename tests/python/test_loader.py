@@ -53,7 +53,7 @@ def test_column_types_follow_the_schema_not_the_batch(server):
         assert isinstance(batch["maybe"], np.ndarray), type(batch["maybe"])
         assert isinstance(batch["day"], pa.Array) and batch["day"].type == pa.date32()
     # A null where a tensor is due is an error naming the column, never a switch to Arrow.
-    with pytest.raises(RuntimeError, match="column `maybe` is null"):
+    with pytest.raises(pushdown.InvalidArgumentError, match="column `maybe` is null"):
         list(make(server, sql=sql, epochs=1))
 
 
@@ -199,7 +199,7 @@ def test_echo_repeats_each_row_and_resumes_exactly(server):
 def test_bad_arguments_are_clear(server):
     with pytest.raises(ValueError, match="exactly one"):
         pushdown.Loader(server)
-    with pytest.raises(ValueError, match="unknown dataset"):
+    with pytest.raises(pushdown.NotFoundError, match="unknown dataset"):
         pushdown.Loader(server, sql="SELECT * FROM nope")
     with pytest.raises(ValueError, match="rank"):
         make(server, rank=2, world_size=2)

@@ -224,7 +224,7 @@ def test_nullable_pyarrow_columns_arrive_as_tensors_and_a_null_is_named(tmp_path
         assert all(isinstance(b["bucket"], np.ndarray) for b in kept)
         assert sum(len(b["bucket"]) for b in kept) == n - 1
         # A null where a tensor is due: an error naming the column.
-        with pytest.raises(RuntimeError, match="bucket"):
+        with pytest.raises(pushdown.InvalidArgumentError, match="bucket"):
             list(pushdown.Loader(url, sql="SELECT id, bucket FROM plain", batch_size=10))
     finally:
         served.stop()

@@ -82,7 +82,7 @@ def test_drifted_files_widen_into_tensors_and_a_missing_column_is_null(served):
     assert sorted(zip(ids, labels)) == [(i, i % 3) for i in range(50)]
     # The files that lack `weight` read it as null: a tensor column names the null, and a
     # fill makes it a tensor again.
-    with pytest.raises(RuntimeError, match="column `weight` is null"):
+    with pytest.raises(pushdown.InvalidArgumentError, match="column `weight` is null"):
         list(pushdown.Loader(url, sql="SELECT id, weight FROM \"MyPets\"", batch_size=64))
     weights = {}
     for batch in pushdown.Loader(url, sql="SELECT id, COALESCE(weight, -1) AS w FROM \"MyPets\"", batch_size=64):

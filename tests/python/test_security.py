@@ -150,3 +150,69 @@ def test_loader_with_token_and_ca(secured):
     assert sorted(ids) == list(range(300))
     with pytest.raises(Exception, match="PermissionDenied|permission denied"):
         list(pushdown.Loader(url, sql="SELECT id FROM other", token=IMAGES_ONLY, tls_ca=pki["ca"]))
+
+
+def test_an_open_bind_on_the_network_is_warned_about_in_plain_or_json_logs(tmp_path):
+    """`--listen 0.0.0.0:…` without tokens (or client certificates) warns at start-up; logs
+    off a terminal carry no colour codes, and `--log-format json` writes one object a line."""
+    import json
+    import subprocess
+
+    data = tmp_path / "data"
+    generate(data)
+
+    def start(*extra):
+        proc = subprocess.Popen([BIN, "serve", "--data", str(data), "--listen", "0.0.0.0:0", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        assert line.startswith("listening on "), (line, err)
+        return err
+
+    err = start()
+    assert "without --auth-tokens" in err, err
+    assert "\x1b[" not in err, "no colour codes in a file"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{ADMIN} *\n")
+    assert "without --auth-tokens" not in start("--auth-tokens", str(tokens))
+    records = [json.loads(line) for line in start("--log-format", "json").splitlines() if line.strip()]
+    warned = [r for r in records if "without --auth-tokens" in r.get("fields", {}).get("message", "")]
+    assert warned and warned[0]["level"] == "WARN", records
+
+
+def test_tokens_are_reloaded_on_sighup_and_a_bad_file_keeps_the_old_ones(tmp_path):
+    import signal
+    import time
+
+    import pushdown
+
+    data = tmp_path / "data"
+    generate(data)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{IMAGES_ONLY} images\n")
+    served = Served(data, args=["--auth-tokens", str(tokens)])
+    url = f"http://{served.addr}"
+
+    def reads(token):
+        try:
+            list(pushdown.Loader(url, sql="SELECT id FROM images", token=token, batch_size=100))
+            return True
+        except pushdown.UnauthenticatedError:
+            return False
+
+    try:
+        assert reads(IMAGES_ONLY) and not reads(ADMIN)
+        tokens.write_text(f"{ADMIN} *\n")
+        served.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while not reads(ADMIN):
+            assert time.monotonic() < deadline, "the new token is not accepted"
+            time.sleep(0.2)
+        assert not reads(IMAGES_ONLY), "the old token is revoked"
+        tokens.write_text("too-short images\n")
+        served.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert reads(ADMIN) and served.alive(), "a file that does not parse keeps the tokens in force"
+    finally:
+        served.stop()

@@ -34,6 +34,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text` (coloured only on a terminal) or `json`
+    /// (one object per line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "PUSHDOWN_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -475,10 +485,17 @@ fn run_command(cli: Cli) -> Result<()> {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)))
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        // Colour only where a person reads it: a file or a collector gets plain text.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
@@ -545,7 +562,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if tls {
         tracing::info!("Flight over TLS only");
     }
+    warn_if_open(addr, &args.security, tls);
     println!("listening on {addr}");
+    let _reload = match (server.tokens(), &args.security.auth_tokens) {
+        (Some(tokens), Some(path)) => Some(Task::spawn(reload_tokens_on_sighup(
+            std::sync::Arc::clone(tokens),
+            path.clone(),
+        ))),
+        _ => None,
+    };
     let _signal = Task::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new requests; streams in flight finish");
@@ -628,6 +653,51 @@ fn with_catalog_and_security(mut builder: ServerBuilder, args: &ServeArgs) -> Re
 }
 
 /// Ctrl-C or SIGTERM.
+/// Warns when the server listens beyond this host and anyone may read: no tokens, no
+/// client certificates.
+fn warn_if_open(addr: std::net::SocketAddr, security: &SecurityArgs, tls: bool) {
+    if !addr.ip().is_loopback() && security.auth_tokens.is_none() && security.tls_client_ca.is_none() {
+        tracing::warn!(
+            %addr,
+            tls,
+            "serving on a non-loopback address without --auth-tokens: anyone who reaches {addr} \
+             reads every dataset (give --auth-tokens FILE, and --tls-cert/--tls-key for a network \
+             you do not trust)"
+        );
+    }
+}
+
+/// Reads the tokens file again on every SIGHUP: the next requests are checked against it.
+/// A file that does not parse leaves the tokens as they were, and says why.
+async fn reload_tokens_on_sighup(tokens: std::sync::Arc<Tokens>, path: PathBuf) {
+    #[cfg(unix)]
+    {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: tokens reload only with a restart");
+                return;
+            }
+        };
+        while hangup.recv().await.is_some() {
+            match Tokens::load(&path) {
+                Ok(new) => {
+                    let count = new.len();
+                    tokens.replace(new);
+                    tracing::info!(tokens = count, "tokens reloaded from {}", path.display());
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "tokens not reloaded: the previous ones stay in force");
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (tokens, path);
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

@@ -10,8 +10,9 @@
 //!   without talking: the weights are the buckets' shares of a sample (the first rows of every
 //!   partition, [`SAMPLE`] in all, which every rank reads alike); batches are dealt to the bucket furthest
 //!   behind its weight (as a mixture deals rows), and each run of [`SPAN`] batches is then
-//!   shuffled by the seed. A bucket empty in the sample takes no batches of its own: its
-//!   sequences join the nearest longer bucket that has some (else the nearest shorter).
+//!   shuffled by the seed. A bucket the sample holds less than a global batch of takes no
+//!   batches of its own: its sequences join the next longer bucket (the last ones, the next
+//!   shorter), so that no partition reads much of the data to fill a rare bucket's batch.
 //! * **Each partition** ([`Bucketer`]) reads its rows in the order's sequence into one
 //!   queue per bucket and gives each batch its share from the batch's bucket, oldest first.
 //!   Where it is, [`BucketPos`], is the first row still queued and which rows after it were
@@ -231,8 +232,11 @@ pub struct Buckets {
 }
 
 impl Buckets {
-    /// Buckets weighted by the lengths of a sample of the sequences.
-    pub fn from_sample(by: BucketBy, lengths: &[usize], seed: u64) -> Result<Self> {
+    /// Buckets weighted by the lengths of a sample of the sequences. A bucket the sample
+    /// holds fewer than `min_rows` of (a global batch's worth) is too rare to fill its
+    /// batches without queueing much of the data: it joins the next longer bucket (the last
+    /// ones, the next shorter), and its sequences wait there.
+    pub fn from_sample(by: BucketBy, lengths: &[usize], min_rows: usize, seed: u64) -> Result<Self> {
         if lengths.is_empty() {
             return Err(ClientError::Invalid(
                 "bucket_by: the sample of sequences is empty, so no bucket can be weighted".into(),
@@ -243,15 +247,36 @@ impl Buckets {
         for &n in lengths {
             counts[by.bucket_of(n)] += 1;
         }
-        let route = (0..k)
-            .map(|b| {
-                let longer = (b..k).find(|&c| counts[c] > 0);
-                longer
-                    .or_else(|| (0..b).rev().find(|&c| counts[c] > 0))
-                    .unwrap_or(b)
-            })
-            .collect();
-        let weights = counts.iter().map(|&c| c as f64 / lengths.len() as f64).collect();
+        // Groups of consecutive buckets, each holding at least `min_rows` (but perhaps the
+        // last), scheduled as their longest bucket.
+        let min_rows = (min_rows as u64).clamp(1, lengths.len() as u64);
+        let mut groups: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
+        let mut start = 0;
+        let mut held = 0;
+        for (b, &c) in counts.iter().enumerate() {
+            held += c;
+            if held >= min_rows {
+                groups.push((start..b + 1, held));
+                (start, held) = (b + 1, 0);
+            }
+        }
+        match groups.last_mut() {
+            Some((range, count)) if start < k => {
+                *range = range.start..k;
+                *count += held;
+            }
+            _ if start < k => groups.push((start..k, held)),
+            _ => {}
+        }
+        let mut route = vec![0; k];
+        let mut weights = vec![0.0; k];
+        for (range, count) in groups {
+            let scheduled = range.end - 1;
+            for b in range {
+                route[b] = scheduled;
+            }
+            weights[scheduled] = count as f64 / lengths.len() as f64;
+        }
         Ok(Self {
             by,
             route,
@@ -531,7 +556,7 @@ mod tests {
     fn every_batch_holds_one_bucket_and_rows_are_given_once() {
         let by = BucketBy::new("tokens", vec![64, 256]);
         let data = lengths(1, 4000);
-        let buckets = Buckets::from_sample(by.clone(), &data[..500], 7).expect("buckets");
+        let buckets = Buckets::from_sample(by.clone(), &data[..500], 8, 7).expect("buckets");
         let out = run(&buckets, &data, BucketPos::default(), 0, 300, 8);
         let mut seen = std::collections::HashSet::new();
         for (bucket, ids, _) in &out {
@@ -551,7 +576,7 @@ mod tests {
     fn a_bucketer_resumed_at_any_batch_gives_the_same_rows() {
         let by = BucketBy::new("tokens", vec![64, 256]);
         let data = lengths(2, 3000);
-        let buckets = Buckets::from_sample(by, &data[..400], 3).expect("buckets");
+        let buckets = Buckets::from_sample(by, &data[..400], 4, 3).expect("buckets");
         let whole = run(&buckets, &data, BucketPos::default(), 0, 120, 4);
         for at in [1usize, 17, 40, 99] {
             let pos = whole[at - 1].2.clone();
@@ -566,9 +591,14 @@ mod tests {
     fn the_schedule_replays_from_any_batch_and_skips_empty_buckets() {
         let by = BucketBy::new("tokens", vec![10, 20, 30]);
         // Nothing in [10, 20): its sequences wait in [20, 30).
-        let buckets = Buckets::from_sample(by, &[1, 2, 25, 26, 40], 11).expect("buckets");
+        let buckets = Buckets::from_sample(by.clone(), &[1, 2, 25, 26, 40], 1, 11).expect("buckets");
         assert_eq!(buckets.queue_of(15), 2);
         assert_eq!(buckets.queue_of(100), 3);
+        // Buckets under two rows of the sample join the next longer; the last, the shorter.
+        let rare = Buckets::from_sample(by, &[1, 2, 12, 25, 26, 27, 40], 2, 11).expect("buckets");
+        assert_eq!((rare.queue_of(1), rare.queue_of(12)), (0, 3));
+        assert_eq!((rare.queue_of(25), rare.queue_of(40)), (3, 3));
+        assert_eq!(rare.weights(), &[2.0 / 7.0, 0.0, 0.0, 5.0 / 7.0]);
         let all: Vec<usize> = buckets.schedule(0).take(100).collect();
         assert!(all.iter().all(|&b| b != 1));
         for from in [0u64, 5, 16, 33, 64] {

@@ -126,7 +126,98 @@ pub enum ClientError {
     Invalid(String),
 }
 
+/// What kind of failure an error is, named as gRPC's codes name them: what a caller tells
+/// apart (retry later, fix the request, fix the credentials, plan again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The caller's query, options, state or data values: the same on every retry.
+    InvalidArgument,
+    /// A dataset, file or tokenizer that is not there.
+    NotFound,
+    /// No server could be reached, or none answered: may succeed later.
+    Unavailable,
+    /// An answer that did not come in time.
+    TimedOut,
+    /// No credentials, or ones the server does not accept.
+    Unauthenticated,
+    /// Credentials that do not grant what was asked.
+    PermissionDenied,
+    /// Data that is corrupt, or rows lost or repeated on the way.
+    DataLoss,
+    /// What was planned on changed (files, versions, schema): plan or restore again.
+    Changed,
+    /// A server's budgets (streams, memory) are spent: may succeed later.
+    ResourceExhausted,
+    /// A bug or a broken peer: the message says which.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kind of a server's status code.
+    pub fn of_code(code: tonic::Code) -> Self {
+        use tonic::Code;
+        match code {
+            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition | Code::AlreadyExists => {
+                ErrorKind::InvalidArgument
+            }
+            Code::NotFound => ErrorKind::NotFound,
+            Code::Unavailable | Code::Cancelled | Code::Aborted => ErrorKind::Unavailable,
+            Code::DeadlineExceeded => ErrorKind::TimedOut,
+            Code::Unauthenticated => ErrorKind::Unauthenticated,
+            Code::PermissionDenied => ErrorKind::PermissionDenied,
+            Code::DataLoss => ErrorKind::DataLoss,
+            Code::ResourceExhausted => ErrorKind::ResourceExhausted,
+            Code::Ok | Code::Unknown | Code::Internal | Code::Unimplemented => ErrorKind::Internal,
+        }
+    }
+
+    /// The kind's name (`InvalidArgument`): Python's error classes are named after it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "InvalidArgument",
+            ErrorKind::NotFound => "NotFound",
+            ErrorKind::Unavailable => "Unavailable",
+            ErrorKind::TimedOut => "TimedOut",
+            ErrorKind::Unauthenticated => "Unauthenticated",
+            ErrorKind::PermissionDenied => "PermissionDenied",
+            ErrorKind::DataLoss => "DataLoss",
+            ErrorKind::Changed => "Changed",
+            ErrorKind::ResourceExhausted => "ResourceExhausted",
+            ErrorKind::Internal => "Internal",
+        }
+    }
+}
+
 impl ClientError {
+    /// What kind of failure this is: a server's status by its code, the client's own by
+    /// who is to fix it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Server { status, .. }
+            | ClientError::Stream { status, .. }
+            | ClientError::NotResumable { status, .. } => ErrorKind::of_code(status.code()),
+            ClientError::BadUrl { .. }
+            | ClientError::Plan(_)
+            | ClientError::Op(_)
+            | ClientError::NullInTensor { .. }
+            | ClientError::Invalid(_) => ErrorKind::InvalidArgument,
+            ClientError::NoServer { .. } | ClientError::NoAnswer(_) | ClientError::Unreachable { .. } => {
+                ErrorKind::Unavailable
+            }
+            ClientError::Timeout { .. } => ErrorKind::TimedOut,
+            ClientError::Decode { .. } | ClientError::Miscount { .. } => ErrorKind::DataLoss,
+            ClientError::ShortShard { .. }
+            | ClientError::Changed(_)
+            | ClientError::ServersDisagree { .. } => ErrorKind::Changed,
+            ClientError::Arrow(_)
+            | ClientError::Reply { .. }
+            | ClientError::Io { .. }
+            | ClientError::Output(_)
+            | ClientError::Task { .. }
+            | ClientError::Closed(_) => ErrorKind::Internal,
+        }
+    }
+
     /// The server's status, for the errors a server's answer caused (they print it, and do
     /// not return it as their `source`).
     pub fn status(&self) -> Option<&tonic::Status> {
@@ -174,7 +265,14 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 pub fn status_text(status: &tonic::Status) -> String {
     let mut text = code_words(status.code());
     let message = status.message();
-    if !message.is_empty() {
+    // A server whose message already begins with its kind (`unauthenticated: …`) says it once.
+    let said = message.len() > text.len()
+        && message.is_char_boundary(text.len())
+        && message[..text.len()].eq_ignore_ascii_case(&text)
+        && message[text.len()..].starts_with(':');
+    if said {
+        text = message.to_owned();
+    } else if !message.is_empty() {
         text = format!("{text}: {message}");
     }
     let mut root = None;
@@ -238,6 +336,47 @@ mod tests {
         assert_eq!(
             status_text(&tonic::Status::deadline_exceeded("")),
             "deadline exceeded"
+        );
+        // The kind is said once where the server's message begins with it.
+        assert_eq!(
+            status_text(&tonic::Status::unauthenticated("unauthenticated: no token")),
+            "unauthenticated: no token"
+        );
+        assert_eq!(
+            status_text(&tonic::Status::unauthenticated("unauthenticatedly")),
+            "unauthenticated: unauthenticatedly"
+        );
+    }
+
+    #[test]
+    fn every_error_has_the_kind_a_caller_catches() {
+        let server = |code| ClientError::server("u", tonic::Status::new(code, "m"));
+        for (code, kind) in [
+            (tonic::Code::InvalidArgument, ErrorKind::InvalidArgument),
+            (tonic::Code::NotFound, ErrorKind::NotFound),
+            (tonic::Code::Unavailable, ErrorKind::Unavailable),
+            (tonic::Code::DeadlineExceeded, ErrorKind::TimedOut),
+            (tonic::Code::Unauthenticated, ErrorKind::Unauthenticated),
+            (tonic::Code::PermissionDenied, ErrorKind::PermissionDenied),
+            (tonic::Code::DataLoss, ErrorKind::DataLoss),
+            (tonic::Code::ResourceExhausted, ErrorKind::ResourceExhausted),
+            (tonic::Code::Internal, ErrorKind::Internal),
+        ] {
+            assert_eq!(server(code).kind(), kind, "{code:?}");
+        }
+        assert_eq!(ClientError::Changed("c".into()).kind(), ErrorKind::Changed);
+        assert_eq!(
+            ClientError::Invalid("i".into()).kind(),
+            ErrorKind::InvalidArgument
+        );
+        let timeout = ClientError::Timeout {
+            what: "plan".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(timeout.kind(), ErrorKind::TimedOut);
+        assert_eq!(
+            ClientError::NoAnswer("none".into()).kind(),
+            ErrorKind::Unavailable
         );
     }
 }

@@ -33,7 +33,8 @@ use crate::error::{ClientError, Result};
 /// A Flight client that sends the caller's credentials with every request.
 pub(crate) type Flight = FlightServiceClient<InterceptedService<Channel, Credentials>>;
 
-/// Adds `authorization: Bearer <token>` to each request, when there is a token.
+/// Adds `authorization: Bearer <token>` to each request, when there is a token, and the
+/// client's version (`pushdown-version`).
 #[derive(Clone)]
 pub(crate) struct Credentials(Option<tonic::metadata::AsciiMetadataValue>);
 
@@ -65,6 +66,11 @@ impl tonic::service::Interceptor for Credentials {
         if let Some(value) = &self.0 {
             request.metadata_mut().insert("authorization", value.clone());
         }
+        // This client's version: a server refuses an incompatible one by name.
+        request.metadata_mut().insert(
+            pushdown_protocol::VERSION_HEADER,
+            tonic::metadata::AsciiMetadataValue::from_static(pushdown_protocol::VERSION),
+        );
         Ok(request)
     }
 }

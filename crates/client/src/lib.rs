@@ -47,7 +47,7 @@ mod tune;
 pub use client::{PushdownClient, SCALING_TIMEOUT};
 pub use completion::{Completion, CompletionTotals, ShardPlacement};
 pub use connect::{ConnectOptions, DEFAULT_CALL_TIMEOUT, MAX_MESSAGE_BYTES, plan_estimate};
-pub use error::{ClientError, Result, status_text};
+pub use error::{ClientError, ErrorKind, Result, status_text};
 pub use loader::{
     Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderStats, MixtureSource, Prepared, Push,
     TensorBatch,

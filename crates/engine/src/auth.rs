@@ -105,16 +105,15 @@ struct Entry {
     caller: Caller,
 }
 
-/// The tokens a server accepts. Its `Debug` shows how many, never a token.
+/// The tokens a server accepts, replaceable while it serves ([`Tokens::replace`]: a reload
+/// on SIGHUP). Its `Debug` shows how many, never a token.
 pub struct Tokens {
-    entries: Vec<Entry>,
+    entries: std::sync::RwLock<Arc<Vec<Entry>>>,
 }
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
-            .field("count", &self.entries.len())
-            .finish()
+        f.debug_struct("Tokens").field("count", &self.len()).finish()
     }
 }
 
@@ -180,7 +179,29 @@ impl Tokens {
         if entries.is_empty() {
             return Err("the file holds no token (a server with tokens must accept one)".into());
         }
-        Ok(Self { entries })
+        Ok(Self {
+            entries: std::sync::RwLock::new(Arc::new(entries)),
+        })
+    }
+
+    /// The entries now (a reload swaps them whole: a request sees the old set or the new).
+    fn entries(&self) -> Arc<Vec<Entry>> {
+        Arc::clone(
+            &self
+                .entries
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Accepts `other`'s tokens from now on, in place of these: requests already
+    /// authenticated keep their grant; the next ones are checked against the new set.
+    pub fn replace(&self, other: Tokens) {
+        let new = other.entries();
+        *self
+            .entries
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = new;
     }
 
     /// Reads and parses a tokens file.
@@ -190,11 +211,11 @@ impl Tokens {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries().is_empty()
     }
 
     /// The caller holding `token`, if any. Every entry is compared, in constant time: how
@@ -202,7 +223,7 @@ impl Tokens {
     pub fn caller(&self, token: &[u8]) -> Option<Caller> {
         let presented = digest(token);
         let mut found = None;
-        for entry in &self.entries {
+        for entry in self.entries().iter() {
             if bool::from(entry.digest.ct_eq(&presented)) {
                 found = Some(entry.caller.clone());
             }
@@ -306,6 +327,27 @@ mod tests {
         ));
         let all = t.authenticate(Some(&format!("bearer   {ALL}"))).expect("all");
         assert_eq!(*all.grant, Grant::All);
+    }
+
+    #[test]
+    fn replaced_tokens_take_effect_for_the_next_request() {
+        let t = tokens();
+        let before = t.authenticate(Some(&format!("Bearer {A}"))).expect("a");
+        t.replace(Tokens::parse(&format!("{ALL} images\n")).expect("parse"));
+        assert_eq!(t.len(), 1);
+        assert!(
+            t.authenticate(Some(&format!("Bearer {A}"))).is_err(),
+            "A is revoked"
+        );
+        let all = t.authenticate(Some(&format!("Bearer {ALL}"))).expect("all");
+        assert!(
+            all.grant.allows("images") && !all.grant.allows("clicks"),
+            "the new grant"
+        );
+        assert!(
+            before.grant.allows("clicks"),
+            "an authenticated caller keeps its grant"
+        );
     }
 
     #[test]

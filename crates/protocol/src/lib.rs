@@ -139,6 +139,45 @@ pub const DEFERRED_FROM_KEY: &str = "pushdown.deferred_from";
 /// (`StreamStats::reduced_alone`); a stream that names none is its connection's.
 pub const READER_HEADER: &str = "pushdown-reader";
 
+/// gRPC metadata every pushdown client sends: its version ([`VERSION`]). A server refuses a
+/// client whose version is not [`compatible`] with its own, naming both; a request without
+/// it (a plain Flight client: pyarrow, ADBC) is served.
+pub const VERSION_HEADER: &str = "pushdown-version";
+
+/// This build's version, as clients send it and servers compare it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The compatibility rule: a client and a server work together when their versions share
+/// the major version and, before 1.0, the minor version too (`0.1.x` with `0.1.y`; `1.x`
+/// with `1.y`). Fields are only ever added to the protocol within such a range; anything
+/// else (a renamed field, another ticket version) takes the next one. `Err` says why not.
+pub fn compatible(client: &str, server: &str) -> std::result::Result<(), String> {
+    let parse = |v: &str| -> Option<(u64, u64)> {
+        let mut parts = v.trim().split(['.', '-', '+']);
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    };
+    let (Some(c), Some(s)) = (parse(client), parse(server)) else {
+        return Err(format!(
+            "the client's version `{client}` is not a version this server ({server}) can compare"
+        ));
+    };
+    let line = |(major, minor): (u64, u64)| {
+        if major == 0 {
+            format!("0.{minor}")
+        } else {
+            major.to_string()
+        }
+    };
+    if line(c) == line(s) {
+        return Ok(());
+    }
+    Err(format!(
+        "a pushdown {client} client does not work with this {server} server: client and server \
+         work together within one major version (before 1.0, one minor version); use a {}.x client",
+        line(s)
+    ))
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Query {
     Fragment(Fragment),
@@ -1098,6 +1137,24 @@ mod tests {
             deferral: Deferral::IfBusy { from: 0 },
             tokenizer: Some("sha256:00ff".into()),
         }
+    }
+
+    #[test]
+    fn versions_are_compatible_within_a_minor_version_before_1_and_a_major_after() {
+        assert!(compatible("0.1.0", "0.1.7").is_ok());
+        assert!(compatible("1.2.0", "1.9.1").is_ok());
+        let e = compatible("0.2.0", "0.1.0").expect_err("another minor before 1.0");
+        assert!(
+            e.contains("0.2.0") && e.contains("0.1.0") && e.contains("0.1.x"),
+            "{e}"
+        );
+        assert!(compatible("2.0.0", "1.0.0").is_err());
+        assert!(
+            compatible("garbage", "0.1.0")
+                .expect_err("unparsable")
+                .contains("garbage")
+        );
+        assert!(compatible(VERSION, VERSION).is_ok());
     }
 
     #[test]

@@ -47,8 +47,14 @@ impl Context {
     }
 
     /// Who sent `request`: anyone on a server without tokens, else the holder of the bearer
-    /// token it carries (or `Unauthenticated`).
+    /// token it carries (or `Unauthenticated`). A pushdown client of an incompatible version
+    /// is refused first, naming both versions.
     pub(crate) fn caller<T>(&self, request: &Request<T>) -> Result<Caller> {
+        if let Some(version) = request.metadata().get(pushdown_protocol::VERSION_HEADER) {
+            let version = version.to_str().unwrap_or("(not text)");
+            pushdown_protocol::compatible(version, pushdown_protocol::VERSION)
+                .map_err(ServerError::BadRequest)?;
+        }
         match &self.state.node.tokens {
             None => Ok(Caller::anonymous()),
             Some(tokens) => tokens.authenticate(authorization(request.metadata())?),

@@ -180,6 +180,11 @@ impl Server {
         self.state.node.catalog()
     }
 
+    /// The tokens requests must carry, if any (replace them to reload: SIGHUP in `serve`).
+    pub fn tokens(&self) -> Option<&Arc<pushdown_engine::auth::Tokens>> {
+        self.state.node.tokens.as_ref()
+    }
+
     /// The tonic service, with message limits and compression set.
     pub fn service(&self) -> FlightServiceServer<PushdownService> {
         let config = &self.state.node.config;

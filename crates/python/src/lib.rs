@@ -24,7 +24,7 @@ use pushdown_client::{
     RowSteps, StreamOptions,
 };
 use pushdown_planner::{Pipeline, Step};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -34,6 +34,28 @@ type PyColumn = (String, &'static str, Py<PyAny>);
 
 fn runtime_error(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
+}
+
+/// The caller's arguments refused: `pushdown.InvalidArgumentError` (a `ValueError`).
+fn invalid_argument(message: impl Into<String>) -> PyErr {
+    client_error(pushdown_client::ClientError::Invalid(message.into()))
+}
+
+/// A client error as the `pushdown.errors` class of its kind (`UnavailableError`, …),
+/// its message said once; a `RuntimeError` should that module not import.
+fn client_error(e: pushdown_client::ClientError) -> PyErr {
+    let (kind, message) = (e.kind().name(), e.to_string());
+    Python::attach(|py| {
+        let class = py
+            .import("pushdown.errors")
+            .and_then(|m| m.getattr("BY_KIND"))
+            .and_then(|by_kind| by_kind.get_item(kind))
+            .and_then(|class| Ok(class.downcast_into::<pyo3::types::PyType>()?));
+        match class {
+            Ok(class) => PyErr::from_type(class, message),
+            Err(_) => PyRuntimeError::new_err(message),
+        }
+    })
 }
 
 /// `echo=`: repeats per sample, or `"auto"` (from the measured wait).
@@ -110,7 +132,7 @@ impl PyLoader {
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
-            .map_err(|e: pushdown_client::ClientError| PyValueError::new_err(e.to_string()))?;
+            .map_err(|e: pushdown_client::ClientError| invalid_argument(e.to_string()))?;
         let echo = echo_mode(echo, echo_max)?;
         let report_every = report_interval(report_every_s)?;
         let mut connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
@@ -123,7 +145,7 @@ impl PyLoader {
         let compression = compression_arg(compression)?;
         let source = source_arg(sql, pipeline, mixture)?;
         if servers.is_empty() {
-            return Err(PyValueError::new_err("servers= needs at least one URL"));
+            return Err(invalid_argument("servers= needs at least one URL"));
         }
         let options = LoaderOptions {
             batch_size,
@@ -146,7 +168,7 @@ impl PyLoader {
         };
         let loader = py
             .detach(|| open_loader(&servers, source, pack, bucket_by, options))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(client_error)?;
         Ok(Self {
             inner: Arc::new(Mutex::new(loader)),
         })
@@ -157,7 +179,7 @@ impl PyLoader {
         let inner = Arc::clone(&self.inner);
         let next = py.detach(move || inner.lock().unwrap_or_else(|p| p.into_inner()).next());
         let Some(batch) = next else { return Ok(None) };
-        let batch = batch.map_err(runtime_error)?;
+        let batch = batch.map_err(client_error)?;
         let mut out = Vec::with_capacity(batch.columns.len());
         for (name, column) in batch.columns {
             let (kind, value) = match column {
@@ -188,13 +210,13 @@ impl PyLoader {
             .iter()
             .map(|s| LoaderState::from_bytes(s))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let state = LoaderState::merge(&states).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(client_error)?;
+        let state = LoaderState::merge(&states).map_err(client_error)?;
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .restore(state)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+            .map_err(client_error)
     }
 
     /// Iterates `count` epochs from `first` (one `for` pass); `continuing`: from where the
@@ -239,11 +261,11 @@ impl PyLoader {
 /// `echo=` (with `echo_max=` for `"auto"`) as the loader's [`Echo`].
 fn echo_mode(echo: EchoArg, echo_max: u32) -> PyResult<Echo> {
     match echo {
-        EchoArg::Times(0) => Err(PyValueError::new_err("echo= is a count ≥ 1 or \"auto\"")),
+        EchoArg::Times(0) => Err(invalid_argument("echo= is a count ≥ 1 or \"auto\"")),
         EchoArg::Times(1) => Ok(Echo::Off),
         EchoArg::Times(k) => Ok(Echo::Fixed(k)),
         EchoArg::Name(name) if name == "auto" => Ok(Echo::Auto { max: echo_max.max(1) }),
-        EchoArg::Name(name) => Err(PyValueError::new_err(format!(
+        EchoArg::Name(name) => Err(invalid_argument(format!(
             "echo={name:?}: a count ≥ 1 or \"auto\""
         ))),
     }
@@ -257,7 +279,7 @@ fn report_interval(report_every_s: f64) -> PyResult<Option<std::time::Duration>>
     }
     std::time::Duration::try_from_secs_f64(report_every_s)
         .map(Some)
-        .map_err(|_| PyValueError::new_err("report_every_s must be a number of seconds ≥ 0"))
+        .map_err(|_| invalid_argument("report_every_s must be a number of seconds ≥ 0"))
 }
 
 /// `token=` and `tls_*=` as connection options.
@@ -268,14 +290,14 @@ fn connect_options(
     tls_client_key: Option<String>,
 ) -> PyResult<ConnectOptions> {
     // Unset arguments fall back to PUSHDOWN_TOKEN / PUSHDOWN_TLS_* in the environment.
-    let env = ConnectOptions::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let env = ConnectOptions::from_env().map_err(client_error)?;
     let mut connect = ConnectOptions::from_parts(
         token,
         tls_ca.as_deref(),
         tls_client_cert.as_deref(),
         tls_client_key.as_deref(),
     )
-    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    .map_err(client_error)?;
     connect.token = connect.token.or(env.token);
     connect.tls_ca = connect.tls_ca.or(env.tls_ca);
     connect.tls_identity = connect.tls_identity.or(env.tls_identity);
@@ -304,7 +326,7 @@ fn positive_seconds(s: f64, name: &str) -> PyResult<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(s)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| PyValueError::new_err(format!("{name} must be a positive number of seconds")))
+        .ok_or_else(|| invalid_argument(format!("{name} must be a positive number of seconds")))
 }
 
 /// One source of `mixture=`, as the Python wrapper passes it: `(sql, pipeline, weight,
@@ -370,7 +392,7 @@ fn compression_arg<C: std::str::FromStr<Err = String>>(compression: &str) -> PyR
         name => name
             .parse()
             .map(Some)
-            .map_err(|e: String| PyValueError::new_err(format!("{e}, or auto"))),
+            .map_err(|e: String| invalid_argument(format!("{e}, or auto"))),
     }
 }
 
@@ -382,7 +404,7 @@ fn source_arg(
 ) -> PyResult<Source> {
     match mixture {
         None => Ok(Source::One(loader_source(sql, pipeline)?)),
-        Some(_) if sql.is_some() || pipeline.is_some() => Err(PyValueError::new_err(
+        Some(_) if sql.is_some() || pipeline.is_some() => Err(invalid_argument(
             "give sql=, pipeline= or mixture=, not several: each mixture source names its own",
         )),
         Some(sources) => Ok(Source::Mixture(mixture_sources(sources)?)),
@@ -392,14 +414,14 @@ fn source_arg(
 /// `mixture=` as the loader's sources, each named in its error.
 fn mixture_sources(sources: Vec<MixtureArg>) -> PyResult<Vec<MixtureSource>> {
     if sources.is_empty() {
-        return Err(PyValueError::new_err("mixture= needs at least one source"));
+        return Err(invalid_argument("mixture= needs at least one source"));
     }
     sources
         .into_iter()
         .enumerate()
         .map(|(i, (sql, pipeline, weight, servers))| {
             let source = loader_source(sql, pipeline)
-                .map_err(|e| PyValueError::new_err(format!("mixture source {i}: {e}")))?;
+                .map_err(|e| invalid_argument(format!("mixture source {i}: {e}")))?;
             Ok(MixtureSource {
                 source,
                 weight,
@@ -415,8 +437,8 @@ fn loader_source(sql: Option<String>, pipeline: Option<String>) -> PyResult<Load
         (Some(sql), None) => Ok(LoaderSource::Sql(sql)),
         (None, Some(text)) => Pipeline::parse(&text)
             .map(LoaderSource::Pipeline)
-            .map_err(|e| PyValueError::new_err(e.to_string())),
-        _ => Err(PyValueError::new_err("give exactly one of sql= or pipeline=")),
+            .map_err(|e| invalid_argument(e.to_string())),
+        _ => Err(invalid_argument("give exactly one of sql= or pipeline=")),
     }
 }
 
@@ -434,7 +456,7 @@ fn tensor(py: Python<'_>, values: ArrayRef, shape: &[usize]) -> PyResult<Py<PyAn
         DataType::Float32 => typed::<Float32Type>(py, values, shape),
         DataType::Float64 => typed::<Float64Type>(py, values, shape),
         // `Column::is_tensor` sends every other type as Arrow.
-        other => Err(PyValueError::new_err(format!("{other} is not a tensor type"))),
+        other => Err(invalid_argument(format!("{other} is not a tensor type"))),
     }
 }
 
@@ -489,12 +511,12 @@ impl PyTransform {
     #[new]
     #[pyo3(signature = (pipeline, seed=0, tokenizers=None))]
     fn new(pipeline: &str, seed: u64, tokenizers: Option<HashMap<String, Vec<u8>>>) -> PyResult<Self> {
-        let pipeline = Pipeline::parse(pipeline).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let pipeline = Pipeline::parse(pipeline).map_err(|e| invalid_argument(e.to_string()))?;
         // As on a server: the dataset's own tokenizer is the default.
         let mut resources = pushdown_ops::Tokenizers::new(Some(pipeline.dataset.clone()));
         for (name, json) in tokenizers.unwrap_or_default() {
             let tokenizer = pushdown_ops::load_tokenizer(&json)
-                .map_err(|e| PyValueError::new_err(format!("tokenizer {name}: {e}")))?;
+                .map_err(|e| invalid_argument(format!("tokenizer {name}: {e}")))?;
             resources.insert(name, Arc::new(tokenizer));
         }
         let steps = pipeline
@@ -514,7 +536,7 @@ impl PyTransform {
     /// The pipeline's filters, as SQL: the reader's to apply.
     #[staticmethod]
     fn filters(pipeline: &str) -> PyResult<Vec<String>> {
-        let pipeline = Pipeline::parse(pipeline).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let pipeline = Pipeline::parse(pipeline).map_err(|e| invalid_argument(e.to_string()))?;
         Ok(pipeline
             .steps()
             .iter()
@@ -531,11 +553,11 @@ impl PyTransform {
     fn apply<'py>(&self, py: Python<'py>, ipc: &[u8], key: u64) -> PyResult<Bound<'py, PyBytes>> {
         let out = py.detach(|| -> PyResult<Vec<u8>> {
             let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
-                .map_err(|e| PyValueError::new_err(format!("not an Arrow IPC stream: {e}")))?;
+                .map_err(|e| invalid_argument(format!("not an Arrow IPC stream: {e}")))?;
             let batch = reader
                 .next()
-                .ok_or_else(|| PyValueError::new_err("the Arrow IPC stream holds no batch"))?
-                .map_err(|e| PyValueError::new_err(format!("reading the batch: {e}")))?;
+                .ok_or_else(|| invalid_argument("the Arrow IPC stream holds no batch"))?
+                .map_err(|e| invalid_argument(format!("reading the batch: {e}")))?;
             let steps = {
                 let mut bound = self.bound.lock().unwrap_or_else(|p| p.into_inner());
                 match &*bound {
@@ -548,7 +570,7 @@ impl PyTransform {
                                 self.seed,
                                 Arc::clone(&self.resources),
                             )
-                            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                            .map_err(|e| invalid_argument(e.to_string()))?,
                         );
                         *bound = Some((batch.schema(), Arc::clone(&steps)));
                         steps
@@ -557,7 +579,7 @@ impl PyTransform {
             };
             let out = steps
                 .apply(batch, key)
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                .map_err(|e| invalid_argument(e.to_string()))?;
             ipc_bytes(&out)
         })?;
         Ok(PyBytes::new(py, &out))

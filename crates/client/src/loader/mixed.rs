@@ -216,9 +216,12 @@ impl Mixture {
             .await?;
         m.epoch_batches = (rows / m.order.global_batch).max(1);
         m.schema = by.schema(&m.schema);
+        // A bucket the sample holds less than a global batch of joins a neighbour.
+        let min_rows = m.order.global_batch as usize;
         m.regroup = Some(Regroup::Buckets(Buckets::from_sample(
             by,
             &lengths,
+            min_rows,
             m.order.seed,
         )?));
         Ok(m)

@@ -23,8 +23,37 @@ import os
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from ._native import BUILD_PROFILE, _Loader, _Transform
+from .errors import (
+    ChangedError,
+    DataLossError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    PushdownError,
+    ResourceExhaustedError,
+    TimedOutError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 
-__all__ = ["BUILD_PROFILE", "Loader", "Transform", "__version__"]
+__all__ = [
+    "BUILD_PROFILE",
+    "Loader",
+    "Transform",
+    "__version__",
+    "PushdownError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "UnavailableError",
+    "TimedOutError",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
+    "DataLossError",
+    "ChangedError",
+    "ResourceExhaustedError",
+    "InternalError",
+]
 
 
 def _version() -> str:
@@ -251,9 +280,9 @@ class Loader:
             # whole batches), or of 256 without one.
             batch_size = shuffle_buffer if shuffle_buffer is not None and shuffle_buffer > 1 else None
         elif not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r}: rows per batch (1 or more), or None for single rows")
+            raise InvalidArgumentError(f"batch_size={batch_size!r}: rows per batch (1 or more), or None for single rows")
         if self._unbatched and pipeline is not None and _has_batch_step(pipeline):
-            raise ValueError(
+            raise InvalidArgumentError(
                 "batch_size=None asks for single rows, but the pipeline's batch step makes batches: "
                 "drop one of them"
             )
@@ -293,7 +322,7 @@ class Loader:
             tokenizer=_tokenizer_bytes(tokenizer),
         )
         if epochs < 1:
-            raise ValueError("epochs= is the epochs one pass covers: 1 or more")
+            raise InvalidArgumentError("epochs= is the epochs one pass covers: 1 or more")
         self.epochs = epochs
         # The epoch the next pass starts at, unless it continues the loader's position (new,
         # or restored); whether a pass is being iterated.
@@ -370,7 +399,7 @@ class Loader:
         """Makes the next pass start at ``epoch`` (as ``DistributedSampler.set_epoch``). After
         ``load_state_dict`` mid-epoch, setting that same epoch keeps the saved position."""
         if epoch < 0:
-            raise ValueError("set_epoch: an epoch is 0 or more")
+            raise InvalidArgumentError("set_epoch: an epoch is 0 or more")
         if self._continue and self._inner.position()[0] == epoch:
             return
         self._continue = False
@@ -397,7 +426,7 @@ class Loader:
         collects them)."""
         states = [state] if isinstance(state, dict) else list(state)
         if not states:
-            raise ValueError("load_state_dict: no state given")
+            raise InvalidArgumentError("load_state_dict: no state given")
         self._inner.restore([s["pushdown_loader"] for s in states])
         state = states[0]
         self._continue = True
@@ -416,10 +445,10 @@ def _pack(pack: Dict[str, Any]) -> tuple:
     """``pack=`` as the native loader takes it: ``(column, length, eos_id, split_documents,
     pad_id)``."""
     if not isinstance(pack, dict) or "column" not in pack or "length" not in pack:
-        raise ValueError('pack= is a dict: {"column": "tokens", "length": 2048, "eos_id": ...}')
+        raise InvalidArgumentError('pack= is a dict: {"column": "tokens", "length": 2048, "eos_id": ...}')
     unknown = sorted(set(pack) - {"column", "length", "eos_id", "split_documents", "pad_id"})
     if unknown:
-        raise ValueError(f"pack=: unknown keys {unknown}; known: column, length, eos_id, split_documents, pad_id")
+        raise InvalidArgumentError(f"pack=: unknown keys {unknown}; known: column, length, eos_id, split_documents, pad_id")
     return (pack["column"], int(pack["length"]), pack.get("eos_id"), bool(pack.get("split_documents", True)),
             pack.get("pad_id"))
 
@@ -431,35 +460,35 @@ def _tokenizer_bytes(tokenizer: Optional[Union[str, "os.PathLike[str]", bytes]])
     if isinstance(tokenizer, (str, os.PathLike)):
         with open(tokenizer, "rb") as f:
             return f.read()
-    raise ValueError(f"tokenizer= is a tokenizer.json path or its bytes, got {type(tokenizer).__name__}")
+    raise InvalidArgumentError(f"tokenizer= is a tokenizer.json path or its bytes, got {type(tokenizer).__name__}")
 
 
 def _bucket_by(bucket_by: Dict[str, Any]) -> tuple:
     """``bucket_by=`` as the native loader takes it: ``(column, boundaries, pad_id)``."""
     if not isinstance(bucket_by, dict) or "column" not in bucket_by or "boundaries" not in bucket_by:
-        raise ValueError('bucket_by= is a dict: {"column": "tokens", "boundaries": [64, 256, 1024], "pad_id": 0}')
+        raise InvalidArgumentError('bucket_by= is a dict: {"column": "tokens", "boundaries": [64, 256, 1024], "pad_id": 0}')
     unknown = sorted(set(bucket_by) - {"column", "boundaries", "pad_id"})
     if unknown:
-        raise ValueError(f"bucket_by=: unknown keys {unknown}; known: column, boundaries, pad_id")
+        raise InvalidArgumentError(f"bucket_by=: unknown keys {unknown}; known: column, boundaries, pad_id")
     boundaries = bucket_by["boundaries"]
     if isinstance(boundaries, (str, bytes)) or not all(isinstance(b, int) and b >= 0 for b in boundaries):
-        raise ValueError(f"bucket_by=: boundaries are increasing lengths in tokens, got {boundaries!r}")
+        raise InvalidArgumentError(f"bucket_by=: boundaries are increasing lengths in tokens, got {boundaries!r}")
     return (bucket_by["column"], [int(b) for b in boundaries], int(bucket_by.get("pad_id", 0)))
 
 
 def _mixture_sources(mixture: Sequence[Dict[str, Any]]) -> list:
     """``mixture=`` as the native loader takes it: ``(sql, pipeline, weight, servers)`` each."""
     if isinstance(mixture, (str, bytes, dict)) or not hasattr(mixture, "__iter__"):
-        raise ValueError("mixture= is a list of sources, each a dict with sql= or pipeline= and weight=")
+        raise InvalidArgumentError("mixture= is a list of sources, each a dict with sql= or pipeline= and weight=")
     out = []
     for i, source in enumerate(mixture):
         if not isinstance(source, dict):
-            raise ValueError(f"mixture source {i}: a dict with sql= or pipeline=, weight= and optionally servers=")
+            raise InvalidArgumentError(f"mixture source {i}: a dict with sql= or pipeline=, weight= and optionally servers=")
         unknown = sorted(set(source) - {"sql", "pipeline", "weight", "servers"})
         if unknown:
-            raise ValueError(f"mixture source {i}: unknown keys {unknown} (sql, pipeline, weight, servers)")
+            raise InvalidArgumentError(f"mixture source {i}: unknown keys {unknown} (sql, pipeline, weight, servers)")
         if "weight" not in source:
-            raise ValueError(f"mixture source {i}: weight= is missing")
+            raise InvalidArgumentError(f"mixture source {i}: weight= is missing")
         pipeline = source.get("pipeline")
         if pipeline is not None and not isinstance(pipeline, str):
             pipeline = json.dumps(pipeline)

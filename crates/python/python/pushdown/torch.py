@@ -45,7 +45,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "pushdown.Loader works without it"
     ) from e
 
-from . import Loader
+from . import InvalidArgumentError, Loader
 
 __all__ = ["IterableDataset"]
 
@@ -172,7 +172,7 @@ class IterableDataset(_data.IterableDataset):
         """The position of the loader (main-process loading)."""
         if self._loader is None:
             if isinstance(self._state, list):
-                raise ValueError("state_dict: the dataset holds every rank's states, not yet restored: iterate first")
+                raise InvalidArgumentError("state_dict: the dataset holds every rank's states, not yet restored: iterate first")
             return dict(self._state or {})
         return self._loader.state_dict()
 
