@@ -23,37 +23,10 @@ import os
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from ._native import BUILD_PROFILE, _Loader, _Transform
-from .errors import (
-    ChangedError,
-    DataLossError,
-    InternalError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    PushdownError,
-    ResourceExhaustedError,
-    TimedOutError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F403 (the error classes, named in errors.__all__)
 
-__all__ = [
-    "BUILD_PROFILE",
-    "Loader",
-    "Transform",
-    "__version__",
-    "PushdownError",
-    "InvalidArgumentError",
-    "NotFoundError",
-    "UnavailableError",
-    "TimedOutError",
-    "UnauthenticatedError",
-    "PermissionDeniedError",
-    "DataLossError",
-    "ChangedError",
-    "ResourceExhaustedError",
-    "InternalError",
-]
+__all__ = ["BUILD_PROFILE", "Loader", "Transform", "__version__", *_errors.__all__]
 
 
 def _version() -> str:
