@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): formatting, generated code, lints, docs, the Rust
-# tests (unit, differential, I/O accounting, end-to-end) and the Python interop tests.
+# tests (unit, differential, I/O accounting, end-to-end), the Python interop tests, and the
+# wheel installed where the source tree is not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
@@ -31,3 +32,7 @@ cargo build --locked --workspace
 scripts/setup-python.sh
 s3_server=$(scripts/setup-s3.sh)
 PUSHDOWN_BIN="$target/debug/pushdown" PUSHDOWN_S3_SERVER="$s3_server" .venv/bin/python -m pytest -q tests/python
+
+step "the wheel in a fresh virtual environment, outside the checkout (the README's quick start)"
+scripts/build-wheel.sh "$target/wheel-check" --debug
+scripts/check-wheel.sh "$target/wheel-check"

@@ -27,6 +27,10 @@ pub fn cores() -> usize {
 }
 
 /// The CPUs online, by id (ids need not be 0..n: SMT turned off leaves every other one).
+pub fn online_cpus() -> Vec<usize> {
+    online()
+}
+
 fn online() -> Vec<usize> {
     static ONLINE: OnceLock<Vec<usize>> = OnceLock::new();
     ONLINE
@@ -108,14 +112,7 @@ fn siblings(cpu: usize) -> Vec<usize> {
 
 /// A kernel CPU list such as `0-1,8-9` or `3,11`.
 fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in list.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    Some(cpus)
+    pushdown_client::affinity::parse_cpus(list).ok()
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use crate::{Datasets, Options, machine};
 
 const BATCH: usize = 256;
 
-fn pipeline() -> Pipeline {
+pub(crate) fn pipeline() -> Pipeline {
     Pipeline::new("images")
         .map("decode_resize", "image", [128i64, 128], "pixels")
         .select(["pixels", "label"])

@@ -17,6 +17,7 @@ mod finished;
 mod fleet;
 mod link;
 mod load;
+mod neighbour;
 mod order;
 mod placement;
 mod process;
@@ -114,6 +115,12 @@ enum Command {
     /// and by a DataLoader-style contender decoding on the trainer's cores: samples/s, the
     /// consumer's wait, CPU per 1,000 samples on each side, the bottleneck named.
     Feed {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The feed's trainer with CPU work as its step, the loader's threads unconfined or
+    /// confined (`cpu_affinity`) away from the training thread: the step's wall time.
+    Neighbour {
         #[command(flatten)]
         options: Options,
     },
@@ -347,6 +354,7 @@ fn main() -> Result<()> {
         Command::Split { options } => ("split", options.resolve()),
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
+        Command::Neighbour { options } => ("neighbour", options.resolve()),
         Command::Order { options } => ("order", options.resolve()),
         Command::Text { options } => ("text", options.resolve()),
     };
@@ -360,7 +368,7 @@ fn main() -> Result<()> {
         .build()?;
     runtime.block_on(async {
         // These suites read images alone: the others are not generated for them.
-        let images_only = matches!(suite, "feed" | "fleet" | "shared" | "order");
+        let images_only = matches!(suite, "feed" | "neighbour" | "fleet" | "shared" | "order");
         let only = match suite {
             "text" => Some(Kind::Text),
             _ => images_only.then_some(Kind::Images),
@@ -380,6 +388,7 @@ fn main() -> Result<()> {
                 "split" => split::suite(&options, &data, &command).await?,
                 "shared" => shared::suite(&options, &data, &command).await?,
                 "feed" => feed::suite(&options, &data, &command).await?,
+                "neighbour" => neighbour::suite(&options, &data, &command).await?,
                 "order" => order::suite(&options, &data, &command).await?,
                 "text" => text::suite(&options, &data, &command).await?,
                 _ => compare::suite(&options, &data, &command).await?,

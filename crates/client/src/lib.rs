@@ -16,15 +16,18 @@
 //! The interleave order depends only on each shard's batches, never on network timing, so
 //! with a seed the delivered sequence is reproducible.
 //!
-//! Layers, each importing only those above it: `error`; `connect` (options, message sizes);
+//! Layers, each importing only those above it: `error`; `affinity` (confining the loader's
+//! threads); `connect` (options, message sizes);
 //! `fleet` (connections, ranking of holders); `retry` (the one retry loop of every call to
 //! a holder: planning, a call any server may answer, a shard's stream); `control` (the adaptive split's control loop:
 //! pure, no I/O); `completion` and `tune` (the shared completion and the streams-in-flight
 //! tuner); `stream` (shard streams, holding the fleet); `client` ([`PushdownClient`]);
 //! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime),
 //! with `deal`, `mixture`, `pack` and `bucket` (dealing by weight, mixtures, packed blocks,
-//! length buckets: pure too); `loader` and `run` on top. This root only documents and re-exports.
+//! length buckets: pure too); `loader`, `run` and `readers` (plans for readers that stream the
+//! shards themselves: Ray Data) on top. This root only documents and re-exports.
 
+pub mod affinity;
 pub mod bucket;
 mod client;
 mod completion;
@@ -38,6 +41,7 @@ pub mod mixture;
 mod order;
 pub mod pack;
 mod plan;
+pub mod readers;
 mod retry;
 pub mod run;
 mod steps;

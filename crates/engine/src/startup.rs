@@ -34,6 +34,10 @@ pub enum StartupError {
         source: object_store::Error,
     },
 
+    /// A store setting that cannot work, named with the setting that mends it.
+    #[error("--data {data}: {why}")]
+    StoreSetting { data: String, why: String },
+
     #[error("reading {}: {source}", path.display())]
     Read {
         path: PathBuf,

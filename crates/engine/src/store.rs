@@ -17,15 +17,16 @@ use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    ObjectStoreScheme, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
 use crate::metrics::Metrics;
 use crate::startup::StartupError;
 
-/// Opens `--data`: a local folder, or an object-store URL (`s3://bucket/prefix`, `file:///…`,
-/// `memory://`). S3 settings (endpoint, credentials, region) come from the usual `AWS_*`
-/// environment variables. The returned store is rooted at the data root.
+/// Opens `--data`: a local folder, or an object-store URL: `s3://bucket/prefix` (settings
+/// from the `AWS_*` variables), `gs://bucket/prefix` (`GOOGLE_*`), `az://container/prefix`
+/// or `abfss://container@account.dfs.core.windows.net/prefix` (`AZURE_*`), `file:///…`,
+/// `memory://`. The returned store is rooted at the data root.
 pub fn open_store(data: &str) -> std::result::Result<Arc<dyn ObjectStore>, StartupError> {
     let store_error = |source| StartupError::Store {
         data: data.to_owned(),
@@ -44,21 +45,53 @@ pub fn open_store(data: &str) -> std::result::Result<Arc<dyn ObjectStore>, Start
         data: data.to_owned(),
         source,
     })?;
-    let (store, prefix): (Box<dyn ObjectStore>, Path) = match url.scheme() {
-        "s3" | "s3a" => {
-            let store = object_store::aws::AmazonS3Builder::from_env()
+    let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| store_error(e.into()))?;
+    let store: Box<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            plain_http_allowed(data, "AWS_ENDPOINT", "AWS_ALLOW_HTTP")?;
+            let builder = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str());
+            Box::new(builder.build().map_err(store_error)?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => Box::new(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
                 .build()
-                .map_err(store_error)?;
-            (Box::new(store), Path::from(url.path()))
-        }
-        _ => object_store::parse_url(&url).map_err(store_error)?,
+                .map_err(store_error)?,
+        ),
+        ObjectStoreScheme::MicrosoftAzure => Box::new(
+            object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(store_error)?,
+        ),
+        _ => object_store::parse_url(&url).map_err(store_error)?.0,
     };
     if prefix.as_ref().is_empty() {
         Ok(Arc::from(store))
     } else {
         Ok(Arc::new(PrefixStore::new(store, prefix)))
     }
+}
+
+/// An endpoint (`endpoint_var`, or its `_URL` form) that is plain `http://` needs
+/// `allow_var=true`: without it the store refuses every request with no more than "builder
+/// error", so the server refuses to start, naming the variable.
+fn plain_http_allowed(
+    data: &str,
+    endpoint_var: &str,
+    allow_var: &str,
+) -> std::result::Result<(), StartupError> {
+    let endpoint = std::env::var(endpoint_var)
+        .or_else(|_| std::env::var(format!("{endpoint_var}_URL")))
+        .unwrap_or_default();
+    let allowed = std::env::var(allow_var).is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    if endpoint.starts_with("http://") && !allowed {
+        return Err(StartupError::StoreSetting {
+            data: data.to_owned(),
+            why: format!("{endpoint_var} {endpoint} is plain http: set {allow_var}=true to allow it"),
+        });
+    }
+    Ok(())
 }
 
 /// [`crate::ServerConfig::store_reads_in_flight`] for a `--data` root: 1 for local files

@@ -19,6 +19,7 @@ use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
 use pushdown_client::bucket::BucketBy;
 use pushdown_client::pack::Pack;
+use pushdown_client::readers::{Narrowing, plan_for_readers_blocking};
 use pushdown_client::{
     Column, ConnectOptions, Echo, Link, Loader, LoaderOptions, LoaderSource, LoaderState, MixtureSource,
     RowSteps, StreamOptions,
@@ -93,7 +94,7 @@ impl PyLoader {
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
         echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None, pack=None,
-        bucket_by=None, tokenizer=None
+        bucket_by=None, tokenizer=None, cpu_affinity=None
     ))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
@@ -129,6 +130,7 @@ impl PyLoader {
         pack: Option<PackArg>,
         bucket_by: Option<BucketArg>,
         tokenizer: Option<Vec<u8>>,
+        cpu_affinity: Option<Vec<usize>>,
     ) -> PyResult<Self> {
         let push: pushdown_client::Push = placement
             .parse()
@@ -165,6 +167,7 @@ impl PyLoader {
             echo,
             report_every,
             push,
+            cpu_affinity,
         };
         let loader = py
             .detach(|| open_loader(&servers, source, pack, bucket_by, options))
@@ -586,10 +589,51 @@ impl PyTransform {
     }
 }
 
+/// A plan for readers that stream the shards themselves (`pushdown.ray`): `sql` or
+/// `pipeline`, narrowed to `columns` and `predicate` (SQL over the output's columns),
+/// planned on every server; the serialized `FlightInfo` (pyarrow:
+/// `flight.FlightInfo.deserialize`), one endpoint per shard with the locations holding it.
+#[pyfunction]
+#[pyo3(signature = (
+    servers, sql=None, pipeline=None, columns=None, predicate=None, compression="adaptive",
+    call_timeout_s=30.0, token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None
+))]
+#[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
+fn plan_read<'py>(
+    py: Python<'py>,
+    servers: Vec<String>,
+    sql: Option<String>,
+    pipeline: Option<String>,
+    columns: Option<Vec<String>>,
+    predicate: Option<String>,
+    compression: &str,
+    call_timeout_s: f64,
+    token: Option<String>,
+    tls_ca: Option<String>,
+    tls_client_cert: Option<String>,
+    tls_client_key: Option<String>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if servers.is_empty() {
+        return Err(invalid_argument("servers= needs at least one URL"));
+    }
+    let source = loader_source(sql, pipeline)?;
+    let compression = compression
+        .parse()
+        .map_err(|e: String| invalid_argument(format!("compression: {e}")))?;
+    let mut connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
+    connect.call_timeout = positive_seconds(call_timeout_s, "call_timeout_s")?;
+    let narrowing = Narrowing { columns, predicate };
+    let info = py
+        .detach(|| plan_for_readers_blocking(&servers, connect, &source, &narrowing, compression))
+        .map_err(client_error)?;
+    Ok(PyBytes::new(py, &prost::Message::encode_to_vec(&info)))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<PyTransform>()?;
+    m.add_function(wrap_pyfunction!(plan_read, m)?)?;
     // Benchmarks refuse a debug build: its kernels are several times slower.
     m.add(
         "BUILD_PROFILE",

@@ -895,13 +895,20 @@ impl Loader {
     }
 }
 
-/// The loader's own threads: two for the network, `workers` for client ops and tensors.
+/// The loader's own threads: two for the network, `workers` for client ops and tensors,
+/// each confined to the options' CPUs when they name some.
 fn loader_runtime(options: &LoaderOptions) -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    let cpus = crate::affinity::loader_cpus(options.cpu_affinity.as_deref())?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .worker_threads(2)
         .max_blocking_threads(options.workers.max(1))
         .thread_name("pushdown-loader")
-        .enable_all()
+        .enable_all();
+    if let Some(cpus) = cpus {
+        builder.on_thread_start(move || crate::affinity::confine_this_thread(&cpus));
+    }
+    builder
         .build()
         .map_err(|e| ClientError::io("starting the loader's threads", e))
 }

@@ -81,6 +81,10 @@ pub struct LoaderOptions {
     /// How often the loader tells its servers how long its consumer waits (the `report`
     /// action, for their scaling signal); `None` never.
     pub report_every: Option<Duration>,
+    /// CPUs the loader's threads (network, client ops, tensors) are confined to, so the
+    /// training loop keeps the others; `None`: those named by `PUSHDOWN_LOADER_CPUS`
+    /// (`0-3,8`), else anywhere the process may run. Each must be one the process may run on.
+    pub cpu_affinity: Option<Vec<usize>>,
 }
 
 /// Which of a pipeline's ops run on the servers. Placement never changes the samples: a
@@ -184,6 +188,7 @@ impl Default for LoaderOptions {
             connect: ConnectOptions::default(),
             echo: Echo::Off,
             report_every: Some(Duration::from_secs(1)),
+            cpu_affinity: None,
         }
     }
 }

@@ -197,6 +197,12 @@ class Loader:
     is planned. Calls may also name a tokenizer of the server's folder (``pushdown serve
     --tokenizers DIR``: ``tokenize(body, 512, 'llama3')`` reads ``DIR/llama3.json``).
 
+    **Cores kept apart.** ``cpu_affinity=[2, 3]`` (or ``"2-3"``, or the environment's
+    ``PUSHDOWN_LOADER_CPUS``) confines the loader's threads (the network, client-side ops,
+    tensor building) to those CPUs, so the training loop's own thread, which launches the
+    accelerator's kernels, keeps the others to itself. Each must be a CPU this process may
+    run on (``os.sched_getaffinity(0)``). The batches do not depend on it.
+
     ``placement`` says where a pipeline's ops run: ``"costed"`` (the planner's choice, which
     may split an op's shards between the servers and this process), ``"server"``,
     ``"trainer"``, ``"split:F"`` (the servers reduce a fraction ``F`` of the shards) or
@@ -237,6 +243,7 @@ class Loader:
         pack: Optional[Dict[str, Any]] = None,
         bucket_by: Optional[Dict[str, Any]] = None,
         tokenizer: Optional[Union[str, "os.PathLike[str]", bytes]] = None,
+        cpu_affinity: Optional[Union[Sequence[int], str]] = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [servers]
@@ -293,6 +300,7 @@ class Loader:
             pack=None if pack is None else _pack(pack),
             bucket_by=None if bucket_by is None else _bucket_by(bucket_by),
             tokenizer=_tokenizer_bytes(tokenizer),
+            cpu_affinity=_cpus(cpu_affinity),
         )
         if epochs < 1:
             raise InvalidArgumentError("epochs= is the epochs one pass covers: 1 or more")
@@ -424,6 +432,22 @@ def _pack(pack: Dict[str, Any]) -> tuple:
         raise InvalidArgumentError(f"pack=: unknown keys {unknown}; known: column, length, eos_id, split_documents, pad_id")
     return (pack["column"], int(pack["length"]), pack.get("eos_id"), bool(pack.get("split_documents", True)),
             pack.get("pad_id"))
+
+
+def _cpus(cpus: Optional[Union[Sequence[int], str]]) -> Optional[list]:
+    """``cpu_affinity=`` as the native loader takes it: a list of CPU numbers."""
+    if cpus is None:
+        return None
+    if isinstance(cpus, str):
+        out: list = []
+        for part in filter(None, (p.strip() for p in cpus.split(","))):
+            first, _, last = part.partition("-")
+            try:
+                out.extend(range(int(first), int(last or first) + 1))
+            except ValueError:
+                raise InvalidArgumentError(f"cpu_affinity={cpus!r}: a CPU list is written 0-3,8") from None
+        return out
+    return [int(c) for c in cpus]
 
 
 def _tokenizer_bytes(tokenizer: Optional[Union[str, "os.PathLike[str]", bytes]]) -> Optional[bytes]:

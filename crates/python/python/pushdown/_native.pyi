@@ -43,6 +43,7 @@ class _Loader:
         pack: Optional[Tuple[str, int, Optional[int], bool, Optional[int]]] = None,
         bucket_by: Optional[Tuple[str, Sequence[int], int]] = None,
         tokenizer: Optional[bytes] = None,
+        cpu_affinity: Optional[Sequence[int]] = None,
     ) -> "_Loader": ...
     def next_batch(self) -> Optional[List[_Column]]: ...
     def state(self) -> bytes: ...
@@ -51,6 +52,20 @@ class _Loader:
     def position(self) -> Tuple[int, int]: ...
     def epoch_len(self) -> Tuple[int, int]: ...
     def stats(self) -> Dict[str, float]: ...
+
+def plan_read(
+    servers: Sequence[str],
+    sql: Optional[str] = None,
+    pipeline: Optional[str] = None,
+    columns: Optional[Sequence[str]] = None,
+    predicate: Optional[str] = None,
+    compression: str = "adaptive",
+    call_timeout_s: float = 30.0,
+    token: Optional[str] = None,
+    tls_ca: Optional[str] = None,
+    tls_client_cert: Optional[str] = None,
+    tls_client_key: Optional[str] = None,
+) -> bytes: ...
 
 class _Transform:
     def __new__(

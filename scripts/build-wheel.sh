@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What a trainer and a storage host install, built once on a machine with Rust: the Python
+# package as an abi3 wheel (one wheel for every CPython >= 3.9, tagged with the lowest
+# manylinux its symbols allow; it links only the C library) and the `pushdown` binary
+# (server and CLI), stripped. Into OUT (default dist/):
+#
+#   scripts/build-wheel.sh [OUT] [--debug]
+#
+# `--debug` builds both in the debug profile (what CI checks: the same package, quickly, from
+# the test build's artifacts). `scripts/check-wheel.sh OUT` installs the wheel into a fresh
+# virtual environment and runs the README's quick start against the binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=release
+out=dist
+for a in "$@"; do
+  if [[ "$a" == --debug ]]; then profile=dev; else out=$a; fi
+done
+target=${CARGO_TARGET_DIR:-target}
+mkdir -p "$out"
+rm -f "$out"/pushdown-*.whl
+python=.venv/bin/python
+if [[ ! -x "$python" ]]; then scripts/setup-python.sh > /dev/null; fi
+PATH="$PWD/.venv/bin:$PATH" maturin build --quiet --locked --profile "$profile" \
+  -m crates/python/Cargo.toml -o "$out"
+# The workspace's features, as the test build resolves them (`-p pushdown-cli` alone would
+# unify them differently and rebuild every dependency).
+cargo build --quiet --locked --profile "$profile" --workspace --bin pushdown
+dir=$([[ "$profile" == dev ]] && echo debug || echo release)
+strip -o "$out/pushdown" "$target/$dir/pushdown"
+ls -l "$out"/pushdown-*.whl "$out/pushdown"
+echo "the binary links: $(ldd "$out/pushdown" | awk '{print $1}' | tr '\n' ' ')"
