@@ -16,7 +16,8 @@ arguments are the loader's; or give a ``Loader`` you made). It is epoch-aware th
 ``torchdata.nodes.SamplerWrapper`` is: ``reset()`` with no state starts the next epoch (the
 first reset epoch 0), so each pass of a ``torchdata.nodes.Loader`` is a new permutation, not a
 replay of epoch 0. ``get_state()`` is the loader's own state (the same bytes on every rank),
-and ``reset(state)`` continues exactly there, mid-epoch or at an epoch's end.
+and ``reset(state)`` continues exactly there: mid-epoch, the rest of that epoch; at an epoch's
+end, the next epoch.
 
 The node subclasses ``torchdata.nodes.BaseNode`` when torchdata is installed (it needs torch).
 Without it, the base is a stand-in with the same protocol (``reset``, ``next``,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import pathlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 try:
@@ -141,7 +142,7 @@ class PushdownDatasource(_RayDatasource):
     ) -> List[ReadTask]:
         info = self.plan()
         schema = info.schema
-        tls_root = open(self.tls_ca, "rb").read() if self.tls_ca else None
+        tls_root = pathlib.Path(self.tls_ca).read_bytes() if self.tls_ca else None
         tasks = []
         for endpoint in info.endpoints:
             locations = [_flight_uri(loc.uri) for loc in endpoint.locations] or [_flight_uri(s) for s in self.servers]
@@ -171,19 +172,22 @@ def _read_shard(ticket: bytes, locations: List[str], token: Optional[str], tls_r
     options = flight.FlightCallOptions(headers=headers)
     passed: List[str] = []
     for location in locations:
+        client = flight.connect(location, tls_root_certs=tls_root) if tls_root else flight.connect(location)
         try:
-            client = flight.connect(location, tls_root_certs=tls_root) if tls_root else flight.connect(location)
-            reader = client.do_get(flight.Ticket(ticket), options)
-            first = reader.read_chunk()
-        except (flight.FlightUnavailableError, flight.FlightTimedOutError) as e:
-            passed.append(f"{location}: {e}")
-            continue
-        except StopIteration:
+            try:
+                reader = client.do_get(flight.Ticket(ticket), options)
+                first = reader.read_chunk()
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as e:
+                passed.append(f"{location}: {e}")
+                continue
+            except StopIteration:
+                return
+            yield pa.Table.from_batches([first.data])
+            for chunk in reader:
+                yield pa.Table.from_batches([chunk.data])
             return
-        yield pa.Table.from_batches([first.data])
-        for chunk in reader:
-            yield pa.Table.from_batches([chunk.data])
-        return
+        finally:
+            client.close()
     raise UnavailableError("no server holding this shard answered: " + "; ".join(passed))
 
 
