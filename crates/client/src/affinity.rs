@@ -65,12 +65,13 @@ pub(crate) fn loader_cpus(given: Option<&[usize]>) -> Result<Option<Vec<usize>>>
     Ok(Some(cpus))
 }
 
-/// The CPUs this process may run on.
+/// The CPUs this process may run on: its main thread's set (the calling thread may have
+/// been confined to fewer, as a training thread pinned to its own CPU is).
 #[cfg(target_os = "linux")]
 pub fn allowed_cpus() -> Result<Vec<usize>> {
     use nix::sched::{CpuSet, sched_getaffinity};
     use nix::unistd::Pid;
-    let set = sched_getaffinity(Pid::from_raw(0))
+    let set = sched_getaffinity(Pid::this())
         .map_err(|e| ClientError::io("reading this process's CPUs", std::io::Error::from(e)))?;
     Ok((0..CpuSet::count())
         .filter(|&c| set.is_set(c).unwrap_or(false))
@@ -126,20 +127,35 @@ mod tests {
         }
     }
 
+    /// The calling thread's own CPUs.
+    fn this_thread() -> Vec<usize> {
+        use nix::sched::{CpuSet, sched_getaffinity};
+        let set = sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect()
+    }
+
     #[test]
     fn a_thread_is_confined_to_the_cpus_given() {
         let allowed = allowed_cpus().unwrap();
-        let first = allowed[0];
+        let (first, last) = (allowed[0], *allowed.last().unwrap());
         let cpus = loader_cpus(Some(&[first])).unwrap().unwrap();
-        let seen = std::thread::spawn(move || {
+        let (seen, process, from_confined) = std::thread::spawn(move || {
             confine_this_thread(&cpus);
-            allowed_cpus().unwrap()
+            // A thread confined to one CPU (a training thread) may still give the loader
+            // another CPU of the process.
+            (this_thread(), allowed_cpus().unwrap(), loader_cpus(Some(&[last])))
         })
         .join()
         .unwrap();
         assert_eq!(seen, vec![first]);
-        // This thread is untouched.
-        assert_eq!(allowed_cpus().unwrap(), allowed);
+        assert_eq!(
+            process, allowed,
+            "the process's CPUs are its own, not the calling thread's"
+        );
+        assert_eq!(from_confined.unwrap(), Some(vec![last]));
+        assert_eq!(this_thread(), allowed, "other threads are untouched");
         let outside = allowed.iter().max().unwrap() + 1;
         let err = loader_cpus(Some(&[outside])).unwrap_err().to_string();
         assert!(err.contains("outside the CPUs this process may run on"), "{err}");
