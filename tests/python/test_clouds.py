@@ -59,8 +59,13 @@ def azurite(tmp_path_factory):
                 pytest.fail(f"Azurite did not start on port {port}")
             time.sleep(0.1)
     yield url
+    # Azurite closes gracefully, waiting for idle keep-alive connections: not for long.
     proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_azure_blob_storage_serves_what_a_local_folder_does(azurite, tmp_path):
@@ -90,6 +95,7 @@ def test_azure_blob_storage_serves_what_a_local_folder_does(azurite, tmp_path):
     finally:
         in_azure.stop()
         on_disk.stop()
+        service.close()
 
 
 def start_fails(data, env):
