@@ -5,14 +5,23 @@
   (a cycle among a crate's top-level modules; test modules excluded);
 * the engine names neither `tonic` nor `arrow_flight`;
 * a layered crate's `lib.rs` (or `main.rs` beside one) only documents, declares modules and
-  re-exports: it defines no item the modules would have to import back.
+  re-exports: it defines no item the modules would have to import back;
+* every module imports only modules of its own layer or of the layers below it, as the
+  crate's `lib.rs` documents them in a table (`| layer | modules |`, the top layer first;
+  every module named in exactly one row). The table is the check's input, so the documented
+  order cannot go stale: an upward import, or a module the table omits, fails.
+
+`--plant` proves the direction check fails: it copies a crate, plants an upward import in its
+bottom layer and expects exactly that failure.
 
 A module's imports are every `crate::m` path it names (`use crate::{a::X, b}` included),
 and names the crate root re-exports resolved to the module they come from.
 """
 import pathlib
 import re
+import shutil
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CRATES = ["crates/engine", "crates/pushdown-server", "crates/client", "crates/planner",
@@ -93,6 +102,51 @@ def graph(src):
     return edges
 
 
+def layer_table(lib):
+    """The documented layers of a crate's `lib.rs`, the top first: a list of module sets."""
+    rows, inside = [], False
+    for line in lib.read_text().splitlines():
+        if not line.startswith("//!"):
+            if inside:
+                break
+            continue
+        cells = [c.strip() for c in line[3:].strip().strip("|").split("|")]
+        if not inside:
+            inside = len(cells) == 2 and cells == ["layer", "modules"]
+            continue
+        if not line[3:].strip().startswith("|"):
+            break
+        if set(cells[-1]) <= set("-: "):
+            continue
+        rows.append(set(re.findall(r"`(\w+)`", cells[-1])))
+    return rows
+
+
+def direction_failures(crate, edges, rows):
+    """Imports that go up the documented layers, and modules the table misplaces."""
+    if not rows:
+        return [f"{crate}/src/lib.rs: no layer table (`| layer | modules |`, the top layer first)"]
+    failures, layer = [], {}
+    for i, row in enumerate(rows):
+        for module in row:
+            if module in layer:
+                failures.append(f"{crate}: `{module}` is in two rows of the layer table")
+            layer[module] = i
+    modules = {m for m in edges if m not in ("lib", "tests")}
+    for module in sorted(modules - layer.keys()):
+        failures.append(f"{crate}: module `{module}` is in no row of the layer table")
+    for module in sorted(layer.keys() - modules):
+        failures.append(f"{crate}: the layer table names `{module}`, which is not a module")
+    for module in sorted(modules & layer.keys()):
+        for dep in sorted(edges[module] & layer.keys()):
+            if layer[dep] < layer[module]:
+                failures.append(
+                    f"{crate}: `{module}` (layer {layer[module] + 1}) imports `{dep}` from the "
+                    f"layer above it ({layer[dep] + 1}): move the code or the table row"
+                )
+    return failures
+
+
 def cycles(edges):
     """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -125,14 +179,47 @@ def cycles(edges):
     return out
 
 
+def crate_failures(root, crate):
+    failures = []
+    src = root / crate / "src"
+    edges = graph(src)
+    for comp in cycles(edges):
+        detail = "; ".join(f"{m} → {', '.join(sorted(edges[m] & set(comp)))}" for m in comp)
+        failures.append(f"{crate}: modules import each other: {detail}")
+    lib = src / "lib.rs"
+    failures += direction_failures(crate, edges, layer_table(lib) if lib.exists() else [])
+    return failures
+
+
+def plant():
+    """Plants `use crate::<top module>` in a bottom-layer module of a copy of the engine."""
+    crate = "crates/engine"
+    rows = layer_table(ROOT / crate / "src/lib.rs")
+    top, bottom = sorted(rows[0])[0], sorted(rows[-1])[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = pathlib.Path(tmp)
+        shutil.copytree(ROOT / crate / "src", copy / crate / "src")
+        if crate_failures(copy, crate):
+            print(f"plant: {crate} fails before planting")
+            return 1
+        victim = copy / crate / "src" / f"{bottom}.rs"
+        victim.write_text(f"use crate::{top}::*;\n" + victim.read_text())
+        got = crate_failures(copy, crate)
+    want = f"`{bottom}` (layer {len(rows)}) imports `{top}`"
+    if not any(want in f for f in got):
+        print(f"plant: `use crate::{top}` planted in `{bottom}` was not reported; got: {got}")
+        return 1
+    print(f"plant: an upward import (`{bottom}` → `{top}`) planted in a copy of {crate} fails the check")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--plant"]:
+        return plant()
     failures = []
     for crate in CRATES:
+        failures += crate_failures(ROOT, crate)
         src = ROOT / crate / "src"
-        edges = graph(src)
-        for comp in cycles(edges):
-            detail = "; ".join(f"{m} → {', '.join(sorted(edges[m] & set(comp)))}" for m in comp)
-            failures.append(f"{crate}: modules import each other: {detail}")
         lib = src / "lib.rs"
         if lib.exists():
             defined = re.findall(
@@ -150,7 +237,8 @@ def main():
         print("\n".join(failures))
         return 1
     print(
-        f"layers: no module cycles in {len(CRATES)} crates, their lib.rs files only re-export; "
+        f"layers: no module cycles in {len(CRATES)} crates, every import goes down its crate's "
+        "documented layers, their lib.rs files only re-export; "
         "the engine names no gRPC"
     )
     return 0

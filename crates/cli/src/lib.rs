@@ -5,6 +5,11 @@
 //! preparation and order), the generators are `pushdown-datasets`. No test or benchmark
 //! crate depends on this one.
 
+//!
+//! | layer | modules |
+//! |---|---|
+//! | the demo, `run --mixture`, error reports (independent of one another) | [`demo`], [`mixture`], [`report`] |
+
 pub mod demo;
 
 pub mod mixture;

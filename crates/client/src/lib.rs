@@ -16,16 +16,23 @@
 //! The interleave order depends only on each shard's batches, never on network timing, so
 //! with a seed the delivered sequence is reproducible.
 //!
-//! Layers, each importing only those above it: `error`; `affinity` (confining the loader's
-//! threads); `connect` (options, message sizes);
-//! `fleet` (connections, ranking of holders); `retry` (the one retry loop of every call to
-//! a holder: planning, a call any server may answer, a shard's stream); `control` (the adaptive split's control loop:
-//! pure, no I/O); `completion` and `tune` (the shared completion and the streams-in-flight
-//! tuner); `stream` (shard streams, holding the fleet); `client` ([`PushdownClient`]);
-//! `steps` and `plan` (client ops, costed placement); `order` (the sample order: pure, no I/O, no runtime),
-//! with `deal`, `mixture`, `pack` and `bucket` (dealing by weight, mixtures, packed blocks,
-//! length buckets: pure too); `loader`, `run` and `readers` (plans for readers that stream the
-//! shards themselves: Ray Data) on top. This root only documents and re-exports.
+//! The layers, the top first; a module imports only its own layer and those below it
+//! (`scripts/check-layers.py` reads this table and enforces it). `order`, `mixture`, `deal`,
+//! `pack`, `bucket` and `control` are pure: no I/O, no runtime.
+//!
+//! | layer | modules |
+//! |---|---|
+//! | `pushdown run`; plans for readers that stream the shards themselves (Ray Data) | `run`, `readers` |
+//! | the trainer's pipeline; client ops and their costed placement | `loader`, `plan`, `steps` |
+//! | the client ([`PushdownClient`]) | `client` |
+//! | shard streams, holding the fleet | `stream` |
+//! | the one retry loop of every call to a holder; the shared completion; the streams-in-flight tuner | `retry`, `completion`, `tune` |
+//! | mixtures of datasets | `mixture` |
+//! | the sample order; connections and the ranking of holders; the adaptive split's control loop | `order`, `fleet`, `control` |
+//! | length buckets; options and message sizes | `bucket`, `connect` |
+//! | dealing by weight, packed blocks, confining the loader's threads, errors | `deal`, `pack`, `affinity`, `error` |
+//!
+//! This root only documents and re-exports.
 
 pub mod affinity;
 pub mod bucket;

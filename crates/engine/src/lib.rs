@@ -11,15 +11,21 @@
 //!                            └────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! The layers, each importing only those below it:
+//! The layers, the top first; a module imports only its own layer and those below it
+//! (`scripts/check-layers.py` reads this table and enforces it):
 //!
 //! | layer | modules |
 //! |---|---|
 //! | a node: what requests share; the one ticket → batches path | [`node`], [`ticket`] |
-//! | planning and opening queries, profiles | [`query`], [`profile`], [`views`], [`udf`], [`table`], [`conjunction`] |
+//! | read-ahead of opened queries, profiles of a query's ops | [`prefetch`], [`profile`] |
+//! | planning and opening queries | [`query`] |
+//! | what a query is made of: views, UDFs, shard tables, conjunctions, prepared statements | [`views`], [`udf`], [`table`], [`conjunction`], [`prepared`] |
 //! | the SQL allow-list | [`allow`] |
-//! | storage, catalog, cache, read-ahead | [`store`], [`catalog`], [`tokenizers`], [`cache`], [`prefetch`] |
-//! | access, limits, accounting, scheduling | [`auth`], [`config`], [`metrics`], [`scaling`], [`runtime`], [`pool`], [`error`] |
+//! | limits | [`config`] |
+//! | the fragment cache | [`cache`] |
+//! | access, tokenizers, storage | [`auth`], [`tokenizers`], [`store`] |
+//! | the catalog | [`catalog`] |
+//! | accounting, scheduling, startup settings, file layout, errors | [`metrics`], [`scaling`], [`runtime`], [`pool`], [`startup`], [`layout`], [`error`] |
 //!
 //! The crate depends on neither `tonic` nor `arrow-flight` (`scripts/test.sh` checks it):
 //! the Flight front end (`pushdown-server`) turns requests into calls on a [`Node`] and its

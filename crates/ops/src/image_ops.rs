@@ -18,14 +18,7 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, RgbImage};
 
-use crate::op::{Op, OpError, Result, Value, expect_params, int_param};
-
-/// Field metadata carrying the `height,width,channels` of pixel tensors, so later ops (and
-/// tensor conversion) know the shape of a flat `FixedSizeList<u8>`.
-pub const SHAPE_METADATA_KEY: &str = "pushdown.shape";
-/// Field metadata naming a tensor's element type where Arrow has none: `bfloat16`, whose
-/// values travel as their `UInt16` bits.
-pub const DTYPE_METADATA_KEY: &str = "pushdown.dtype";
+use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
 
 const MAX_SIDE: i64 = 8192;
 

@@ -47,10 +47,19 @@
 //! assert!((0..10).contains(&out.value(0)));
 //! ```
 //!
-//! Layers: `op` (the contract) and `resources` import nothing of the crate; the kernels
-//! (`image_ops`, `tabular`, `tensor_ops`, `text`) import the contract; `registry` names the
-//! kernels; `call` (the batch executor) looks ops up in the registry. This root only
-//! documents and re-exports.
+//! The layers, the top first; a module imports only its own layer and those below it
+//! (`scripts/check-layers.py` reads this table and enforces it):
+//!
+//! | layer | modules |
+//! |---|---|
+//! | the batch executor: looks ops up in the registry | `call` |
+//! | the registry: names the kernels | `registry` |
+//! | tensor kernels (they decode and crop with the image kernels' helpers) | `tensor_ops` |
+//! | kernels | `image_ops`, `tabular`, `text` |
+//! | the contract | `op` |
+//! | shared resources (tokenizers) | `resources` |
+//!
+//! This root only documents and re-exports.
 
 mod call;
 mod image_ops;
@@ -64,8 +73,8 @@ mod text;
 pub use call::{
     Call, CallRun, Calls, apply_calls, call_seed, input_array, input_column, input_path, mix, resolve_input,
 };
-pub use image_ops::{DTYPE_METADATA_KEY, DecodeCenterCrop, DecodeResize, SHAPE_METADATA_KEY, Thumbnail};
-pub use op::{Context, Op, OpError, Result, Value, fixed_width};
+pub use image_ops::{DecodeCenterCrop, DecodeResize, Thumbnail};
+pub use op::{Context, DTYPE_METADATA_KEY, Op, OpError, Result, SHAPE_METADATA_KEY, Value, fixed_width};
 pub use registry::{lookup, registry};
 pub use resources::{Need, NoResources, Resources};
 pub use tabular::{Cast, HashBucket};

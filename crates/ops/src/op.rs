@@ -9,6 +9,13 @@ use arrow::datatypes::Field;
 
 use crate::resources::{Need, Resources};
 
+/// Field metadata carrying the `height,width,channels` of pixel tensors, so later ops (and
+/// tensor conversion) know the shape of a flat `FixedSizeList<u8>`.
+pub const SHAPE_METADATA_KEY: &str = "pushdown.shape";
+/// Field metadata naming a tensor's element type where Arrow has none: `bfloat16`, whose
+/// values travel as their `UInt16` bits.
+pub const DTYPE_METADATA_KEY: &str = "pushdown.dtype";
+
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
     #[error("unknown op `{0}`")]

@@ -12,7 +12,8 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::image_ops::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY, crop};
+use crate::image_ops::crop;
+use crate::op::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY};
 use crate::op::{Op, OpError, Result, Value, expect_params, floats_param, int_param};
 
 /// `(height, width, channels)` of a pixel-tensor field.

@@ -430,7 +430,7 @@ impl Op for PadTokens {
             false,
         )
         .with_metadata(HashMap::from([(
-            crate::image_ops::SHAPE_METADATA_KEY.to_owned(),
+            crate::op::SHAPE_METADATA_KEY.to_owned(),
             len.to_string(),
         )])))
     }

@@ -39,9 +39,17 @@
 //! assert!(plan.placements.iter().any(|p| p.side == Side::Server && p.step.starts_with("filter")));
 //! ```
 //!
-//! Layers: `error` and `expr` import nothing of the crate; `pipeline` (the user's
-//! description) imports them; `split` (the rules) imports the pipeline; `cost` (costed
-//! placement) imports the split. This root only documents and re-exports.
+//! The layers, the top first; a module imports only its own layer and those below it
+//! (`scripts/check-layers.py` reads this table and enforces it):
+//!
+//! | layer | modules |
+//! |---|---|
+//! | costed placement | `cost` |
+//! | the rules | `split` |
+//! | the user's description | `pipeline` |
+//! | errors, expressions | `error`, `expr` |
+//!
+//! This root only documents and re-exports.
 
 mod cost;
 mod error;

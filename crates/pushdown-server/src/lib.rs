@@ -15,14 +15,18 @@
 //! compressed Arrow IPC. Bad input of any kind is an error status for that request only: the
 //! server never panics on input and stays up.
 //!
-//! Modules: [`server`](Server) (builder, socket, TLS) over the service, which uses `state`
-//! (the node and the front end's own admission and link memory), `context` (what every
-//! handler shares: authentication, accounting, contained panics, planning), `doget` (a
-//! `DoGet` stream's stages after the engine's ticket stream: the encoding sink with its
-//! codec governor, the trailer, the outcome), `codec` (IPC encoding, the governor),
-//! `status` (errors to gRPC statuses) and `flight_sql` (Flight SQL, decoded once and
-//! matched by command). Nothing here
-//! is imported by the engine: the dependency points one way.
+//! The layers, the top first; a module imports only its own layer and those below it
+//! (`scripts/check-layers.py` reads this table and enforces it). Nothing here is imported by
+//! the engine: the dependency points one way.
+//!
+//! | layer | modules |
+//! |---|---|
+//! | the builder, the socket, TLS ([`Server`]) | `server` |
+//! | the Flight service: requests decoded, dispatched, encoded | `service` |
+//! | Flight SQL, decoded once and matched by command | `flight_sql` |
+//! | what every handler shares (authentication, accounting, contained panics, planning); a `DoGet` stream's stages after the engine's ticket stream (the encoding sink, the trailer, the outcome) | `context`, `doget` |
+//! | the node and the front end's own admission and link memory | `state` |
+//! | IPC encoding and the codec governor; errors to gRPC statuses; the metrics endpoint | `codec`, `status`, `http` |
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
