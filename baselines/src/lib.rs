@@ -9,7 +9,7 @@
 //! * [`evaluate`] runs a row-wise query over batches that arrive from elsewhere: the trainer
 //!   of a service that streams every row and column, filtering and transforming them itself.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -21,6 +21,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use futures::stream::{BoxStream, Stream, StreamExt, TryStreamExt};
+use parking_lot::Mutex;
 use pushdown_engine::{CacheUse, Grant, Node, ServerError};
 use pushdown_protocol::{Query, ScanRequest};
 
@@ -102,7 +103,7 @@ impl PartitionStream for OneShot {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let taken = self.input.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.input.lock().take();
         let stream = taken.unwrap_or_else(|| {
             futures::stream::once(async {
                 Err(DataFusionError::Execution(

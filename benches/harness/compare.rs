@@ -27,7 +27,7 @@ use futures::{Stream, StreamExt};
 use pushdown_client::run::{RunOptions, run};
 use pushdown_client::{LoaderOptions, LoaderSource, Push, PushdownClient, RowSteps, StreamOptions};
 use pushdown_planner::{Pipeline, Plan};
-use pushdown_protocol::{Compression, Query, ScanRequest};
+use pushdown_protocol::{CodecInputs, Compression, LinkKnown, Profiled, Query, ScanRequest, choose_codec};
 use pushdown_server::{Server, ServerConfig};
 
 use crate::link::{Kind, Link};
@@ -281,7 +281,11 @@ async fn pyarrow_dataset(host: SocketAddr, workload: &Workload) -> Result<Outcom
 /// The finished-batch service's trainer: reads `EPOCHS_PER_RUN` epochs of finished batches.
 async fn finished_batches(addr: SocketAddr, link: &Link, workload: &Workload) -> Result<Outcome> {
     let pipeline = workload.pipeline.clone();
-    let compression = Compression::for_link(link.rate_bytes());
+    let compression = choose_codec(CodecInputs {
+        forced: None,
+        link: LinkKnown::Given(link.rate_bytes()),
+        profiled: Profiled::No,
+    });
     let received = tokio::task::spawn_blocking(move || {
         crate::finished::receive(addr, &pipeline, 1, EPOCHS_PER_RUN, compression)
     })

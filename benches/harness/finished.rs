@@ -11,12 +11,11 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use pushdown_client::{LoaderOptions, LoaderSource, Prepared, Push, PushdownClient, StreamTotals};
+use pushdown_client::{LoaderOptions, LoaderSource, Prepared, Push, PushdownClient, SharedTotals};
 use pushdown_planner::Pipeline;
 use pushdown_protocol::Compression;
 use serde::{Deserialize, Serialize};
@@ -87,9 +86,9 @@ async fn serve_one(socket: tokio::net::TcpStream, reader_url: &str, threads: usi
         })?;
     let mut writer =
         arrow::ipc::writer::StreamWriter::try_new_with_options(Vec::new(), &schema, write_options)?;
-    let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
+    let totals = SharedTotals::default();
     for epoch in 0..request.epochs as u64 {
-        let mut batches = prepared.epoch(epoch, 0, Arc::clone(&totals));
+        let mut batches = prepared.epoch(epoch, 0, totals.clone());
         while let Some(batch) = batches.next().await {
             writer.write(&batch?)?;
             write.write_all(&std::mem::take(writer.get_mut())).await?;

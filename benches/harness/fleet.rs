@@ -17,7 +17,6 @@
 //! The client reads the loader's sample sequence (`Prepared`, rank 0 of 1) with two shard
 //! streams in flight per server; the sequence does not depend on that.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -182,8 +181,8 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
     let me = std::process::id().to_string();
     let (cpu0, bytes0, mine0) = (fleet.cpu(), fleet.link_bytes(), cpu_seconds(&me).unwrap_or(0.0));
     let waits0 = fleet.waits();
-    let totals = Arc::new(Mutex::new(Default::default()));
-    let mut stream = prepared.epoch(0, 0, Arc::clone(&totals));
+    let totals = pushdown_client::SharedTotals::default();
+    let mut stream = prepared.epoch(0, 0, totals.clone());
     let start = Instant::now();
     // The fault lands at a point in time, not in the consumer's rows: streams read ahead, so
     // by the time a third of the rows is consumed, much more may have crossed the links.
@@ -207,7 +206,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
         let mut ahead = None;
         loop {
             if ahead.is_none() && epoch + 1 < epochs && stream.all_started() {
-                ahead = Some(prepared.epoch(epoch + 1, 0, Arc::clone(&totals)));
+                ahead = Some(prepared.epoch(epoch + 1, 0, totals.clone()));
             }
             let Some(batch) = stream.next().await else { break };
             let batch = batch?;
@@ -223,7 +222,7 @@ async fn run(fleet: &Fleet, sql: &str, fault: Fault, epochs: u64) -> Result<Run>
         if epoch + 1 < epochs {
             stream = match ahead {
                 Some(next) => next,
-                None => prepared.epoch(epoch + 1, 0, Arc::clone(&totals)),
+                None => prepared.epoch(epoch + 1, 0, totals.clone()),
             };
         }
     }

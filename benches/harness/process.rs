@@ -7,9 +7,19 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-/// CPU seconds (user + system) process `pid` has used, all threads.
+/// CPU seconds (user + system) process `pid` (or `"self"`) has used, all threads; `None`
+/// where `/proc` does not say (no such process).
 pub fn cpu_seconds(pid: &str) -> Option<f64> {
-    pushdown_protocol::host::cpu_seconds(pid)
+    // USER_HZ: Linux fixes the clock ticks of `/proc/*/stat` times at 100.
+    const TICKS: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields follow the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // After the name: state(3) ... utime(14), stime(15); `rest` starts at field 3.
+    let utime: f64 = fields.nth(11)?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) / TICKS)
 }
 
 /// Nanoseconds each of `pid`'s live threads has spent ready to run but waiting for a CPU

@@ -274,7 +274,8 @@ fn writer_properties(kind: Kind, rg_rows: usize) -> Result<WriterProperties> {
         // row (`image`, `id`): the writer would fill one and fall back to plain pages, and
         // every reader would decode it for nothing. No min/max: JPEG bytes prune nothing (the
         // offset index, the pages' locations, stays). Text bodies keep their dictionary:
-        // measured, their scan was 15% slower without.
+        // measured, their scan was slower without (`benches/RESULTS.md`, "Scan: the server
+        // against DuckDB").
         props = props
             .set_write_batch_size(1)
             .set_column_data_page_size_limit("image".into(), 1)

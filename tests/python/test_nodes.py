@@ -3,7 +3,8 @@
 Each ``reset()`` without a state must be the next epoch (``Loader(epochs=E)``'s epochs, not a
 replay of epoch 0); ``get_state()`` mid-epoch, given to a new node's ``reset``, must continue
 exactly; a state that is not the node's is refused by name. With torchdata installed (it needs
-torch: ``scripts/test-torch-device.sh`` on a machine that has it, ``PUSHDOWN_REQUIRE_TORCHDATA=1``)
+torch: ``scripts/test-torch.sh``, or ``scripts/test-torch-device.sh`` on a machine that has
+torch and no Rust toolchain; both set ``PUSHDOWN_REQUIRE_TORCHDATA=1``)
 the node is a real ``BaseNode``, driven by ``torchdata.nodes.Loader`` behind a ``Prefetcher``,
 its ``state_dict``/``load_state_dict`` included. ``.ci/run`` has no torch: there the node runs
 on its stand-in base, driven the way ``torchdata.nodes.Loader`` drives a root.

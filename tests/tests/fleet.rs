@@ -19,7 +19,8 @@ use arrow::array::{AsArray, BinaryArray, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use futures::StreamExt;
 use pushdown_client::{
-    ClientError, LoaderOptions, LoaderSource, Prepared, PushdownClient, StreamOptions, StreamTotals,
+    ClientError, LoaderOptions, LoaderSource, Prepared, PushdownClient, SharedTotals, StreamOptions,
+    StreamTotals,
 };
 use pushdown_protocol::{Query, ScanRequest, ShardTicket};
 use pushdown_server::{RunningServer, Server, ServerConfig, open_store};
@@ -137,14 +138,14 @@ struct LinkState {
     stall_at: AtomicU64,
     down: AtomicBool,
     stalled: AtomicBool,
-    pumps: std::sync::Mutex<Vec<Task<()>>>,
+    pumps: parking_lot::Mutex<Vec<Task<()>>>,
 }
 
 impl LinkState {
     fn go_down(&self) {
         self.down.store(true, Ordering::SeqCst);
         // Dropping a pump's task aborts it: the connection goes with it.
-        self.pumps.lock().unwrap().clear();
+        self.pumps.lock().clear();
     }
 }
 
@@ -176,7 +177,7 @@ impl Link {
                 let (sr, sw) = server.into_split();
                 let up = Task::spawn(pump(cr, sw, Arc::clone(&st), false));
                 let down = Task::spawn(pump(sr, cw, Arc::clone(&st), true));
-                let mut h = st.pumps.lock().unwrap();
+                let mut h = st.pumps.lock();
                 h.push(up);
                 h.push(down);
             }
@@ -324,15 +325,15 @@ async fn epoch(
     let prepared = Prepared::new(client, LoaderSource::Sql(source.into()), loader_options())
         .await
         .expect("prepared");
-    let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
-    let mut batches = prepared.epoch(0, 0, Arc::clone(&totals));
+    let totals = SharedTotals::default();
+    let mut batches = prepared.epoch(0, 0, totals.clone());
     let mut out = Vec::new();
     let mut k = 0;
     loop {
         at(k);
         match batches.next().await {
             Some(Ok(b)) => out.push(b),
-            Some(Err(e)) => return (Err(e), *totals.lock().unwrap()),
+            Some(Err(e)) => return (Err(e), totals.get()),
             None => break,
         }
         k += 1;
@@ -340,7 +341,7 @@ async fn epoch(
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     drop(batches);
-    (Ok(out), *totals.lock().unwrap())
+    (Ok(out), totals.get())
 }
 
 #[test]
@@ -553,7 +554,7 @@ fn a_file_replaced_while_served_is_an_error_naming_it_never_a_short_epoch() {
         let bytes = std::fs::read(&file).expect("read");
         std::fs::write(&file, &bytes).expect("rewrite");
         let rows: usize = prepared
-            .epoch(0, 0, Arc::default())
+            .epoch(0, 0, SharedTotals::default())
             .map(|b| b.expect("same content, same version").num_rows())
             .fold(0, |a, n| async move { a + n })
             .await;
@@ -595,7 +596,7 @@ fn a_file_replaced_while_served_is_an_error_naming_it_never_a_short_epoch() {
         }
         w.close().expect("close");
 
-        let mut stream = prepared.epoch(0, 0, Arc::default());
+        let mut stream = prepared.epoch(0, 0, SharedTotals::default());
         let mut err = None;
         while let Some(item) = stream.next().await {
             if let Err(e) = item {
@@ -655,7 +656,7 @@ fn volatile_and_whole_queries_are_never_sharded_or_resumed() {
         )
         .await
         .expect("prepared");
-        let mut batches = prepared.epoch(0, 0, Arc::default());
+        let mut batches = prepared.epoch(0, 0, SharedTotals::default());
         let first = batches.next().await.expect("a batch").expect("ok");
         assert!(first.num_rows() > 0);
         link.down_after(0);
@@ -781,8 +782,8 @@ fn a_link_that_slows_down_mid_run_switches_the_codec() {
             .await
             .expect("prepared");
         assert_eq!(prepared.compression(), pushdown_protocol::Compression::Adaptive);
-        let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
-        let mut batches = prepared.epoch(0, 0, Arc::clone(&totals));
+        let totals = SharedTotals::default();
+        let mut batches = prepared.epoch(0, 0, totals.clone());
         let mut ids = Vec::new();
         let mut before = None;
         while let Some(batch) = batches.next().await {

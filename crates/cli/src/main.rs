@@ -20,7 +20,7 @@ use pushdown_task::Task;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc keeps freed pages for the next batch; glibc's allocator unmaps large buffers
-/// and faults them back in (a fifth of a scan's CPU in `perf`). With the `override` feature
+/// and faults them back in (a large share of a scan's CPU in `perf`). With the `override` feature
 /// it also serves C's `malloc` (zstd's contexts, see the workspace `Cargo.toml`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

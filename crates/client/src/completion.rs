@@ -66,7 +66,7 @@ pub struct Completion {
     /// they arrived, so the shard the consumer waits for is not slowed by every other.
     cores: Arc<tokio::sync::Semaphore>,
     /// The adapted split, when [`ShardPlacement::adaptive`].
-    control: std::sync::Mutex<Control>,
+    control: parking_lot::Mutex<Control>,
     /// Whether the consumer has been waiting for batches lately (see
     /// [`Completion::set_consumer_waiting`]): a static split's shards are the client's only
     /// then. Until told otherwise, it is.
@@ -188,8 +188,8 @@ impl Completion {
         self.reader
     }
 
-    fn control(&self) -> std::sync::MutexGuard<'_, Control> {
-        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    fn control(&self) -> parking_lot::MutexGuard<'_, Control> {
+        self.control.lock()
     }
 
     /// Waits for a core to complete a batch on (first come, first served).

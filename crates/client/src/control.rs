@@ -7,8 +7,8 @@
 //! holds every shard behind it. The first version dealt each shard to the end whose rate
 //! promised to finish it first; on a server shared by three trainers each piled shards
 //! there as fast as the server's rate seemed to allow, every server shard slowed down, and
-//! the trainers' own cores idled behind them (measured: 0.82× the best static placement;
-//! 0.57× on a 16-core machine).
+//! the trainers' own cores idled behind them (measured: well short of the best static
+//! placement, on 2 cores and on 16).
 //!
 //! The rule now: each shard goes to the end expected to finish it first, with each end's
 //! time measured as what it is, not as a rate:
@@ -25,9 +25,10 @@
 //!   shards it has in flight and this one, at the rate it has delivered them.
 //! * **A probe** where the server has none of this trainer's shards: one goes there, so its
 //!   latency stays measured, but not where it would come over [`PROBE_SLACK`] times later
-//!   than this client's queue: the consumer would wait on it at the head of a burst (with
-//!   six and eight trainers opening whole epochs on a slow server, 0.81× and 0.62× the
-//!   best static placement in the simulation; waiting for a queue here, 0.88× and 0.81×).
+//!   than this client's queue: the consumer would wait on it at the head of a burst (six
+//!   and eight trainers opening whole epochs on a slow server fell far short of the best
+//!   static placement in the simulation, and came closer waiting for a queue here:
+//!   `a_probe_waits_where_it_would_hold_up_the_consumer`).
 //!   It goes anyway once the server has been without this trainer's shards for as long as
 //!   its latency.
 //! * **Starting**, until both are measured: the server's first round, then this client.
@@ -40,27 +41,33 @@
 //! other trainers request after it. Taken per round of the burst, that latency reads as a
 //! server as fast as if this trainer had it alone; each trainer then opened its next epoch's
 //! burst there and left the others waiting (in the simulation, three trainers fell from
-//! 1.10× to 0.76× the best static placement). Taken whole, a trainer that opens a burst at
-//! once overestimates the server by about the burst's rounds and keeps fewer shards there
-//! than it could: alone, reading whole epochs at once, it reached 0.84× the best static
-//! split in the simulation (0.54× against a server of four cores), 0.82× the costed plan on
-//! a 16-core machine and 0.77–0.83× on 2 cores. A shard that ran alone waited only behind
-//! this trainer's own, and no other trainer's can be behind its burst: its latency is taken
-//! per round of this trainer's shards it was dealt into, as the rule predicts it (in the
-//! simulation 0.97×, and 0.87× against four server cores; on 2 cores 0.98–1.01× the costed
-//! plan). A shard that had company is taken whole, as before.
+//! above the best static placement to well under it:
+//! `a_server_serving_in_turn_is_shared_not_raced_for`). Taken whole, a trainer that opens a
+//! burst at once overestimates the server by about the burst's rounds and keeps fewer shards
+//! there than it could: alone, reading whole epochs at once, it trailed the best static split
+//! in the simulation (by far against a server of four cores) and the costed plan on 2 cores
+//! and on 16. A shard that ran alone waited only behind this trainer's own, and no other
+//! trainer's can be behind its burst: its latency is taken per round of this trainer's
+//! shards it was dealt into, as the rule predicts it (in the simulation close to the best
+//! static split, `a_trainer_alone_on_the_server_keeps_there_what_it_finishes_in_time`; on 2
+//! cores level with the costed plan). A shard that had company is taken whole, as before.
 //!
 //! Many trainers on one server core need the server's part: were its un-reduced streams
 //! (the shards each trainer completes itself) served in turn with the reduced ones, they
 //! would wait behind them, and every shard a trainer keeps there (the probe included) would
-//! delay its own cores' work too (in the simulation, six trainers 0.79–0.82× and eight
-//! 0.60–0.62× the best static placement, everything on the trainers). The server serves
-//! them on threads of their own (`Node::unreduced` in the engine), and those threads go
-//! first where both want the cores (`ServerConfig::reducing_nice`): with the cores divided as
-//! CFS divides them, eight trainers reach 0.98× the best static placement (0.89× opening
-//! whole epochs), against 0.82× (0.75×) at equal priority, where any shard reduced there,
-//! a probe enough, took half a core from the reads every trainer's own cores wait on
-//! (`Service::Lanes`), measured in the simulation only.
+//! delay its own cores' work too (in the simulation, six and eight trainers fell far short of
+//! the best static placement, everything on the trainers). The server serves them on
+//! threads of their own (`Node::unreduced` in the engine), and those threads go first where
+//! both want the cores (`ServerConfig::reducing_nice`): with the cores divided as CFS
+//! divides them (`Service::Lanes`), eight simulated trainers come close to the best static
+//! placement, and fall well short of it at equal priority, where any shard reduced there, a
+//! probe enough, took half a core from the reads every trainer's own cores wait on
+//! (`a_server_with_a_lane_for_unreduced_streams_keeps_many_trainers_fed`).
+//!
+//! The figures of each case, simulated and measured, are in `benches/RESULTS.md`, "One
+//! server core shared by 3 trainers" and "Split placement: one op on both ends";
+//! `placement_matrix` (`crates/client/src/control/tests.rs`, ignored) prints the
+//! simulation's.
 //!
 //! Which end runs a shard never changes its rows: the sequence is the fault-free static one.
 

@@ -17,12 +17,13 @@
 //! sample sequence depends on the files and their versions, never on which servers hold them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightEndpoint, FlightInfo, Location};
+use parking_lot::{Mutex, RwLock};
 use pushdown_protocol::{PlanEstimate, ShardTicket};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -218,7 +219,7 @@ impl Node {
     pub(crate) fn failed(&self, base: Duration) {
         let n = self.failures.fetch_add(1, Ordering::Relaxed).min(16);
         let rest = base.saturating_mul(1 << n).min(MAX_REST);
-        *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + rest);
+        *self.resting_until.lock() = Some(Instant::now() + rest);
     }
 
     /// It let a deadline pass without a word (a call's, or a stream's stall timeout).
@@ -234,17 +235,17 @@ impl Node {
     pub(crate) fn succeeded(&self) {
         self.silent.store(false, Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
-        *self.resting_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.resting_until.lock() = None;
     }
 
     pub(crate) fn set_offered(&self, files: BTreeSet<(String, String)>) {
-        *self.offered.lock().unwrap_or_else(|p| p.into_inner()) = Some(files);
+        *self.offered.lock() = Some(files);
     }
 
     /// The files it last offered that none of `others` offers now; `None` when it never
     /// answered a row-wise plan (nothing is known of its files).
     pub(crate) fn held_alone(&self, others: &BTreeSet<(String, String)>) -> Option<Vec<String>> {
-        let offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+        let offered = self.offered.lock();
         Some(
             offered
                 .as_ref()?
@@ -257,12 +258,7 @@ impl Node {
 
     /// Resting after a failure, or silent since its last deadline.
     pub(crate) fn resting(&self, now: Instant) -> bool {
-        self.is_silent()
-            || self
-                .resting_until
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some_and(|t| t > now)
+        self.is_silent() || self.resting_until.lock().is_some_and(|t| t > now)
     }
 }
 
@@ -333,7 +329,7 @@ impl Fleet {
     }
 
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
-        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.nodes.read().clone()
     }
 
     /// The node serving `url`, connecting (lazily) to a new one.
@@ -355,10 +351,10 @@ impl Fleet {
     fn node_named(&self, url: &str, tls_name: Option<&str>) -> Result<Arc<Node>> {
         let key = http_url(url)?;
         let known = |nodes: &[Arc<Node>]| nodes.iter().find(|n| n.url == key).cloned();
-        if let Some(n) = known(&self.nodes.read().unwrap_or_else(|p| p.into_inner())) {
+        if let Some(n) = known(&self.nodes.read()) {
             return Ok(n);
         }
-        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut nodes = self.nodes.write();
         if let Some(n) = known(&nodes) {
             return Ok(n);
         }

@@ -66,4 +66,4 @@ pub use loader::{
 pub use order::{Echo, LoaderState, PartPos};
 pub use plan::{Link, LinkSource, costed_plan, costed_plan_for_ranks, is_on_this_host};
 pub use steps::RowSteps;
-pub use stream::{Order, READ_AHEAD_BYTES, Segment, ShardStream, StreamOptions, StreamTotals};
+pub use stream::{Order, READ_AHEAD_BYTES, Segment, ShardStream, SharedTotals, StreamOptions, StreamTotals};

@@ -1,7 +1,7 @@
 //! Planning a pipeline against a server's measurements of it.
 
 use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile};
-use pushdown_protocol::{Compression, Profile, Query, ScanRequest};
+use pushdown_protocol::{LinkKnown, Profile, Query, ScanRequest};
 
 use crate::client::PushdownClient;
 use crate::error::Result;
@@ -101,13 +101,13 @@ impl Link {
         }
     }
 
-    /// The codec streams over this link ask for: the one for a given bandwidth, none in
-    /// host, the servers' measured choice ([`Compression::Adaptive`]) otherwise.
-    pub fn codec(&self) -> Compression {
+    /// What this link tells [`pushdown_protocol::choose_codec`]: a given bandwidth, one
+    /// host, or nothing known (the servers measure it as they send).
+    pub fn known(&self) -> LinkKnown {
         match self.source {
-            LinkSource::Given => Compression::for_link(self.bandwidth_bytes_per_s),
-            LinkSource::Local => Compression::None,
-            LinkSource::Auto | LinkSource::Measured => Compression::Adaptive,
+            LinkSource::Given => LinkKnown::Given(self.bandwidth_bytes_per_s),
+            LinkSource::Local => LinkKnown::Local,
+            LinkSource::Auto | LinkSource::Measured => LinkKnown::Unknown,
         }
     }
 }
@@ -352,20 +352,20 @@ mod tests {
         let local = Link::auto().resolve(&["http://127.0.0.1:1".into()]).await;
         assert_eq!(local.source, LinkSource::Local);
         assert!(local.bandwidth_bytes_per_s.is_infinite());
-        assert_eq!(local.codec(), Compression::None);
+        assert_eq!(local.known(), LinkKnown::Local);
         let mixed = Link::auto()
             .resolve(&["http://127.0.0.1:1".into(), "http://192.0.2.1:1".into()])
             .await;
         assert_eq!(mixed.source, LinkSource::Measured);
-        assert_eq!(mixed.codec(), Compression::Adaptive);
+        assert_eq!(mixed.known(), LinkKnown::Unknown);
         assert!(mixed.to_string().contains("assumed"), "{mixed}");
         // A given link stays as given, on loopback too.
         let given = Link::bandwidth(125e6)
             .resolve(&["http://127.0.0.1:1".into()])
             .await;
         assert_eq!(
-            (given.source, given.codec()),
-            (LinkSource::Given, Compression::Zstd)
+            (given.source, given.known()),
+            (LinkSource::Given, LinkKnown::Given(125e6))
         );
         assert_eq!(given.to_string(), "1000 Mbit/s (given)");
     }

@@ -8,7 +8,7 @@
 
 use arrow_flight::FlightInfo;
 use pushdown_planner::{Pipeline, Step};
-use pushdown_protocol::{Compression, Query, ScanRequest};
+use pushdown_protocol::{CodecInputs, Compression, LinkKnown, Profiled, Query, ScanRequest, choose_codec};
 
 use crate::client::PushdownClient;
 use crate::connect::ConnectOptions;
@@ -23,13 +23,14 @@ pub struct Narrowing {
     pub predicate: Option<String>,
 }
 
-/// `source` narrowed and planned on every server, streamed with `compression`: the
-/// endpoints carry tickets any Flight client redeems at any of their locations.
+/// `source` narrowed and planned on every server, streamed with `forced` or else
+/// [`choose_codec`]'s codec for readers whose link nobody knows (the servers measure it):
+/// the endpoints carry tickets any Flight client redeems at any of their locations.
 pub async fn plan_for_readers(
     client: &PushdownClient,
     source: &LoaderSource,
     narrowing: &Narrowing,
-    compression: Compression,
+    forced: Option<Compression>,
 ) -> Result<FlightInfo> {
     let query = match source {
         LoaderSource::Sql(sql) => Query::Sql(narrowed_sql(sql, narrowing)),
@@ -48,7 +49,11 @@ pub async fn plan_for_readers(
         }
     };
     let mut request = ScanRequest::new(query);
-    request.compression = compression;
+    request.compression = choose_codec(CodecInputs {
+        forced,
+        link: LinkKnown::Unknown,
+        profiled: Profiled::No,
+    });
     client.plan(&request).await
 }
 
@@ -59,7 +64,7 @@ pub fn plan_for_readers_blocking(
     connect: ConnectOptions,
     source: &LoaderSource,
     narrowing: &Narrowing,
-    compression: Compression,
+    forced: Option<Compression>,
 ) -> Result<FlightInfo> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -67,7 +72,7 @@ pub fn plan_for_readers_blocking(
         .map_err(|e| ClientError::io("starting the planning runtime", e))?;
     runtime.block_on(async {
         let client = PushdownClient::connect_with(servers, connect).await?;
-        plan_for_readers(&client, source, narrowing, compression).await
+        plan_for_readers(&client, source, narrowing, forced).await
     })
 }
 

@@ -7,7 +7,6 @@
 //! `S` yields, in the same order.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,7 +17,7 @@ use pushdown_protocol::{Compression, PlanEstimate, StreamStats};
 use crate::client::PushdownClient;
 use crate::error::{ClientError, Result};
 use crate::loader::{EpochBatches, LoaderOptions, LoaderSource, Prepared};
-use crate::stream::StreamTotals;
+use crate::stream::{SharedTotals, StreamTotals};
 
 /// What to run and where to put it.
 #[derive(Debug, Clone)]
@@ -160,14 +159,14 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
     let prepared = Prepared::new(client, options.source.clone(), loader.clone()).await?;
     let mut writer = parquet_writer(options.out.as_deref(), prepared.schema())?;
     let start = Instant::now();
-    let cpu_before = pushdown_protocol::host::cpu_seconds("self");
+    let cpu_before = process_cpu_seconds();
     let servers_before = server_cpu(prepared.client()).await;
-    let totals = Arc::new(Mutex::new(StreamTotals::default()));
+    let totals = SharedTotals::default();
     let (prepared, delivered) = read_epochs(prepared, loader.epochs as u64, &totals, &mut writer).await?;
     if let Some(w) = writer {
         w.close().map_err(ClientError::Output)?;
     }
-    let totals = *totals.lock().unwrap_or_else(|p| p.into_inner());
+    let totals = *totals.lock();
     let elapsed = start.elapsed();
     let usage = measure_usage(&prepared, &loader, cpu_before, &servers_before, elapsed).await;
     Ok(RunReport {
@@ -219,11 +218,11 @@ struct Delivered {
 async fn read_epochs(
     mut prepared: Prepared,
     epochs: u64,
-    totals: &Arc<Mutex<StreamTotals>>,
+    totals: &SharedTotals,
     writer: &mut Option<ArrowWriter<std::fs::File>>,
 ) -> Result<(Prepared, Delivered)> {
     let mut delivered = Delivered::default();
-    let mut stream = prepared.epoch(0, 0, Arc::clone(totals));
+    let mut stream = prepared.epoch(0, 0, totals.clone());
     for epoch in 0..epochs {
         // The next epoch reads what the servers list when it starts (files added join it),
         // and starts once this one's last shards are in flight: its streams take up the
@@ -258,10 +257,10 @@ async fn read_epochs(
 async fn next_epoch(
     prepared: &Prepared,
     epoch: u64,
-    totals: &Arc<Mutex<StreamTotals>>,
+    totals: &SharedTotals,
 ) -> Result<(Prepared, EpochBatches)> {
     let next = prepared.replan().await?;
-    let batches = next.epoch(epoch, 0, Arc::clone(totals));
+    let batches = next.epoch(epoch, 0, totals.clone());
     Ok((next, batches))
 }
 
@@ -274,9 +273,7 @@ async fn measure_usage(
     servers_before: &[(String, f64, u32)],
     elapsed: Duration,
 ) -> Usage {
-    let trainer_cpu = cpu_before
-        .zip(pushdown_protocol::host::cpu_seconds("self"))
-        .map(|(a, b)| b - a);
+    let trainer_cpu = cpu_before.zip(process_cpu_seconds()).map(|(a, b)| b - a);
     // The servers' own count of their CPU seconds; a server that cannot say is left out.
     let servers = server_cpu(prepared.client())
         .await
@@ -394,6 +391,19 @@ impl std::fmt::Display for RunReport {
         }
         Ok(())
     }
+}
+
+/// CPU seconds (user + system) this process has used, all threads; `None` off Linux.
+fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::resource::{UsageWho, getrusage};
+        use nix::sys::time::TimeValLike;
+        let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+        Some((usage.user_time().num_microseconds() + usage.system_time().num_microseconds()) as f64 / 1e6)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightData, FlightInfo, Ticket};
 use futures::{Stream, StreamExt};
+use parking_lot::{Mutex, MutexGuard};
 use pushdown_protocol::{Deferral, ShardTicket, StreamStats};
 use pushdown_task::Task;
 use tokio::sync::mpsc;
@@ -136,6 +137,23 @@ impl std::ops::AddAssign for StreamTotals {
     }
 }
 
+/// The [`StreamTotals`] several streams add to, shared with whoever reports them (cheap to
+/// clone: one `Arc`).
+#[derive(Debug, Clone, Default)]
+pub struct SharedTotals(Arc<Mutex<StreamTotals>>);
+
+impl SharedTotals {
+    /// The totals so far.
+    pub fn get(&self) -> StreamTotals {
+        *self.0.lock()
+    }
+
+    /// The totals, to add to.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, StreamTotals> {
+        self.0.lock()
+    }
+}
+
 struct Active {
     rx: mpsc::UnboundedReceiver<Result<Held>>,
     /// Set when the shard's stream has ended (everything it delivers is read ahead).
@@ -200,7 +218,7 @@ pub struct ShardStream {
     pending: VecDeque<Segment>,
     active: VecDeque<Active>,
     options: StreamOptions,
-    totals: Arc<Mutex<StreamTotals>>,
+    totals: SharedTotals,
     failed: bool,
     /// Runs the ops a server left to this client; none: a stream that arrives un-reduced
     /// is an error.
@@ -260,7 +278,7 @@ impl ShardStream {
             pending: segments.into(),
             active: VecDeque::new(),
             options,
-            totals: Arc::default(),
+            totals: SharedTotals::default(),
             failed: false,
             completion: None,
             all_started,
@@ -315,12 +333,12 @@ impl ShardStream {
     }
 
     pub fn totals(&self) -> StreamTotals {
-        *self.totals.lock().unwrap_or_else(|p| p.into_inner())
+        *self.totals.lock()
     }
 
     /// A handle to the totals that stays valid after the stream is consumed.
-    pub fn totals_handle(&self) -> Arc<Mutex<StreamTotals>> {
-        Arc::clone(&self.totals)
+    pub fn totals_handle(&self) -> SharedTotals {
+        self.totals.clone()
     }
 
     fn start_next(&mut self) {
@@ -334,7 +352,7 @@ impl ShardStream {
             segment,
             tx,
             self.options.clone(),
-            Arc::clone(&self.totals),
+            self.totals.clone(),
             self.completion.clone(),
         );
         let (done, ended) = (Arc::clone(&finished), Arc::clone(&self.ended));
@@ -389,7 +407,7 @@ impl Stream for ShardStream {
                     {
                         self.active.push_back(a);
                     }
-                    let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut totals = self.totals.lock();
                     totals.rows += rows;
                     totals.batches += 1;
                     totals.peak_streams = totals.peak_streams.max(streams);
@@ -423,7 +441,7 @@ async fn run_endpoint(
     segment: Segment,
     tx: Buffer,
     options: StreamOptions,
-    totals: Arc<Mutex<StreamTotals>>,
+    totals: SharedTotals,
     completion: Option<Arc<Completion>>,
 ) {
     let index = segment.index;
@@ -499,7 +517,7 @@ struct EndpointRun {
     /// The holders asked, and how the failures went.
     attempts: Attempts,
     tx: Buffer,
-    totals: Arc<Mutex<StreamTotals>>,
+    totals: SharedTotals,
     completion: Option<Arc<Completion>>,
     /// The shard, as errors and logs name it.
     shard: String,
@@ -655,7 +673,7 @@ impl EndpointRun {
             }
             Verdict::Next => true,
             Verdict::Retry => {
-                self.totals.lock().unwrap_or_else(|p| p.into_inner()).retries += 1;
+                self.totals.lock().retries += 1;
                 tracing::debug!(
                     shard = self.shard,
                     delivered = self.delivered,
@@ -726,7 +744,7 @@ async fn fetch(
     index: usize,
     ticket: bytes::Bytes,
     tx: &Buffer,
-    totals: &Arc<Mutex<StreamTotals>>,
+    totals: &SharedTotals,
     mut progress: Progress<'_>,
 ) -> Result<(), Fetch> {
     if progress.done() {
@@ -751,7 +769,7 @@ async fn fetch(
         .await
         .map_err(|_| stalled("no answer"))?
         .map_err(Fetch::Status)?;
-    let counter = Arc::clone(totals);
+    let counter = totals.clone();
     let trailer: Arc<Mutex<Option<StreamStats>>> = Arc::default();
     let seen = Arc::clone(&trailer);
     let raw = response
@@ -790,7 +808,7 @@ async fn fetch(
             DecodedPayload::None | DecodedPayload::Schema(_) => {}
         }
     }
-    let trailer = trailer.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let trailer = trailer.lock().take();
     progress.check_trailer(trailer, received, node, index, totals)
 }
 
@@ -798,19 +816,19 @@ async fn fetch(
 /// instead of the IPC decoder.
 fn count_message(
     item: Result<FlightData, tonic::Status>,
-    totals: &Mutex<StreamTotals>,
+    totals: &SharedTotals,
     trailer: &Mutex<Option<StreamStats>>,
 ) -> Option<Result<FlightData, FlightError>> {
     match item {
         Ok(data) => {
             let n = data.data_header.len() + data.data_body.len() + data.app_metadata.len();
-            let mut totals = totals.lock().unwrap_or_else(|p| p.into_inner());
+            let mut totals = totals.lock();
             totals.bytes_received += n as u64;
             if data.data_header.is_empty() {
                 // A metadata-only message (empty IPC header, as Arrow C++ sends them):
                 // the server's trailing stats, not for the IPC decoder.
                 if let Ok(stats) = StreamStats::decode(&data.app_metadata) {
-                    *trailer.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
+                    *trailer.lock() = Some(stats);
                 }
                 None
             } else {
@@ -879,7 +897,7 @@ impl Progress<'_> {
         received: u64,
         node: &Node,
         index: usize,
-        totals: &Mutex<StreamTotals>,
+        totals: &SharedTotals,
     ) -> Result<(), Fetch> {
         match trailer {
             Some(stats) => {
@@ -895,7 +913,7 @@ impl Progress<'_> {
                         received,
                     }));
                 }
-                totals.lock().unwrap_or_else(|p| p.into_inner()).server += stats;
+                totals.lock().server += stats;
                 if let (Some(d), 1..) = (self.dealt.as_deref_mut(), stats.reduced_alone) {
                     d.ran_alone();
                 }

@@ -108,7 +108,7 @@ struct Entry {
 /// The tokens a server accepts, replaceable while it serves ([`Tokens::replace`]: a reload
 /// on SIGHUP). Its `Debug` shows how many, never a token.
 pub struct Tokens {
-    entries: std::sync::RwLock<Arc<Vec<Entry>>>,
+    entries: parking_lot::RwLock<Arc<Vec<Entry>>>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -180,28 +180,20 @@ impl Tokens {
             return Err("the file holds no token (a server with tokens must accept one)".into());
         }
         Ok(Self {
-            entries: std::sync::RwLock::new(Arc::new(entries)),
+            entries: parking_lot::RwLock::new(Arc::new(entries)),
         })
     }
 
     /// The entries now (a reload swaps them whole: a request sees the old set or the new).
     fn entries(&self) -> Arc<Vec<Entry>> {
-        Arc::clone(
-            &self
-                .entries
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        Arc::clone(&self.entries.read())
     }
 
     /// Accepts `other`'s tokens from now on, in place of these: requests already
     /// authenticated keep their grant; the next ones are checked against the new set.
     pub fn replace(&self, other: Tokens) {
         let new = other.entries();
-        *self
-            .entries
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = new;
+        *self.entries.write() = new;
     }
 
     /// Reads and parses a tokens file.

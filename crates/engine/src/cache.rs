@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
@@ -39,6 +39,7 @@ use bytes::Bytes;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection};
+use parking_lot::Mutex;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::auth::Grant;
@@ -357,7 +358,7 @@ pub struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut flights = self.cache.flights.lock().unwrap_or_else(|e| e.into_inner());
+        let mut flights = self.cache.flights.lock();
         // The map's Arc and this claim's: nobody else waits for this key.
         if flights
             .get(&self.cacheable.key)
@@ -566,8 +567,8 @@ impl FragmentCache {
         Ok(cache)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.inner.lock()
     }
 
     fn publish(&self, inner: &Inner) {
@@ -598,7 +599,7 @@ impl FragmentCache {
             return Ok(Lookup::Hit(hit));
         }
         let lock = {
-            let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+            let mut flights = self.flights.lock();
             Arc::clone(flights.entry(cacheable.key).or_default())
         };
         let guard = lock.lock_owned().await;

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
@@ -35,6 +35,7 @@ use datafusion::execution::cache::cache_manager::FileMetadataCache;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use parking_lot::Mutex;
 use parquet::file::metadata::ParquetMetaData;
 use pushdown_protocol::FileVersion;
 use xxhash_rust::xxh3::Xxh3;
@@ -240,7 +241,7 @@ impl Catalog {
 
     /// The datasets as last listed, without touching storage.
     pub fn snapshot(&self) -> Datasets {
-        Arc::clone(&self.datasets.lock().unwrap_or_else(|p| p.into_inner()))
+        Arc::clone(&self.datasets.lock())
     }
 
     pub async fn dataset(&self, name: &str) -> Result<Arc<Dataset>> {
@@ -284,7 +285,7 @@ impl Catalog {
                 continue;
             };
             if !is_dataset_name(&name) {
-                if !name.starts_with(['.', '_']) && lock(&self.warned).insert(name.clone()) {
+                if !name.starts_with(['.', '_']) && self.warned.lock().insert(name.clone()) {
                     tracing::warn!(
                         folder = %folder,
                         "skipping folder: a dataset name has 1 to 128 characters, no control \
@@ -302,7 +303,7 @@ impl Catalog {
             .iter()
             .filter(|m| m.location.extension() == Some("parquet"))
             .count();
-        if loose > 0 && lock(&self.warned).insert(format!("/{loose}")) {
+        if loose > 0 && self.warned.lock().insert(format!("/{loose}")) {
             tracing::warn!(
                 files = loose,
                 "Parquet files directly under the storage root belong to no dataset: a dataset \
@@ -310,7 +311,9 @@ impl Catalog {
             );
         }
         // Forget deleted files; the gauge is what the datasets hold now.
-        lock(&self.unreadable).retain(|location, _| listed.contains(location));
+        self.unreadable
+            .lock()
+            .retain(|location, _| listed.contains(location));
         let broken: usize = datasets.values().map(|d: &Arc<Dataset>| d.broken.len()).sum();
         self.metrics.unreadable_files.set(broken as i64);
         self.metrics.dataset_files.clear();
@@ -324,7 +327,7 @@ impl Catalog {
                 .get_or_create(&labels)
                 .set(d.files.len() as i64);
         }
-        *self.datasets.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(datasets);
+        *self.datasets.lock() = Arc::new(datasets);
         *last = Some(Instant::now());
         Ok(())
     }
@@ -392,7 +395,7 @@ impl Catalog {
     /// The file's Arrow schema and Parquet metadata, from the cache when unchanged; the
     /// reason it is unusable otherwise. An unreadable version is read and reported once.
     async fn footer(&self, meta: &ObjectMeta) -> Result<(SchemaRef, Arc<ParquetMetaData>), String> {
-        if let Some((known, reason)) = lock(&self.unreadable).get(&meta.location)
+        if let Some((known, reason)) = self.unreadable.lock().get(&meta.location)
             && same_version(known, meta)
         {
             return Err(reason.clone());
@@ -406,7 +409,7 @@ impl Catalog {
         });
         match result {
             Ok(footer) => {
-                lock(&self.unreadable).remove(&meta.location);
+                self.unreadable.lock().remove(&meta.location);
                 Ok(footer)
             }
             // The store failed, not the file: tried again at the next refresh.
@@ -419,7 +422,9 @@ impl Catalog {
                 self.footers.remove(&meta.location);
                 tracing::warn!(file = %meta.location, size = meta.size, %reason, "unreadable Parquet file");
                 self.metrics.unreadable_files_found.inc();
-                lock(&self.unreadable).insert(meta.location.clone(), (meta.clone(), reason.clone()));
+                self.unreadable
+                    .lock()
+                    .insert(meta.location.clone(), (meta.clone(), reason.clone()));
                 Err(reason)
             }
         }
@@ -592,10 +597,6 @@ impl From<String> for FooterError {
     fn from(reason: String) -> Self {
         FooterError::Damaged(reason)
     }
-}
-
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a caught panic said.

@@ -34,9 +34,10 @@ pub struct ServerConfig {
     /// when both want the cores, the streams whose ops are left to their clients go first.
     /// Such a stream costs the server a few percent of what reducing it would, and frees a
     /// trainer's core; behind shards being reduced it idles that core (simulated with eight
-    /// trainers on one server core: 0.82× the best static placement at the same priority,
-    /// 0.98× at 5 steps, `crates/client/src/control/tests.rs`). The CPU stays busy either
-    /// way: priority only orders who waits. 0: the same priority.
+    /// trainers on one server core: well short of the best static placement at the same
+    /// priority, close to it at 5 steps; `crates/client/src/control/tests.rs`, and
+    /// `benches/RESULTS.md`, "One server core shared by 3 trainers"). The CPU stays busy
+    /// either way: priority only orders who waits. 0: the same priority.
     pub reducing_nice: u8,
     /// Row-group ranges read at once by the streams running now, shared among them: a
     /// store with long round trips (S3: tens of ms per request) is read at its bandwidth

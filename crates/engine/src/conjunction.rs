@@ -5,7 +5,8 @@
 //! conjunct on the survivors and scatters the result back to full length ("pre-selection").
 //! That pays when the next conjunct is expensive (a UDF, a regex); for a column compared with
 //! a literal it costs far more than it saves: on TPC-H Q6's filter, pre-selection and its
-//! scatter took 19% of the server's CPU and the comparisons themselves 4% (`perf`, one core).
+//! scatter cost the server several times the CPU of the comparisons themselves (`perf`, one
+//! core; see `benches/RESULTS.md`, "Scan: the server against DuckDB").
 //! The threshold looks at the accumulated prefix, not at what is left to evaluate
 //! (apache/datafusion#25035, open).
 //!

@@ -33,6 +33,20 @@ pub struct CodecLabels {
     pub codec: &'static str,
 }
 
+impl CodecLabels {
+    fn of(codec: pushdown_protocol::Compression) -> Self {
+        use pushdown_protocol::Compression;
+        Self {
+            codec: match codec {
+                Compression::None => "none",
+                Compression::Lz4 => "lz4",
+                Compression::Zstd => "zstd",
+                Compression::Adaptive => "adaptive",
+            },
+        }
+    }
+}
+
 /// A dataset at one version (an info metric: the value is the dataset's file count).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DatasetLabels {
@@ -61,6 +75,7 @@ pub struct Metrics {
     pub dataset_files: Family<DatasetLabels, Gauge>,
     pub panics_contained: Counter,
     pub batches_sent: Family<CodecLabels, Counter>,
+    pub streams_by_codec: Family<CodecLabels, Counter>,
     pub op_rows: Family<OpSideLabels, Counter>,
     pub deferred_streams: Counter,
     pub read_ahead: Family<OutcomeLabels, Counter>,
@@ -122,6 +137,7 @@ impl Metrics {
             dataset_files: Family::default(),
             panics_contained: Counter::default(),
             batches_sent: Family::default(),
+            streams_by_codec: Family::default(),
             op_rows: Family::default(),
             deferred_streams: Counter::default(),
             read_ahead: Family::default(),
@@ -298,6 +314,11 @@ impl Metrics {
             self.batches_sent.clone(),
         );
         registry.register(
+            "streams_by_codec",
+            "DoGet streams begun, by the codec their ticket asks for (pushdown_protocol::choose_codec's choice for the client that planned it)",
+            self.streams_by_codec.clone(),
+        );
+        registry.register(
             "row_groups_scanned",
             "Row groups of the requested shards",
             self.row_groups_scanned.clone(),
@@ -368,13 +389,12 @@ impl Metrics {
     }
 
     pub fn record_batch(&self, codec: pushdown_protocol::Compression) {
-        let codec = match codec {
-            pushdown_protocol::Compression::None => "none",
-            pushdown_protocol::Compression::Lz4 => "lz4",
-            pushdown_protocol::Compression::Zstd => "zstd",
-            pushdown_protocol::Compression::Adaptive => "adaptive",
-        };
-        self.batches_sent.get_or_create(&CodecLabels { codec }).inc();
+        self.batches_sent.get_or_create(&CodecLabels::of(codec)).inc();
+    }
+
+    /// A stream begun whose ticket asks for `codec`.
+    pub fn record_stream_codec(&self, codec: pushdown_protocol::Compression) {
+        self.streams_by_codec.get_or_create(&CodecLabels::of(codec)).inc();
     }
 
     pub fn record_stream(&self, stats: &StreamStats) {

@@ -34,8 +34,9 @@ pub struct Node {
     /// reducing nothing, on threads of their own (as many as `cpu`'s, whose threads run
     /// `reducing_nice` steps below these). On `cpu` they waited behind every shard being
     /// reduced, each a batch decoded in one go, and a trainer completing its own shards
-    /// waited with them (simulated with eight trainers on one core: 0.60× the best static
-    /// placement; `crates/client/src/control/tests.rs`). Short control work runs here too
+    /// waited with them (simulated with eight trainers on one core: far below the best static
+    /// placement; `crates/client/src/control/tests.rs`, and `benches/RESULTS.md`,
+    /// "One server core shared by 3 trainers"). Short control work runs here too
     /// (planning, counting: [`Node::on_control`]), never behind a shard being reduced.
     pub unreduced: CpuRuntime,
     pub cache: Arc<FragmentCache>,

@@ -14,11 +14,12 @@
 //! stream's decode budget (about 32 MiB).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 
 use crate::query::Opened;
 
@@ -49,8 +50,8 @@ impl<T> Default for Prefetch<T> {
 impl<T> std::fmt::Debug for Prefetch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prefetch")
-            .field("successors", &lock(&self.successors).map.len())
-            .field("held", &lock(&self.held).is_some())
+            .field("successors", &self.successors.lock().map.len())
+            .field("held", &self.held.lock().is_some())
             .finish()
     }
 }
@@ -85,7 +86,7 @@ pub enum Claim<T> {
 impl<T> Prefetch<T> {
     /// Remembers the tickets of one plan, in endpoint order: each one's successor.
     pub fn remember(&self, tickets: &[Bytes]) {
-        let mut s = lock(&self.successors);
+        let mut s = self.successors.lock();
         for pair in tickets.windows(2) {
             let (ticket, next) = (&pair[0], &pair[1]);
             match s.map.insert(ticket.clone(), next.clone()) {
@@ -109,14 +110,14 @@ impl<T> Prefetch<T> {
 
     /// The ticket planned after `ticket`, if one was.
     pub fn successor(&self, ticket: &[u8]) -> Option<Bytes> {
-        lock(&self.successors).map.get(ticket).cloned()
+        self.successors.lock().map.get(ticket).cloned()
     }
 
     /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
     /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
     pub fn claim(&self, principal: &str, ticket: &[u8]) -> Claim<T> {
         self.generation.fetch_add(1, Ordering::SeqCst);
-        match lock(&self.held).take() {
+        match self.held.lock().take() {
             None => Claim::None,
             Some(h) if &*h.principal == principal && h.ticket == ticket => Claim::Taken(h.opened),
             Some(_) => Claim::Dropped,
@@ -131,7 +132,7 @@ impl<T> Prefetch<T> {
     /// Holds `opened` for `principal`'s `ticket`, unless a stream opened since the read-ahead
     /// began. Returns whether it is held.
     pub fn hold(&self, generation: u64, principal: Arc<str>, ticket: Bytes, opened: T) -> bool {
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         if self.generation.load(Ordering::SeqCst) != generation {
             return false;
         }
@@ -146,12 +147,12 @@ impl<T> Prefetch<T> {
 
     /// Whether a stream is held now.
     pub fn holds(&self) -> bool {
-        lock(&self.held).is_some()
+        self.held.lock().is_some()
     }
 
     /// Drops the read-ahead of `generation` if it is still held: its reader never came.
     pub fn expire(&self, generation: u64) -> bool {
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         if held.as_ref().is_some_and(|h| h.generation == generation) {
             *held = None;
             return true;
@@ -160,18 +161,13 @@ impl<T> Prefetch<T> {
     }
 }
 
-/// The lock's data, even after a panic elsewhere: every update above leaves it whole.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
 
     use std::sync::Arc;
 
-    use super::{Claim, Prefetch, SUCCESSOR_BYTES, lock};
+    use super::{Claim, Prefetch, SUCCESSOR_BYTES};
 
     #[test]
     fn only_its_caller_takes_a_held_stream_and_a_stale_one_is_never_held() {
@@ -217,7 +213,7 @@ mod tests {
         // A later plan with another successor replaces it, and its bytes.
         p.remember(&[t("b"), t("dd")]);
         assert_eq!(p.successor(b"b"), Some(t("dd")));
-        assert_eq!(lock(&p.successors).bytes, 2 + 3);
+        assert_eq!(p.successors.lock().bytes, 2 + 3);
         // Plans past the byte budget push the oldest out.
         let big: Vec<Bytes> = (0..40)
             .map(|i| Bytes::from(format!("{i}:{}", "x".repeat(SUCCESSOR_BYTES / 32))))

@@ -122,10 +122,11 @@ async fn time_first_rows(df: &DataFrame, n: usize) -> Result<(usize, f64)> {
 /// The scan's cost per row: the slope between two warm samples of the first rows of `sample`,
 /// `n` and `4 × n`, with `n` growing from `rows` until the larger takes [`SCAN_SAMPLE_NS`]
 /// (a few hundred rows are a fraction of one page, and their slope was mostly page set-up and
-/// timer noise: on clicks 1,400 ns a row against a whole shard's 200). A step is kept only
-/// when it read at least twice the rows of the one before: where the dataset ends just past
-/// a step, the slope over the few extra rows would be noise. Returns the rows of the larger
-/// sample and the cost per row; `None` when the dataset has no rows.
+/// timer noise: on clicks several times a whole shard's cost per row, see
+/// `benches/RESULTS.md`, "Contenders: pushdown against what a user would run instead"). A
+/// step is kept only when it read at least twice the rows of the one before: where the
+/// dataset ends just past a step, the slope over the few extra rows would be noise. Returns
+/// the rows of the larger sample and the cost per row; `None` when the dataset has no rows.
 async fn scan_cost(sample: &DataFrame, rows: usize) -> Result<Option<(usize, f64)>> {
     let mut ask = rows.max(1);
     let (mut small_n, mut small_ns) = time_first_rows(sample, ask).await?;
@@ -144,7 +145,7 @@ async fn scan_cost(sample: &DataFrame, rows: usize) -> Result<Option<(usize, f64
     }
     // The slope, floored at a hundredth of the large sample's average so that noise cannot
     // make the scan look free. (A higher floor charges the fixed cost again: on clicks the
-    // query's start-up is ~15 µs per row of a 1,024-row sample, the slope ~0.3 µs.)
+    // query's start-up, spread over a 1,024-row sample, is many times the slope per row.)
     let average = large_ns / large_n as f64;
     let per_row = if large_n > small_n && large_ns > small_ns {
         ((large_ns - small_ns) / (large_n - small_n) as f64).max(average / 100.0)

@@ -1073,10 +1073,10 @@ fn shard_partitions(file: &DataFile, row_groups: &Range<u32>, parallelism: usize
 /// The most partitions a shard is cut into: a shard's row groups past it share partitions.
 const MAX_PARTITIONS: usize = 64;
 
-/// About the rows of a partition when a shard is decoded in parallel. Measured with
-/// `bench_plain_client.py` (2 threads): a partition per 16,384-row row group made the clicks
-/// filter 10% slower than two per shard; a partition per 131,072-row row group made the
-/// lineitem projection 10% faster.
+/// About the rows of a partition when a shard is decoded in parallel: smaller partitions
+/// made the clicks filter slower (each pays its own start-up), larger ones made the lineitem
+/// projection faster (measured with `bench_plain_client.py`, 2 threads; the figures are in
+/// `benches/RESULTS.md`, "Scan: the server against DuckDB").
 const UNIT_ROWS: u64 = 65_536;
 
 /// `range` cut into at most `parts` contiguous, non-empty ranges of near-equal length, in
@@ -1557,9 +1557,10 @@ fn auto_filter_pushdown(dataset: &Dataset, projection: Option<&[usize]>, filter_
 /// How many times the filter columns' bytes the rest of a projection must weigh before the
 /// filter runs inside the Parquet decoder. The decoder still decompresses every page of the
 /// rest (apache/arrow-rs#7363) and pays per selected range (apache/arrow-rs#10852), so only
-/// a much heavier rest wins. Measured (`harness scan`, plain client, 2 threads): images
-/// (4,500×) and text (170×) gain; clicks `i1 < 2` (17×, 27% of rows) ran 16% slower with it,
-/// lineitem `l_quantity < 13` (22×) the same, Q6 (2×) 2.4× slower.
+/// a much heavier rest wins. Measured (`harness scan`, plain client, 2 threads): images and
+/// text, whose rest weighs hundreds of times the filter columns, gain; the clicks and
+/// lineitem filters and Q6, a few to a few tens of times, ran the same or slower with it
+/// (`benches/RESULTS.md`, "Scan: the server against DuckDB").
 const LATE_MATERIALIZATION_MIN_RATIO: u64 = 32;
 
 /// The names DataFusion registers the Parquet scan's metrics under, read from its own typed

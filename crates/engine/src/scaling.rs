@@ -20,9 +20,9 @@
 //! `load_ratio` (wanted ÷ now) is the per-server form a Kubernetes HPA averages.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use pushdown_protocol::{ClientReport, ScalingSignal};
 
 /// A stall is a wait above this share of the clients' time (5% wait ≈ demand 1.05×).
@@ -69,7 +69,7 @@ impl Scaling {
     /// Takes a CPU sample now, drops what has left the window, then runs `f`.
     fn with_sample<T>(&self, f: impl FnOnce(&mut Inner, Instant) -> T) -> T {
         let now = Instant::now();
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock();
         if let Some(cpu) = process_cpu_seconds() {
             inner.cpu.push_back((now, cpu));
         }
@@ -255,9 +255,17 @@ fn demand_factor(clients: &[Client], elapsed: f64) -> f64 {
     }
 }
 
-/// CPU seconds (user + system) this process has used, all threads.
+/// CPU seconds (user + system) this process has used, all threads; `None` off Linux.
 fn process_cpu_seconds() -> Option<f64> {
-    pushdown_protocol::host::cpu_seconds("self")
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::resource::{UsageWho, getrusage};
+        use nix::sys::time::TimeValLike;
+        let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+        Some((usage.user_time().num_microseconds() + usage.system_time().num_microseconds()) as f64 / 1e6)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// The signal as JSON, for `/scaling` (KEDA's metrics-api scaler, curl).

@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -19,6 +19,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     ObjectStoreScheme, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use parking_lot::Mutex;
 
 use crate::metrics::Metrics;
 use crate::startup::StartupError;
@@ -107,8 +108,9 @@ pub fn reads_in_flight_for(data: &str) -> usize {
 
 /// A local folder: [`object_store::local::LocalFileSystem`] for everything but the ranged
 /// reads a scan makes. Those read straight into uninitialised buffers: the stock store zeroes
-/// each buffer before filling it, a second pass over every byte read (12% of the server's CPU
-/// on the images scan, where column chunks are megabytes of JPEG).
+/// each buffer before filling it, a second pass over every byte read (a sizeable share of the
+/// server's CPU on the images scan, where column chunks are megabytes of JPEG: see
+/// `benches/RESULTS.md`, "Scan: the server against DuckDB").
 struct LocalFiles {
     inner: object_store::local::LocalFileSystem,
 }
@@ -282,7 +284,7 @@ impl InstrumentedStore {
     pub fn take_requests(&self) -> Vec<ReadRequest> {
         self.recording
             .as_ref()
-            .map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner())))
+            .map(|r| std::mem::take(&mut *r.lock()))
             .unwrap_or_default()
     }
 
@@ -292,13 +294,10 @@ impl InstrumentedStore {
             .store_bytes_read
             .inc_by(range.end.saturating_sub(range.start));
         if let Some(recording) = &self.recording {
-            recording
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(ReadRequest {
-                    path: path.to_string(),
-                    range,
-                });
+            recording.lock().push(ReadRequest {
+                path: path.to_string(),
+                range,
+            });
         }
     }
 }

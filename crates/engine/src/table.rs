@@ -19,9 +19,9 @@
 //! has the scan decode the projected `Utf8` and `Binary` columns the filter does not read as
 //! Arrow views (no copy of the values out of the decompressed pages), filters, and casts the
 //! survivors back above the filter: only the kept rows' values are copied. The query's output
-//! types do not change. Measured (one thread, DataFusion 55's reader): 6–17% faster on filters
-//! that keep 25–41% of rows with string columns; 15% slower on a plain projection, so scans
-//! without a filter are left alone.
+//! types do not change. Measured (one thread, DataFusion 55's reader): faster on filters that
+//! keep 25–41% of rows with string columns, slower on a plain projection, so scans without a
+//! filter are left alone (see `benches/RESULTS.md`, "Scan: the server against DuckDB").
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -4,11 +4,10 @@
 //! datasets first (`udf.rs`), then here.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokenizers::Tokenizer;
-
-use crate::catalog::lock;
 
 /// Tokenizers given by trainers kept at once; the least recently used goes first.
 pub const MAX_GIVEN: usize = 8;
@@ -49,7 +48,7 @@ impl TokenizerCatalog {
             return Ok(id);
         }
         let tokenizer = Arc::new(pushdown_ops::load_tokenizer(json)?);
-        let mut given = lock(&self.given);
+        let mut given = self.given.lock();
         given.retain(|(k, _)| *k != id);
         given.push((id.clone(), tokenizer));
         if given.len() > MAX_GIVEN {
@@ -61,7 +60,7 @@ impl TokenizerCatalog {
 
     /// The given tokenizer `id`, if this server holds it.
     pub fn given(&self, id: &str) -> Option<Arc<Tokenizer>> {
-        let mut given = lock(&self.given);
+        let mut given = self.given.lock();
         let at = given.iter().position(|(k, _)| k == id)?;
         let entry = given.remove(at);
         let tokenizer = Arc::clone(&entry.1);
@@ -86,7 +85,7 @@ impl TokenizerCatalog {
         if !plain {
             return Ok(None);
         }
-        if let Some((_, t)) = lock(&self.named).iter().find(|(k, _)| k == name) {
+        if let Some((_, t)) = self.named.lock().iter().find(|(k, _)| k == name) {
             return Ok(Some(Arc::clone(t)));
         }
         let path = folder.join(format!("{name}.json"));
@@ -97,7 +96,7 @@ impl TokenizerCatalog {
         };
         let tokenizer =
             Arc::new(pushdown_ops::load_tokenizer(&bytes).map_err(|e| format!("{}: {e}", path.display()))?);
-        lock(&self.named).push((name.to_owned(), Arc::clone(&tokenizer)));
+        self.named.lock().push((name.to_owned(), Arc::clone(&tokenizer)));
         Ok(Some(tokenizer))
     }
 

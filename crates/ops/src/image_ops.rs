@@ -4,8 +4,9 @@
 //! `fast_image_resize` (SIMD convolution, bilinear with antialiasing). A JPEG whose output
 //! is at most a quarter of its size on both sides is decoded at reduced scale in the DCT
 //! domain (jpeg-decoder's 1/4 and 1/8 IDCT, as libjpeg-turbo's `scale_denom`) and resized
-//! the rest of the way: 1.3–1.5× faster than a full decode for 64×64 pixels from ~300×300
-//! JPEGs, within a stated tolerance of the full-scale result (`tests.rs`).
+//! the rest of the way: faster than a full decode for 64×64 pixels from ~300×300 JPEGs (see
+//! `benches/RESULTS.md`, "Op kernels vs. their obvious baselines"), within a stated
+//! tolerance of the full-scale result (`tests.rs`).
 
 use std::io::Cursor;
 use std::sync::Arc;

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use arrow::datatypes::Schema;
-use pushdown_protocol::{Compression, Profile};
+use pushdown_protocol::{CodecInputs, Compression, LinkKnown, Profile, Profiled, choose_codec};
 use serde::Serialize;
 
 use crate::error::PlanError;
@@ -64,14 +64,17 @@ pub struct Estimate {
     /// Bytes per delivered row that cross the network.
     pub wire_bytes_per_row: f64,
     pub estimated_rows_per_s: f64,
-    /// The stream's codec for this placement: with the codecs measured, the fastest once
-    /// each one's CPU (compressing on the server, decompressing on the trainer) and bytes
-    /// are counted, no compression on a tie; unmeasured, compressed only when the link
-    /// bounds the stream.
+    /// The stream's codec for this placement over the environment's link: [`choose_codec`]
+    /// given [`Estimate::profiled`]. For a candidate of the table, the codec it was costed
+    /// with.
     #[serde(serialize_with = "serialize_display")]
     pub compression: Compression,
-    /// Whether `compression` was chosen from the codecs' measured ratios and CPU.
-    pub codec_measured: bool,
+    /// What the profile says of compressing this placement's stream: with the codecs
+    /// measured, the fastest once each one's CPU (compressing on the server, decompressing on
+    /// the trainer) and bytes are counted, no compression on a tie; unmeasured, whether the
+    /// link bounds the stream. The loader gives it to [`choose_codec`] with the link it knows.
+    #[serde(skip)]
+    pub profiled: Profiled,
 }
 
 fn serialize_display<S: serde::Serializer>(c: &Compression, s: S) -> Result<S::Ok, S::Error> {
@@ -106,17 +109,22 @@ impl Estimate {
     pub fn link_bound(&self) -> bool {
         self.network_rows_per_s < LINK_BOUND_HEADROOM * self.server_rows_per_s.min(self.client_rows_per_s)
     }
-}
 
-/// Compression spends the server's and the trainer's CPU to save link time: worth it only
-/// when the link bounds the stream ([`Compression::for_link`] then picks the codec), or when
-/// nothing was measured (an empty profile: the link's rate is all there is to go by).
-/// Otherwise the CPU is better spent on the rows themselves.
-fn codec(link_bound: bool, profile: &Profile, env: &Environment) -> Compression {
-    if link_bound || profile.rows_sampled == 0 {
-        Compression::for_link(env.bandwidth_bytes_per_s)
-    } else {
-        Compression::None
+    /// Whether the codec was chosen from the codecs' measured ratios and CPU.
+    pub fn codec_measured(&self) -> bool {
+        matches!(self.profiled, Profiled::Measured(_))
+    }
+
+    /// Sets what the profile says and the codec [`choose_codec`] makes of it over the
+    /// environment's link.
+    fn profiled(mut self, profiled: Profiled, env: &Environment) -> Self {
+        self.profiled = profiled;
+        self.compression = choose_codec(CodecInputs {
+            forced: None,
+            link: LinkKnown::Given(env.bandwidth_bytes_per_s),
+            profiled,
+        });
+        self
     }
 }
 
@@ -339,9 +347,15 @@ impl Costs {
     fn estimate(&self, pushed: usize, fraction: f64, profile: &Profile, env: &Environment) -> Estimate {
         let measured = self.wire.codecs.is_some() && self.unreduced.codecs.is_some();
         if !measured {
-            let mut estimate = self.with_codec(pushed, fraction, Compression::None, env);
-            estimate.compression = codec(estimate.link_bound(), profile, env);
-            return estimate;
+            // Compression spends both ends' CPU to save link time: without measured codecs,
+            // worth it only when the link bounds the stream, or when nothing was measured
+            // at all (an empty profile: the link's rate is all there is to go by).
+            let estimate = self.with_codec(pushed, fraction, Compression::None, env);
+            let profiled = match profile.rows_sampled {
+                0 => Profiled::No,
+                _ => Profiled::LinkBound(estimate.link_bound()),
+            };
+            return estimate.profiled(profiled, env);
         }
         let all: Vec<Estimate> = [Compression::None, Compression::Lz4, Compression::Zstd]
             .into_iter()
@@ -349,12 +363,12 @@ impl Costs {
             .collect();
         let best = all.iter().map(|e| e.estimated_rows_per_s).fold(0.0, f64::max);
         // The cheapest codec within a tie of the best: CPU is spared for the rows.
-        let mut chosen = all
+        let chosen = all
             .into_iter()
             .find(|e| e.estimated_rows_per_s >= best * (1.0 - TIE))
             .unwrap_or_else(|| self.with_codec(pushed, fraction, Compression::None, env));
-        chosen.codec_measured = true;
-        chosen
+        let codec = chosen.compression;
+        chosen.profiled(Profiled::Measured(codec), env)
     }
 
     fn with_codec(&self, pushed: usize, fraction: f64, codec: Compression, env: &Environment) -> Estimate {
@@ -399,7 +413,7 @@ impl Costs {
             wire_bytes_per_row: wire,
             estimated_rows_per_s: sel * server.min(network).min(client),
             compression: codec,
-            codec_measured: false,
+            profiled: Profiled::No,
         }
     }
 }
@@ -502,7 +516,7 @@ impl CostedPlan {
             "\nstream compression: {} ({})",
             self.chosen.compression,
             match (
-                self.chosen.codec_measured,
+                self.chosen.codec_measured(),
                 self.chosen.link_bound(),
                 self.chosen.compression,
             ) {

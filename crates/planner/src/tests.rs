@@ -353,7 +353,7 @@ mod cost {
         // estimate counts its bytes.
         let slow = costed(&measured(pixels, codecs(0.7, 0.5)), &env(100e6 / 8.0, 16.0));
         assert_eq!(slow.chosen.compression, Compression::Zstd, "{}", slow.explain());
-        assert!(slow.chosen.codec_measured);
+        assert!(slow.chosen.codec_measured());
         assert!((slow.chosen.wire_bytes_per_row - (pixels * 0.5 + 4.0 * 0.3)).abs() < 1.0);
         assert!(
             slow.explain().contains("measured ratio and CPU"),
@@ -374,7 +374,7 @@ mod cost {
         assert_eq!(busy.chosen.compression, Compression::None, "{}", busy.explain());
         // Unmeasured, the rule by link speed still holds (older servers).
         let old = costed(&profile(pixels), &env(100e6 / 8.0, 16.0));
-        assert!(!old.chosen.codec_measured);
+        assert!(!old.chosen.codec_measured());
         assert_eq!(old.chosen.compression, Compression::Zstd);
     }
 

@@ -35,26 +35,6 @@ use bytes::Bytes;
 use prost::Message;
 
 /// The generated prost messages of `pushdown.v1`.
-/// Facts about a process that reports carry.
-pub mod host {
-    /// Clock ticks per second of `/proc/*/stat` times: USER_HZ, which Linux fixes at 100
-    /// for every architecture's `/proc`.
-    const TICKS: f64 = 100.0;
-
-    /// CPU seconds (user + system) process `pid` (or `"self"`) has used, all threads; `None`
-    /// where `/proc` does not say (not Linux, no such process).
-    pub fn cpu_seconds(pid: &str) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name is in parentheses and may hold spaces: fields follow the last `)`.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let mut fields = rest.split_whitespace();
-        // After the name: state(3) ... utime(14), stime(15); `rest` starts at field 3.
-        let utime: f64 = fields.nth(11)?.parse().ok()?;
-        let stime: f64 = fields.next()?.parse().ok()?;
-        Some((utime + stime) / TICKS)
-    }
-}
-
 pub mod proto {
     include!("generated/pushdown.v1.rs");
 }
@@ -199,62 +179,8 @@ pub struct Fragment {
 /// wire its arguments are a list whose first is the input column and the rest literals.
 pub use pushdown_ops::{Call as OpCall, Value};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Compression {
-    None,
-    #[default]
-    Zstd,
-    Lz4,
-    /// Each batch's codec chosen by the server from where the stream waits: compressed while
-    /// the socket holds the stream back, uncompressed while the server's CPU does.
-    Adaptive,
-}
-
-impl std::fmt::Display for Compression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::None => "none",
-            Self::Zstd => "zstd",
-            Self::Lz4 => "lz4",
-            Self::Adaptive => "adaptive",
-        })
-    }
-}
-
-impl Compression {
-    /// Links slower than this are slower than zstd on one core (~300 MB/s): it can only help.
-    /// Faster links get LZ4, which compresses several times faster for a little less.
-    pub const ZSTD_MAX_LINK_BYTES_PER_S: f64 = 2.5e9 / 8.0;
-
-    /// The codec for a stream over a link of `bandwidth_bytes_per_s` when nothing is known of
-    /// the stream's rate: zstd on slow links, LZ4 on fast ones, none in-host (unbounded).
-    pub fn for_link(bandwidth_bytes_per_s: f64) -> Self {
-        if !bandwidth_bytes_per_s.is_finite() {
-            Self::None
-        } else if bandwidth_bytes_per_s <= Self::ZSTD_MAX_LINK_BYTES_PER_S {
-            Self::Zstd
-        } else {
-            Self::Lz4
-        }
-    }
-}
-
-impl std::str::FromStr for Compression {
-    type Err = String;
-
-    /// `none`, `zstd` or `lz4`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "none" => Ok(Self::None),
-            "zstd" => Ok(Self::Zstd),
-            "lz4" => Ok(Self::Lz4),
-            "adaptive" => Ok(Self::Adaptive),
-            other => Err(format!(
-                "unknown compression `{other}` (none, zstd, lz4 or adaptive)"
-            )),
-        }
-    }
-}
+mod codec;
+pub use codec::{CodecInputs, Compression, LinkKnown, Profiled, choose_codec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FilterPushdown {
@@ -1387,16 +1313,6 @@ mod tests {
             reduced_alone: 1,
         };
         assert_eq!(StreamStats::decode(&s.encode()).unwrap(), s);
-    }
-
-    #[test]
-    fn the_codec_follows_the_link() {
-        assert_eq!(Compression::for_link(f64::INFINITY), Compression::None);
-        assert_eq!(Compression::for_link(1e9 / 8.0), Compression::Zstd);
-        assert_eq!(Compression::for_link(10e9 / 8.0), Compression::Lz4);
-        for c in [Compression::None, Compression::Zstd, Compression::Lz4] {
-            assert_eq!(c.to_string().parse::<Compression>(), Ok(c));
-        }
     }
 
     #[test]

@@ -12,7 +12,9 @@ use pushdown_engine::auth::{Caller, Grant};
 use pushdown_engine::catalog::panic_message;
 use pushdown_engine::error::{Result, ServerError, outcome};
 use pushdown_engine::query::Shape;
-use pushdown_protocol::{Compression, Fragment, Query, ScanRequest};
+use pushdown_protocol::{
+    CodecInputs, Compression, Fragment, LinkKnown, Profiled, Query, ScanRequest, choose_codec,
+};
 use tonic::{Request, Status};
 
 use crate::state::State;
@@ -87,12 +89,7 @@ impl Context {
         grant: Arc<Grant>,
     ) -> Result<FlightInfo> {
         if plain {
-            request.compression = self
-                .state
-                .node
-                .config
-                .plain_client_codec
-                .unwrap_or_else(|| codec_for_plain_client(peer));
+            request.compression = codec_for_plain_client(self.state.node.config.plain_client_codec, peer);
         }
         let planned = self.plan_off_io(request, grant).await?;
         self.state
@@ -208,7 +205,6 @@ impl Context {
     }
 }
 
-/// Whether a descriptor carries a Flight SQL command.
 /// The `authorization` header's value, if present and text.
 pub(crate) fn authorization(metadata: &tonic::metadata::MetadataMap) -> Result<Option<&str>> {
     match metadata.get("authorization") {
@@ -220,11 +216,16 @@ pub(crate) fn authorization(metadata: &tonic::metadata::MetadataMap) -> Result<O
     }
 }
 
-/// The codec for a client that could not choose one, at `peer`: none on this host (on
-/// loopback compressing only costs both sides CPU), else adaptive.
-fn codec_for_plain_client(peer: Option<SocketAddr>) -> Compression {
-    match peer {
-        Some(p) if p.ip().is_loopback() => Compression::None,
-        _ => Compression::Adaptive,
-    }
+/// The codec for a client that could not choose one, at `peer`: the server's
+/// `--plain-client-codec`, else [`choose_codec`]'s for a peer on this host (loopback) or
+/// across an unknown link.
+fn codec_for_plain_client(configured: Option<Compression>, peer: Option<SocketAddr>) -> Compression {
+    choose_codec(CodecInputs {
+        forced: configured,
+        link: match peer {
+            Some(p) if p.ip().is_loopback() => LinkKnown::Local,
+            _ => LinkKnown::Unknown,
+        },
+        profiled: Profiled::No,
+    })
 }

@@ -23,7 +23,7 @@ use arrow_flight::FlightData;
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
 use pushdown_engine::auth::Grant;
-use pushdown_engine::catalog::{lock, panic_message};
+use pushdown_engine::catalog::panic_message;
 use pushdown_engine::error::{Result, ServerError};
 use pushdown_engine::metrics::Metrics;
 use pushdown_engine::query::Opened;
@@ -65,6 +65,7 @@ impl DoGet {
     ) -> BoxStream<'static, Result<FlightData, Status>> {
         let node = Arc::clone(&self.state.node);
         let (tx, rx) = mpsc::channel(2);
+        node.metrics.record_stream_codec(self.ticket.request.compression);
         let outcome = Outcome::start(Arc::clone(&node.metrics));
         let runtime = node.runtime_for(&self.placement);
         let task = outcome.watch(self.run(tx.clone()), shard, tx);
@@ -99,7 +100,7 @@ impl DoGet {
         let place = (!placement.reduces_nothing()).then(|| state.reducing.join(client));
         let peer = peer.map(|p| p.ip());
         // An adaptive stream starts from what the last one to this peer learnt of the link.
-        let learnt = peer.and_then(|p| lock(&state.links).get(&p).copied());
+        let learnt = peer.and_then(|p| state.links.lock().get(&p).copied());
         let governor = Governor::resume(ticket.request.compression, learnt);
         let encoder =
             Encoder::new(node.config.max_flight_data_bytes).map_err(ServerError::encode("IPC options"))?;
@@ -135,7 +136,7 @@ impl DoGet {
 /// What an adaptive stream learnt of `peer`'s link, kept for the next stream to it. Bounded:
 /// a server with too many peers forgets them all and learns again.
 fn remember(state: &State, peer: IpAddr, memory: LinkMemory) {
-    let mut links = lock(&state.links);
+    let mut links = state.links.lock();
     if links.len() >= MAX_PEERS_REMEMBERED && !links.contains_key(&peer) {
         links.clear();
     }

@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use pushdown_engine::Node;
-use pushdown_engine::catalog::lock;
 use tokio::sync::Semaphore;
 
 use crate::codec::LinkMemory;
@@ -79,7 +79,7 @@ impl Reducing {
     /// Two streams overlap from the later one's start: each overlap is seen here.
     pub(crate) fn join(&self, client: Client) -> Place<'_> {
         let accompanied = Arc::new(AtomicBool::new(false));
-        let mut running = lock(&self.running);
+        let mut running = self.running.lock();
         for other in running.iter() {
             if client == Client::Unknown || other.client != client {
                 other.accompanied.store(true, Ordering::Relaxed);
@@ -112,7 +112,10 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        lock(&self.reducing.running).retain(|r| !Arc::ptr_eq(&r.accompanied, &self.accompanied));
+        self.reducing
+            .running
+            .lock()
+            .retain(|r| !Arc::ptr_eq(&r.accompanied, &self.accompanied));
     }
 }
 
@@ -143,7 +146,7 @@ mod tests {
         let unknown = reducing.join(Client::Unknown);
         assert!(!later.alone() && !unknown.alone());
         drop((later, unknown));
-        assert!(lock(&reducing.running).is_empty());
+        assert!(reducing.running.lock().is_empty());
     }
 
     #[test]

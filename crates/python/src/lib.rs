@@ -8,7 +8,7 @@
 //! released while the loader waits for data or plans.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{
@@ -17,6 +17,7 @@ use arrow::datatypes::{
 };
 use arrow::record_batch::RecordBatch;
 use numpy::{PyArray1, PyArrayMethods};
+use parking_lot::Mutex;
 use pushdown_client::bucket::BucketBy;
 use pushdown_client::pack::Pack;
 use pushdown_client::readers::{Narrowing, plan_for_readers_blocking};
@@ -180,7 +181,7 @@ impl PyLoader {
     /// The next batch as `[(name, kind, value)]`, or `None` at the end.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PyColumn>>> {
         let inner = Arc::clone(&self.inner);
-        let next = py.detach(move || inner.lock().unwrap_or_else(|p| p.into_inner()).next());
+        let next = py.detach(move || inner.lock().next());
         let Some(batch) = next else { return Ok(None) };
         let batch = batch.map_err(client_error)?;
         let mut out = Vec::with_capacity(batch.columns.len());
@@ -203,7 +204,7 @@ impl PyLoader {
 
     /// The position to resume from, as bytes.
     fn state<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let state = self.inner.lock().unwrap_or_else(|p| p.into_inner()).state();
+        let state = self.inner.lock().state();
         PyBytes::new(py, &state.to_bytes())
     }
 
@@ -215,11 +216,7 @@ impl PyLoader {
             .collect::<Result<Vec<_>, _>>()
             .map_err(client_error)?;
         let state = LoaderState::merge(&states).map_err(client_error)?;
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .restore(state)
-            .map_err(client_error)
+        self.inner.lock().restore(state).map_err(client_error)
     }
 
     /// Iterates `count` epochs from `first` (one `for` pass); `continuing`: from where the
@@ -227,26 +224,23 @@ impl PyLoader {
     fn begin(&self, py: Python<'_>, first: u64, count: u64, continuing: bool) {
         let inner = Arc::clone(&self.inner);
         py.detach(move || {
-            inner
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .begin(first, count, continuing);
+            inner.lock().begin(first, count, continuing);
         });
     }
 
     /// `(epoch, batches of it given)`: where the next batch comes from.
     fn position(&self) -> (u64, u64) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).position()
+        self.inner.lock().position()
     }
 
     /// `(rows, batches)` per epoch for this rank.
     fn epoch_len(&self) -> (u64, u64) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).epoch_len()
+        self.inner.lock().epoch_len()
     }
 
     /// Batches and rows delivered, seconds waited for data and elapsed.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let s = self.inner.lock().stats();
         let d = PyDict::new(py);
         d.set_item("batches", s.batches)?;
         d.set_item("rows", s.rows)?;
@@ -387,8 +381,8 @@ fn open_loader(
     }
 }
 
-/// `compression=`: `auto` (the planner's choice: compress only when the link bounds the
-/// stream) or a codec.
+/// `compression=`: `auto` (`pushdown_protocol::choose_codec`'s choice, from the link and the
+/// servers' profile) or a codec, forced.
 fn compression_arg<C: std::str::FromStr<Err = String>>(compression: &str) -> PyResult<Option<C>> {
     match compression {
         "auto" => Ok(None),
@@ -562,7 +556,7 @@ impl PyTransform {
                 .ok_or_else(|| invalid_argument("the Arrow IPC stream holds no batch"))?
                 .map_err(|e| invalid_argument(format!("reading the batch: {e}")))?;
             let steps = {
-                let mut bound = self.bound.lock().unwrap_or_else(|p| p.into_inner());
+                let mut bound = self.bound.lock();
                 match &*bound {
                     Some((schema, steps)) if *schema == batch.schema() => Arc::clone(steps),
                     _ => {
@@ -595,7 +589,7 @@ impl PyTransform {
 /// `flight.FlightInfo.deserialize`), one endpoint per shard with the locations holding it.
 #[pyfunction]
 #[pyo3(signature = (
-    servers, sql=None, pipeline=None, columns=None, predicate=None, compression="adaptive",
+    servers, sql=None, pipeline=None, columns=None, predicate=None, compression="auto",
     call_timeout_s=30.0, token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None
 ))]
 #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
@@ -617,9 +611,7 @@ fn plan_read<'py>(
         return Err(invalid_argument("servers= needs at least one URL"));
     }
     let source = loader_source(sql, pipeline)?;
-    let compression = compression
-        .parse()
-        .map_err(|e: String| invalid_argument(format!("compression: {e}")))?;
+    let compression = compression_arg(compression)?;
     let mut connect = connect_options(token, tls_ca, tls_client_cert, tls_client_key)?;
     connect.call_timeout = positive_seconds(call_timeout_s, "call_timeout_s")?;
     let narrowing = Narrowing { columns, predicate };
@@ -629,11 +621,47 @@ fn plan_read<'py>(
     Ok(PyBytes::new(py, &prost::Message::encode_to_vec(&info)))
 }
 
+/// `pushdown_protocol::choose_codec`, the one function that chooses a stream's codec, for
+/// tests that check every path takes its answer: `link` is `local`, `unknown` or a given
+/// bandwidth (`1Gbit`, `125MB`); `forced` a codec; `profiled` what a profile said (`none`,
+/// `link_bound`, `not_link_bound`, or `measured:<codec>`).
+#[pyfunction]
+#[pyo3(signature = (link, forced=None, profiled="none"))]
+fn choose_codec(link: &str, forced: Option<&str>, profiled: &str) -> PyResult<String> {
+    use pushdown_protocol::{CodecInputs, Compression, LinkKnown, Profiled};
+    let link = match link {
+        "local" => LinkKnown::Local,
+        "unknown" => LinkKnown::Unknown,
+        given => LinkKnown::Given(pushdown_planner::parse_bandwidth(given).map_err(invalid_argument)?),
+    };
+    let codec = |name: &str| {
+        name.parse::<Compression>()
+            .map_err(|e| invalid_argument(format!("compression: {e}")))
+    };
+    let profiled = match profiled {
+        "none" => Profiled::No,
+        "link_bound" => Profiled::LinkBound(true),
+        "not_link_bound" => Profiled::LinkBound(false),
+        other => match other.strip_prefix("measured:") {
+            Some(name) => Profiled::Measured(codec(name)?),
+            None => return Err(invalid_argument(format!("profiled: unknown `{other}`"))),
+        },
+    };
+    let forced = forced.map(codec).transpose()?;
+    let inputs = CodecInputs {
+        forced,
+        link,
+        profiled,
+    };
+    Ok(pushdown_protocol::choose_codec(inputs).to_string())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<PyTransform>()?;
     m.add_function(wrap_pyfunction!(plan_read, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_codec, m)?)?;
     // Benchmarks refuse a debug build: its kernels are several times slower.
     m.add(
         "BUILD_PROFILE",

@@ -14,7 +14,7 @@
 //!   own next epoch (its rows once per its epoch), counted apart from the mixture's.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -30,7 +30,7 @@ use crate::error::{ClientError, Result};
 use crate::mixture::{Schedule, Taken};
 use crate::order::{Echo, Fnv, Order, PartPos, Shape, cut, rank_partitions};
 use crate::pack::{Pack, Packer, blocks_batch, token_ids};
-use crate::stream::StreamTotals;
+use crate::stream::SharedTotals;
 use pushdown_task::Task;
 
 /// A mixture's sources, prepared, and what is fixed for its life.
@@ -433,7 +433,7 @@ pub(super) struct MixProducer {
     pub(super) taken: Taken,
     pub(super) rank: u64,
     pub(super) world: u64,
-    pub(super) totals: Arc<Mutex<StreamTotals>>,
+    pub(super) totals: SharedTotals,
     /// A packed or bucketed loader's partitions, where they are (known for this rank's).
     pub(super) parts: Vec<Option<PartPos>>,
 }
@@ -664,7 +664,7 @@ struct Feed {
     rows: usize,
     /// Rows still to drop from the front (a resumed feed starts inside a batch).
     skip: usize,
-    totals: Arc<Mutex<StreamTotals>>,
+    totals: SharedTotals,
 }
 
 impl Feed {
@@ -676,7 +676,7 @@ impl Feed {
         partitions: u64,
         readers: usize,
         taken: u64,
-        totals: &Arc<Mutex<StreamTotals>>,
+        totals: &SharedTotals,
     ) -> Result<Self> {
         let shape = feed_shape(source, partitions);
         let lengths: Vec<u64> = (0..partitions)
@@ -704,7 +704,7 @@ impl Feed {
             pending: VecDeque::new(),
             rows: 0,
             skip: within as usize,
-            totals: Arc::clone(totals),
+            totals: totals.clone(),
         };
         feed.spawn(batch);
         Ok(feed)
@@ -715,7 +715,7 @@ impl Feed {
         let (tx, rx) = mpsc::channel(self.source.shared.options.prefetch.max(2));
         let (shared, shards) = (Arc::clone(&self.source.shared), Arc::clone(&self.source.shards));
         let watch = EpochWatch {
-            totals: Arc::clone(&self.totals),
+            totals: self.totals.clone(),
             ..EpochWatch::default()
         };
         let (epoch, partitions, readers) = (self.epoch, self.partitions, self.readers);

@@ -60,7 +60,7 @@ use crate::mixture::Taken;
 use crate::order::PartPos;
 use crate::order::{Echo, LoaderState, Shape, check_world, rank_partitions};
 use crate::pack::Pack;
-use crate::stream::StreamTotals;
+use crate::stream::SharedTotals;
 use pushdown_planner::Step;
 use pushdown_task::Task;
 
@@ -134,7 +134,7 @@ pub struct Loader {
     /// The order's partitions: the options' (or their default), or a restored state's.
     partitions: u64,
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
-    streams: Arc<std::sync::Mutex<StreamTotals>>,
+    streams: SharedTotals,
     /// A mixture of sources (`prepared` is then its first source's), and where the consumer
     /// is in it.
     mixture: Option<(Arc<Mixture>, Taken)>,
@@ -325,7 +325,7 @@ impl Loader {
             client_id: rand::random(),
             reported: None,
             ahead: None,
-            streams: Arc::default(),
+            streams: SharedTotals::default(),
             partitions,
             mixture: None,
             parts: Vec::new(),
@@ -644,7 +644,7 @@ impl Loader {
 
     pub fn stats(&self) -> LoaderStats {
         let mut s = self.stats;
-        let streams = *self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let streams = *self.streams.lock();
         (s.peak_streams, s.bytes_received) = (streams.peak_streams, streams.bytes_received);
         s.elapsed = self.started.map_or(Duration::ZERO, |t| t.elapsed());
         // Epochs up to the one the consumer is in: one started ahead (the next, before its
@@ -657,12 +657,11 @@ impl Loader {
             // Every source's rows read so far (their epochs are their own, not the mixture's).
             Some((m, _)) => (m.sources.iter())
                 .map(|p| {
-                    let distinct = p.shared.distinct.lock().unwrap_or_else(|p| p.into_inner());
+                    let distinct = p.shared.distinct.lock();
                     distinct.values().sum::<u64>()
                 })
                 .sum(),
             None => (self.prepared.shared.distinct.lock())
-                .unwrap_or_else(|p| p.into_inner())
                 .range(..=reached)
                 .map(|(_, rows)| rows)
                 .sum(),
@@ -764,7 +763,7 @@ impl Loader {
         let (planned, prepared) = tokio::sync::oneshot::channel();
         let base = self.prepared.clone();
         let echo = options.echo.factor(None);
-        let streams = Arc::clone(&self.streams);
+        let streams = self.streams.clone();
         let partitions = self.partitions;
         let producer = Task::spawn_on(runtime.handle(), async move {
             let next = match base.replan().await {
@@ -778,7 +777,7 @@ impl Loader {
             let _ = planned.send(next);
             let producer = Producer::new(shared, shards, epoch, echo, 0).with_partitions(partitions);
             let watch = EpochWatch {
-                totals: Arc::clone(&streams),
+                totals: streams.clone(),
                 ..EpochWatch::default()
             };
             if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
@@ -846,14 +845,14 @@ impl Loader {
             Arc::clone(&self.prepared.shards),
         );
         let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
-        let (streams, partitions) = (Arc::clone(&self.streams), self.partitions);
+        let (streams, partitions) = (self.streams.clone(), self.partitions);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Closed("the loader is shut down"));
         };
         let handle = Task::spawn_on(runtime.handle(), async move {
             let producer = Producer::new(shared, shards, epoch, echo, first).with_partitions(partitions);
             let watch = EpochWatch {
-                totals: Arc::clone(&streams),
+                totals: streams.clone(),
                 ..EpochWatch::default()
             };
             if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
@@ -878,7 +877,7 @@ impl Loader {
             taken,
             rank: options.rank as u64,
             world: options.world_size as u64,
-            totals: Arc::clone(&self.streams),
+            totals: self.streams.clone(),
             parts: self.parts.clone(),
         };
         let Some(runtime) = &self.runtime else {

@@ -98,8 +98,8 @@ pub enum Push {
     #[default]
     Costed,
     /// Exactly the first `k` ops that may run on a server, on every shard (benchmarks that
-    /// measure every placement). Not costed: the codec is [`Compression::for_link`] unless
-    /// forced.
+    /// measure every placement). Not costed: the codec is [`pushdown_protocol::choose_codec`]'s
+    /// with no profile.
     First(usize),
     /// The first `first` ops on the server for `server_fraction` of the shards; the other
     /// shards arrive un-reduced and this client runs those ops. Not adapted.

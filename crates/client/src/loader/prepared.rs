@@ -7,7 +7,7 @@ use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightInfo;
 use futures::{StreamExt, TryStreamExt};
 use pushdown_planner::{Pipeline, Step};
-use pushdown_protocol::{Compression, Query, ScanRequest, ShardTicket};
+use pushdown_protocol::{CodecInputs, Compression, Profiled, Query, ScanRequest, ShardTicket, choose_codec};
 use tokio::sync::mpsc;
 
 use super::options::{LoaderOptions, LoaderSource, Push};
@@ -17,9 +17,9 @@ use crate::completion::{Completion, CompletionTotals, ShardPlacement};
 use crate::connect::plan_estimate;
 use crate::error::{ClientError, Result};
 use crate::order::{Echo, Fnv, Order, default_partitions, per_rank_fingerprint, sources};
-use crate::plan::{Link, LinkSource, costed_plan_for_ranks};
+use crate::plan::{Link, costed_plan_for_ranks};
 use crate::steps::RowSteps;
-use crate::stream::StreamTotals;
+use crate::stream::SharedTotals;
 use pushdown_planner::Plan;
 use pushdown_protocol::PlanEstimate;
 use pushdown_task::Task;
@@ -45,7 +45,7 @@ pub(super) struct Shared {
     pub(super) completion: Option<Arc<Completion>>,
     /// Rows read into shuffle windows, by epoch (the distinct samples of [`LoaderStats`]):
     /// by epoch so that an epoch started ahead is not counted before the consumer reaches it.
-    pub(super) distinct: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+    pub(super) distinct: parking_lot::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 /// The query planned on one version of its dataset: the shards the servers listed, and their
@@ -206,7 +206,7 @@ impl Prepared {
 
     /// Batches `first..` of `epoch`, in order, with the client steps applied on `workers`
     /// blocking threads. `totals` receives what the streams cost when the epoch ends.
-    pub fn epoch(&self, epoch: u64, first: u64, totals: Arc<std::sync::Mutex<StreamTotals>>) -> EpochBatches {
+    pub fn epoch(&self, epoch: u64, first: u64, totals: SharedTotals) -> EpochBatches {
         let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
         let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
         let watch = EpochWatch {
@@ -282,10 +282,13 @@ pub(super) async fn prepare(
         batch_step,
         shuffle_step,
         plan,
+        profiled,
     } = SourceQuery::new(&client, &source, &options).await?;
-    if let Some(forced) = options.compression {
-        request.compression = forced;
-    }
+    request.compression = choose_codec(CodecInputs {
+        forced: options.compression,
+        link: options.link.known(),
+        profiled,
+    });
     // Each stream ends with the server's accounting of it (one small message).
     request.stats = true;
     let (batch_size, window) = batch_and_window(&mut options, batch_step, shuffle_step)?;
@@ -330,6 +333,8 @@ pub(super) struct SourceQuery {
     pub(super) shuffle_step: Option<usize>,
     /// A pipeline's plan, and where each shard's fragment ops run.
     pub(super) plan: Option<(Plan, ShardPlacement)>,
+    /// What the costed plan's profile says of compressing the stream.
+    pub(super) profiled: Profiled,
 }
 
 impl SourceQuery {
@@ -340,51 +345,46 @@ impl SourceQuery {
         options: &LoaderOptions,
     ) -> Result<Self> {
         match source {
-            LoaderSource::Sql(sql) => {
-                let mut request = ScanRequest::new(Query::Sql(sql.clone()));
-                request.compression = options.link.codec();
-                Ok(Self {
-                    request,
-                    steps: Vec::new(),
-                    dataset: None,
-                    batch_step: None,
-                    shuffle_step: None,
-                    plan: None,
-                })
-            }
+            LoaderSource::Sql(sql) => Ok(Self {
+                request: ScanRequest::new(Query::Sql(sql.clone())),
+                steps: Vec::new(),
+                dataset: None,
+                batch_step: None,
+                shuffle_step: None,
+                plan: None,
+                profiled: Profiled::No,
+            }),
             LoaderSource::Pipeline(pipeline) => {
                 let schema = client.dataset_schema(&pipeline.dataset).await?;
-                let (plan, compression, placement) =
-                    place_pipeline(client, pipeline, &schema, options).await?;
+                let (plan, profiled, placement) = place_pipeline(client, pipeline, &schema, options).await?;
                 let (batch_step, shuffle_step, steps) = client_steps(&plan);
-                let mut request = ScanRequest::new(Query::Fragment(plan.fragment.clone()));
-                request.compression = compression;
                 Ok(Self {
-                    request,
+                    request: ScanRequest::new(Query::Fragment(plan.fragment.clone())),
                     steps,
                     dataset: Some(pipeline.dataset.clone()),
                     batch_step,
                     shuffle_step,
                     plan: Some((plan, placement)),
+                    profiled,
                 })
             }
         }
     }
 }
 
-/// Places `pipeline`'s ops as `options.push` asks: the plan, the codec of its streams, and
-/// where each shard's fragment ops run.
+/// Places `pipeline`'s ops as `options.push` asks: the plan, what its profile says of
+/// compressing the stream (a costed plan's only), and where each shard's fragment ops run.
 pub(super) async fn place_pipeline(
     client: &PushdownClient,
     pipeline: &Pipeline,
     schema: &arrow::datatypes::Schema,
     options: &LoaderOptions,
-) -> Result<(Plan, Compression, ShardPlacement)> {
+) -> Result<(Plan, Profiled, ShardPlacement)> {
     let cores = options.link.trainer_cores().ceil() as usize;
     let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
         Ok((
             pushdown_planner::plan_limited(pipeline, schema, first)?,
-            options.link.codec(),
+            Profiled::No,
             ShardPlacement {
                 server_fraction,
                 adaptive,
@@ -401,13 +401,7 @@ pub(super) async fn place_pipeline(
                 adaptive: false,
                 cores,
             };
-            // A given bandwidth is planned for, codec included; a found one is
-            // unlimited (none) or measured by the servers as they send.
-            let compression = match options.link.source {
-                LinkSource::Given => costed.chosen.compression,
-                _ => options.link.codec(),
-            };
-            (costed.plan, compression, placement)
+            (costed.plan, costed.chosen.profiled, placement)
         }
         Push::First(k) => forced(k, 1.0, false)?,
         Push::Split {

@@ -18,7 +18,7 @@ use crate::error::{ClientError, Result};
 use crate::order::{
     Permutation, RankSlice, Shape, batch_key, locate, plan_window, plan_window_at, segments, shard_order,
 };
-use crate::stream::StreamTotals;
+use crate::stream::SharedTotals;
 use crate::stream::{Order, Segment, ShardStream};
 
 /// One epoch of a prepared query from batch `first` on: the rank's partitions read side by
@@ -66,12 +66,12 @@ pub(super) struct Cursor {
 /// feeds are, mid-epoch, when their loader's epoch ends).
 struct Counted<T> {
     at: Batching<T>,
-    totals: Arc<std::sync::Mutex<StreamTotals>>,
+    totals: SharedTotals,
 }
 
 impl<T> Drop for Counted<T> {
     fn drop(&mut self) {
-        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut totals = self.totals.lock();
         for cursor in &self.at.cursors {
             if let Some(stream) = &cursor.stream {
                 *totals += stream.totals();
@@ -171,7 +171,7 @@ impl Producer {
         }
         let mut at = Counted {
             at: self.batching(&plan, finish)?,
-            totals: Arc::clone(&watch.totals),
+            totals: watch.totals.clone(),
         };
         self.produce(&plan, &mut at.at, &tx, &watch).await
     }
@@ -494,13 +494,7 @@ impl Producer {
 
     /// Counts rows read into a window (the distinct samples of `LoaderStats`), by epoch.
     fn count_distinct(&self, rows: usize) {
-        *self
-            .shared
-            .distinct
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(self.epoch)
-            .or_default() += rows as u64;
+        *self.shared.distinct.lock().entry(self.epoch).or_default() += rows as u64;
     }
 
     /// How this epoch's windows are permuted.
@@ -603,7 +597,7 @@ fn read_any<'a>(
 #[derive(Debug, Clone, Default)]
 pub(super) struct EpochWatch {
     /// What the epoch's streams cost, added when it ends.
-    pub(super) totals: Arc<std::sync::Mutex<StreamTotals>>,
+    pub(super) totals: SharedTotals,
     /// Set once every shard of the epoch is in flight.
     pub(super) all_started: Arc<AtomicBool>,
 }

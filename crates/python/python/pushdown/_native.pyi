@@ -53,13 +53,15 @@ class _Loader:
     def epoch_len(self) -> Tuple[int, int]: ...
     def stats(self) -> Dict[str, float]: ...
 
+def choose_codec(link: str, forced: Optional[str] = None, profiled: str = "none") -> str: ...
+
 def plan_read(
     servers: Sequence[str],
     sql: Optional[str] = None,
     pipeline: Optional[str] = None,
     columns: Optional[Sequence[str]] = None,
     predicate: Optional[str] = None,
-    compression: str = "adaptive",
+    compression: str = "auto",
     call_timeout_s: float = 30.0,
     token: Optional[str] = None,
     tls_ca: Optional[str] = None,

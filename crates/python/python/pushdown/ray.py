@@ -48,7 +48,7 @@ def read(
     *,
     sql: Optional[str] = None,
     pipeline: Optional[Union[str, Dict[str, Any]]] = None,
-    compression: str = "adaptive",
+    compression: str = "auto",
     token: Optional[str] = None,
     tls_ca: Optional[str] = None,
     call_timeout_s: float = 30.0,
@@ -56,8 +56,8 @@ def read(
 ) -> "ray.data.Dataset":
     """A Ray ``Dataset`` of ``sql`` (a row-wise query) or ``pipeline`` (TOML/JSON text or a
     dict, as for ``pushdown.Loader``) served by ``servers`` (a URL, several, or
-    ``dns://name:port``). ``compression``: the streams' codec (``adaptive``, ``zstd``,
-    ``lz4``, ``none``). Other keyword arguments go to ``ray.data.read_datasource``
+    ``dns://name:port``). ``compression``: the streams' codec (``auto``: each server
+    measures its link and picks per batch, as ``adaptive``; or ``zstd``, ``lz4``, ``none``). Other keyword arguments go to ``ray.data.read_datasource``
     (``concurrency``, ``num_cpus``, ``ray_remote_args``, ...)."""
     datasource = PushdownDatasource(
         servers, sql=sql, pipeline=pipeline, compression=compression, token=token, tls_ca=tls_ca,
@@ -76,7 +76,7 @@ class PushdownDatasource(_RayDatasource):
         *,
         sql: Optional[str] = None,
         pipeline: Optional[Union[str, Dict[str, Any]]] = None,
-        compression: str = "adaptive",
+        compression: str = "auto",
         token: Optional[str] = None,
         tls_ca: Optional[str] = None,
         call_timeout_s: float = 30.0,
