@@ -652,7 +652,6 @@ fn with_catalog_and_security(mut builder: ServerBuilder, args: &ServeArgs) -> Re
     Ok((builder, tls))
 }
 
-/// Ctrl-C or SIGTERM.
 /// Warns when the server listens beyond this host and anyone may read: no tokens, no
 /// client certificates.
 fn warn_if_open(addr: std::net::SocketAddr, security: &SecurityArgs, tls: bool) {
@@ -698,6 +697,7 @@ async fn reload_tokens_on_sighup(tokens: std::sync::Arc<Tokens>, path: PathBuf) 
     }
 }
 
+/// Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

@@ -255,17 +255,11 @@ fn demand_factor(clients: &[Client], elapsed: f64) -> f64 {
     }
 }
 
-/// CPU seconds (user + system) this process has used, all threads; `None` off Linux.
+/// CPU seconds (user + system) this process has used, all threads.
 fn process_cpu_seconds() -> Option<f64> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::sys::resource::{UsageWho, getrusage};
-        use nix::sys::time::TimeValLike;
-        let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
-        Some((usage.user_time().num_microseconds() + usage.system_time().num_microseconds()) as f64 / 1e6)
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
+    cpu_time::ProcessTime::try_now()
+        .ok()
+        .map(|t| t.as_duration().as_secs_f64())
 }
 
 /// The signal as JSON, for `/scaling` (KEDA's metrics-api scaler, curl).

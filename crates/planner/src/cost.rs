@@ -117,7 +117,7 @@ impl Estimate {
 
     /// Sets what the profile says and the codec [`choose_codec`] makes of it over the
     /// environment's link.
-    fn profiled(mut self, profiled: Profiled, env: &Environment) -> Self {
+    fn with_profiled(mut self, profiled: Profiled, env: &Environment) -> Self {
         self.profiled = profiled;
         self.compression = choose_codec(CodecInputs {
             forced: None,
@@ -355,7 +355,7 @@ impl Costs {
                 0 => Profiled::No,
                 _ => Profiled::LinkBound(estimate.link_bound()),
             };
-            return estimate.profiled(profiled, env);
+            return estimate.with_profiled(profiled, env);
         }
         let all: Vec<Estimate> = [Compression::None, Compression::Lz4, Compression::Zstd]
             .into_iter()
@@ -368,7 +368,7 @@ impl Costs {
             .find(|e| e.estimated_rows_per_s >= best * (1.0 - TIE))
             .unwrap_or_else(|| self.with_codec(pushed, fraction, Compression::None, env));
         let codec = chosen.compression;
-        chosen.profiled(Profiled::Measured(codec), env)
+        chosen.with_profiled(Profiled::Measured(codec), env)
     }
 
     fn with_codec(&self, pushed: usize, fraction: f64, codec: Compression, env: &Environment) -> Estimate {

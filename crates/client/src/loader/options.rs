@@ -63,10 +63,10 @@ pub struct LoaderOptions {
     /// Streams in flight, buffering and retries. Its `order` is not used: the loader always
     /// takes shards in its epoch's order (the streams in flight only prefetch).
     pub stream: StreamOptions,
-    /// How the server compresses the stream. Default (`None`): what the link calls for
-    /// ([`Link::codec`]): none to servers on this host, the servers' measured choice
-    /// ([`Compression::Adaptive`]) to the rest, the planner's choice for a given bandwidth.
-    /// Set it to force zstd, LZ4 or none.
+    /// How the server compresses the stream, forced. Default (`None`):
+    /// [`pushdown_protocol::choose_codec`]'s choice for the link and the plan's profile: none
+    /// to servers on this host, the servers' measured choice ([`Compression::Adaptive`]) to
+    /// the rest, the planner's choice for a given bandwidth.
     pub compression: Option<Compression>,
     /// For placing a pipeline's ops and choosing the codec. Default: [`Link::auto`], found
     /// when connecting (unlimited on this host, measured off it).
