@@ -35,15 +35,7 @@ pub struct CodecLabels {
 
 impl CodecLabels {
     fn of(codec: pushdown_protocol::Compression) -> Self {
-        use pushdown_protocol::Compression;
-        Self {
-            codec: match codec {
-                Compression::None => "none",
-                Compression::Lz4 => "lz4",
-                Compression::Zstd => "zstd",
-                Compression::Adaptive => "adaptive",
-            },
-        }
+        Self { codec: codec.name() }
     }
 }
 

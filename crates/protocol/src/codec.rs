@@ -16,14 +16,21 @@ pub enum Compression {
     Adaptive,
 }
 
-impl std::fmt::Display for Compression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Compression {
+    /// The codec's name, as `FromStr` takes it and metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
             Self::None => "none",
             Self::Zstd => "zstd",
             Self::Lz4 => "lz4",
             Self::Adaptive => "adaptive",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
