@@ -56,9 +56,10 @@ fuzz_target!(|data: &[u8]| {
     let h = &*HARNESS;
     h.runtime.block_on(async {
         let request = ScanRequest::new(Query::Sql(text.to_owned()));
-        if let Ok(planned) = h.node.plan(&request, &Grant::All).await {
+        let all = Arc::new(Grant::All);
+        if let Ok(planned) = h.node.plan(&request, &all).await {
             for ticket in planned.tickets() {
-                if let Ok(mut stream) = h.node.run_ticket(&ticket, &Arc::new(Grant::All), CacheUse::Bypass).await {
+                if let Ok(mut stream) = h.node.run_ticket(&ticket, &all, CacheUse::Bypass).await {
                     while let Some(item) = stream.next().await {
                         if item.is_err() {
                             break;

@@ -956,7 +956,7 @@ async fn one_cpu_thread(rows: usize) -> Fixture {
 fn hold_the_cpu_thread(fx: &Fixture) -> (std::sync::mpsc::Sender<()>, impl std::future::Future<Output = ()>) {
     let (started_tx, started) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel::<()>();
-    let holder = fx.server.node().cpu.spawn(async move {
+    let holder = fx.server.node().spawn_reducing(async move {
         started_tx.send(()).expect("started");
         let _ = released.recv();
     });

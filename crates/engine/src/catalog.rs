@@ -404,7 +404,7 @@ impl Catalog {
         let result = read.unwrap_or_else(|panic| {
             Err(FooterError::Damaged(format!(
                 "the Parquet decoder panicked reading the footer: {}",
-                panic_message(panic.as_ref())
+                pushdown_task::panic_message(panic.as_ref())
             )))
         });
         match result {
@@ -597,15 +597,6 @@ impl From<String> for FooterError {
     fn from(reason: String) -> Self {
         FooterError::Damaged(reason)
     }
-}
-
-/// What a caught panic said.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// The ranges the envelope check reads: the leading magic and the footer, when the file is

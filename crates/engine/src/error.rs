@@ -380,14 +380,6 @@ pub fn redact_paths(message: &str) -> String {
     out
 }
 
-/// The outcome label of the requests-by-outcome metric.
-pub fn outcome(result: &Result<impl Sized>) -> &'static str {
-    match result {
-        Ok(_) => "ok",
-        Err(e) => e.outcome(),
-    }
-}
-
 impl ServerError {
     /// This failure's label in the requests-by-outcome metric.
     pub fn outcome(&self) -> &'static str {
@@ -448,7 +440,7 @@ mod tests {
             "{:?}",
             e.source()
         );
-        assert_eq!(outcome(&Err::<(), _>(e)), "invalid");
+        assert_eq!(e.outcome(), "invalid");
 
         let failed = ServerError::failed("serializing the tokenizer", std::io::Error::other("full"));
         assert_eq!(
@@ -456,6 +448,6 @@ mod tests {
             "internal error: serializing the tokenizer: full"
         );
         assert!(failed.source().is_some());
-        assert_eq!(outcome(&Err::<(), _>(failed)), "error");
+        assert_eq!(failed.outcome(), "error");
     }
 }

@@ -8,15 +8,16 @@ use std::sync::atomic::AtomicUsize;
 use datafusion::execution::object_store::{ObjectStoreRegistry, ObjectStoreUrl};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use object_store::ObjectStore;
+use tokio::sync::Semaphore;
 
-use crate::auth::{Grant, Tokens};
+use crate::auth::Tokens;
 use crate::cache::FragmentCache;
 use crate::catalog::Catalog;
+use crate::company::Company;
 use crate::config::ServerConfig;
-use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::prefetch::Prefetch;
-use crate::query::{Engine, Planned};
+use crate::query::Engine;
 use crate::runtime::CpuRuntime;
 use crate::scaling::Scaling;
 use crate::startup::StartupError;
@@ -27,9 +28,9 @@ use crate::views::Views;
 /// Shared by every request of a server.
 #[derive(Debug)]
 pub struct Node {
-    pub engine: Engine,
-    pub metrics: Arc<Metrics>,
-    pub cpu: CpuRuntime,
+    pub(crate) engine: Engine,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) cpu: CpuRuntime,
     /// The streams whose fragment ops this server left to their clients: they read and send,
     /// reducing nothing, on threads of their own (as many as `cpu`'s, whose threads run
     /// `reducing_nice` steps below these). On `cpu` they waited behind every shard being
@@ -38,21 +39,26 @@ pub struct Node {
     /// placement; `crates/client/src/control/tests.rs`, and `benches/RESULTS.md`,
     /// "One server core shared by 3 trainers"). Short control work runs here too
     /// (planning, counting: [`Node::on_control`]), never behind a shard being reduced.
-    pub unreduced: CpuRuntime,
-    pub cache: Arc<FragmentCache>,
-    pub scaling: Arc<Scaling>,
+    pub(crate) unreduced: CpuRuntime,
+    pub(crate) cache: Arc<FragmentCache>,
+    pub(crate) scaling: Arc<Scaling>,
     /// Streams running fragment ops here now: a stream that may leave its ops to the client
     /// does so when there are as many as CPU threads.
-    pub reducing: Arc<AtomicUsize>,
+    pub(crate) reducing: Arc<AtomicUsize>,
     /// Streams computing now (any stream, not only reducing ones): not waiting for their
     /// clients. A stream opened shares the cores with these, not with streams their readers
     /// hold back.
-    pub computing: Arc<AtomicUsize>,
-    pub config: Arc<ServerConfig>,
+    pub(crate) computing: Arc<AtomicUsize>,
+    pub(crate) config: Arc<ServerConfig>,
     /// The tokens requests must carry; none: every request reads everything.
-    pub tokens: Option<Arc<Tokens>>,
+    pub(crate) tokens: Option<Arc<Tokens>>,
     /// The endpoint opened ahead for a lone reader, and each plan's endpoint order.
-    pub prefetch: Prefetch,
+    pub(crate) prefetch: Prefetch,
+    /// Streams (and actions that plan or read) admitted at once
+    /// (`ServerConfig::max_concurrent_streams`).
+    pub(crate) streams: Arc<Semaphore>,
+    /// The streams on the reducing cores, by client: who reduced alone.
+    pub(crate) company: Arc<Company>,
     /// The decorated store every read goes through.
     store: Arc<InstrumentedStore>,
 }
@@ -128,6 +134,7 @@ impl NodeBuilder {
             CpuRuntime::named(config.cpu_threads, "pushdown-unreduced").map_err(StartupError::CpuRuntime)?;
         let cache = Arc::new(FragmentCache::open(config.cache.clone(), Arc::clone(&metrics))?);
         let scaling = Arc::new(Scaling::new(config.cpu_threads, config.scaling_window));
+        let streams = Arc::new(Semaphore::new(config.max_concurrent_streams.max(1)));
         metrics.watch_scaling(Arc::clone(&scaling));
         Ok(Node {
             cache,
@@ -148,6 +155,8 @@ impl NodeBuilder {
             config,
             tokens: self.tokens.map(Arc::new),
             prefetch: Prefetch::default(),
+            streams,
+            company: Arc::default(),
             store,
         })
     }
@@ -164,11 +173,6 @@ impl Node {
         }
     }
 
-    /// Plans `request` as `GetFlightInfo` does: result schema, shape, estimates, tickets.
-    pub async fn plan(&self, request: &pushdown_protocol::ScanRequest, grant: &Grant) -> Result<Planned> {
-        self.engine.plan(request, grant).await
-    }
-
     /// The decorated store every read goes through.
     pub fn store(&self) -> &Arc<InstrumentedStore> {
         &self.store
@@ -176,6 +180,38 @@ impl Node {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         self.engine.catalog()
+    }
+
+    /// The limits and settings the node was opened with.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The node's counters, for a front end to add its own to and expose.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The tokens requests must carry, if any (replace them to reload: SIGHUP in `serve`).
+    pub fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.tokens.as_ref()
+    }
+
+    /// Runs `work` on the reducing cores, where a shard being reduced runs: for tests that
+    /// take those cores from every stream. Dropping the returned task aborts it.
+    #[doc(hidden)]
+    pub fn spawn_reducing<F>(&self, work: F) -> pushdown_task::Task<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.cpu.spawn(work)
+    }
+
+    /// Whether an endpoint is opened ahead now, waiting for its reader (see
+    /// `ServerConfig::read_ahead`).
+    pub fn holds_read_ahead(&self) -> bool {
+        self.prefetch.holds()
     }
 }
 
@@ -218,6 +254,7 @@ mod tests {
     use pushdown_protocol::{FilterPushdown, Query, ScanRequest};
 
     use super::*;
+    use crate::auth::Grant;
     use crate::store::open_store;
 
     async fn node_with_one_file() -> (tempfile::TempDir, Node) {

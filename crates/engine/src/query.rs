@@ -106,6 +106,26 @@ impl Planned {
         matches!(self.shape, Shape::RowWise { .. })
     }
 
+    /// The rows the answer has, where planning knows them: none when every row group is
+    /// ruled out (or the dataset is empty), all of them when nothing filters a row-wise scan.
+    pub fn known_rows(&self) -> Option<u64> {
+        match &self.shape {
+            Shape::RowWise { shards, .. } if shards.is_empty() => Some(0),
+            Shape::RowWise { .. } if !self.has_filter => Some(self.rows_upper_bound),
+            _ => None,
+        }
+    }
+
+    /// The plan's estimates, as the client's planner reads them.
+    pub fn estimate(&self) -> pushdown_protocol::PlanEstimate {
+        pushdown_protocol::PlanEstimate {
+            rows_upper_bound: self.rows_upper_bound,
+            bytes_to_scan: self.bytes_to_scan,
+            row_wise: self.is_row_wise(),
+            row_groups_pruned: self.row_groups_pruned,
+        }
+    }
+
     /// The cache keys of the plan's shards as their files are listed now (none for a whole
     /// query or a volatile plan).
     pub fn cache_keys(&self) -> Result<Vec<crate::cache::Key>> {

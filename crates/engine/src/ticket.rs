@@ -23,14 +23,17 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use pushdown_protocol::{DEFERRED_FROM_KEY, Deferral, Query, Shard, ShardTicket, StreamStats};
+use pushdown_task::Task;
 
 use crate::allow::CheckedQuery;
 use crate::auth::{Caller, Grant};
 use crate::cache::{CacheMode, Cacheable, Claim, Lookup, Tee};
+use crate::company::{ClientId, Seat};
 use crate::error::{Result, ServerError};
 use crate::node::Node;
 use crate::prefetch::{Claim as Held, HELD_FOR};
 use crate::query::{Opened, Started, ordered_stream, scan_stats};
+use crate::requests::Slot;
 use crate::runtime::CpuRuntime;
 
 /// Whether a stream may be served from (and offered to) the fragment cache.
@@ -45,7 +48,7 @@ pub enum CacheUse {
 /// Where a stream's fragment ops run: the first `on_server` here, the rest (from
 /// `deferred_from`) on the client.
 #[derive(Debug, Default)]
-pub struct Placement {
+pub(crate) struct Placement {
     ops: Vec<String>,
     on_server: usize,
     deferred_from: Option<usize>,
@@ -53,14 +56,9 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// The op the client runs first, if the server left it some.
-    pub fn deferred_from(&self) -> Option<usize> {
-        self.deferred_from
-    }
-
     /// Whether the stream's fragment has ops and this server left every one to the client:
     /// it reads and sends, reducing nothing (see [`Node::runtime_for`]).
-    pub fn reduces_nothing(&self) -> bool {
+    pub(crate) fn reduces_nothing(&self) -> bool {
         !self.ops.is_empty() && self.on_server == 0
     }
 
@@ -123,7 +121,7 @@ impl Drop for Counted {
 
 impl Node {
     /// The CPU threads (and reads in flight, for a remote store) one stream may use at most.
-    pub fn cores(&self) -> usize {
+    pub(crate) fn cores(&self) -> usize {
         self.config.cpu_threads.max(self.config.store_reads_in_flight)
     }
 
@@ -132,7 +130,7 @@ impl Node {
     /// decodes its shard on every core; many readers one core each. Streams their readers
     /// hold back (a loader prefetching shards it will read in order) leave their cores to
     /// this one: counting them starved the shard being read while the cores idled.
-    pub fn stream_parallelism(&self, running: usize) -> usize {
+    pub(crate) fn stream_parallelism(&self, running: usize) -> usize {
         let computing = self.computing.load(Ordering::Relaxed);
         (self.cores() / (computing + 1).min(running.max(1))).max(1)
     }
@@ -142,7 +140,7 @@ impl Node {
     /// and as many streams as CPU threads run ops here now; the ticket's fragment is then
     /// [`pushdown_protocol::Fragment::deferred`]. A stream that runs ops here counts as
     /// reducing while it computes: one waiting for its client leaves the cores to others.
-    pub fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
+    pub(crate) fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
         let Query::Fragment(fragment) = &ticket.request.query else {
             return (ticket, Placement::default());
         };
@@ -177,7 +175,7 @@ impl Node {
 
     /// The runtime a stream placed so runs on: [`Node::unreduced`] for one that reduces
     /// nothing here, else [`Node::cpu`].
-    pub fn runtime_for(&self, placement: &Placement) -> &CpuRuntime {
+    pub(crate) fn runtime_for(&self, placement: &Placement) -> &CpuRuntime {
         if placement.reduces_nothing() {
             &self.unreduced
         } else {
@@ -186,7 +184,7 @@ impl Node {
     }
 
     /// Runs `work` on the CPU runtime, off the I/O threads, and waits for it.
-    pub async fn on_cpu<T: Send + 'static>(
+    pub(crate) async fn on_cpu<T: Send + 'static>(
         &self,
         what: &str,
         work: impl Future<Output = Result<T>> + Send + 'static,
@@ -199,7 +197,7 @@ impl Node {
     /// priority. On the CPU runtime a plan queued behind every shard being reduced there
     /// (each a batch decoded in one go), so a busy server answered a trainer's next epoch,
     /// or a plain client's `GetFlightInfo`, only after them, and its other cores idled.
-    pub async fn on_control<T: Send + 'static>(
+    pub(crate) async fn on_control<T: Send + 'static>(
         &self,
         what: &str,
         work: impl Future<Output = Result<T>> + Send + 'static,
@@ -224,7 +222,7 @@ impl Node {
     /// opened ahead for this caller when it is the same ticket (`raw`, the bytes the caller
     /// sent, unchanged by placement) over an unchanged file, else afresh on the stream's
     /// runtime ([`Node::runtime_for`]).
-    pub async fn open_ticket(
+    pub(crate) async fn open_ticket(
         self: &Arc<Self>,
         raw: &[u8],
         (ticket, placement): (&ShardTicket, &Placement),
@@ -262,7 +260,7 @@ impl Node {
     /// Opens the endpoint planned after `raw` for `caller` and starts its partitions
     /// decoding, to be taken by the caller's next `DoGet` (see `prefetch`). Failures are
     /// the next `DoGet`'s to report: here they only mean nothing is held.
-    pub fn read_ahead(self: &Arc<Self>, raw: &[u8], caller: &Caller) {
+    pub(crate) fn read_ahead(self: &Arc<Self>, raw: &[u8], caller: &Caller) {
         let Some(next) = self.prefetch.successor(raw) else {
             return;
         };
@@ -312,7 +310,7 @@ impl Node {
     /// The batches of an opened ticket: from the fragment cache when it holds the shard
     /// (after waiting for a stream computing it now), else computed and, with
     /// [`CacheUse::Read`], offered to the cache once whole; the ticket's `skip_rows` left out.
-    pub async fn batches(
+    pub(crate) async fn batches(
         self: &Arc<Self>,
         ticket: &ShardTicket,
         mut opened: Opened,
@@ -385,6 +383,8 @@ impl Node {
             placement,
             computing,
             prescan: opened.prescan,
+            seat: None,
+            _slot: None,
         })
     }
 
@@ -414,6 +414,46 @@ impl Node {
         Ok((lookup, part))
     }
 
+    /// Opens the ticket a client sent (`raw`) for `caller`, as `DoGet` does: decoded and its
+    /// query checked once (a caller the ticket is not for is refused before it takes a
+    /// stream slot or drops a stream opened ahead for someone else), admitted
+    /// ([`Node::admit`]), placed, and opened on its share of the cores; the endpoint after
+    /// it is opened ahead for a lone reader. `client` tells the stream whether another
+    /// client's reduced beside it.
+    pub async fn open_stream(
+        self: &Arc<Self>,
+        raw: &[u8],
+        caller: &Caller,
+        client: ClientId,
+    ) -> Result<OpenedStream> {
+        let ticket = ShardTicket::decode(raw).map_err(ServerError::BadTicket)?;
+        let checked = self.engine.authorize(&ticket, &caller.grant)?;
+        let slot = self.admit().await?;
+        let (ticket, placement) = self.place(ticket);
+        let running = self.admitted();
+        let opened = self
+            .open_ticket(
+                raw,
+                (&ticket, &placement),
+                checked,
+                caller,
+                self.stream_parallelism(running),
+            )
+            .await?;
+        if self.config.read_ahead && running <= 1 {
+            self.read_ahead(raw, caller);
+        }
+        Ok(OpenedStream {
+            node: Arc::clone(self),
+            ticket,
+            opened,
+            placement,
+            grant: Arc::clone(&caller.grant),
+            client,
+            slot,
+        })
+    }
+
     /// Runs `ticket` in this process as its `DoGet` does — the same checks, placement,
     /// physical plan and `skip_rows` — with no Flight, IPC or socket in between.
     pub async fn run_ticket(
@@ -426,6 +466,66 @@ impl Node {
         // Never what was read ahead: that is held for a Flight reader.
         let opened = self.engine.open(&ticket, self.cores(), grant).await?;
         self.batches(&ticket, opened, placement, grant, cache).await
+    }
+}
+
+/// A ticket opened for a client ([`Node::open_stream`]), holding its stream slot: run it
+/// with [`OpenedStream::spawn`], read it with [`OpenedStream::batches`].
+pub struct OpenedStream {
+    node: Arc<Node>,
+    ticket: ShardTicket,
+    opened: Opened,
+    placement: Placement,
+    grant: Arc<Grant>,
+    client: ClientId,
+    slot: Slot,
+}
+
+impl std::fmt::Debug for OpenedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedStream")
+            .field("ticket", &self.ticket)
+            .field("placement", &self.placement)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenedStream {
+    /// The ticket as placed (a fragment whose ops were left to the client says so).
+    pub fn ticket(&self) -> &ShardTicket {
+        &self.ticket
+    }
+
+    /// Runs `task` (given this stream) on the runtime its placement chose: the reducing
+    /// cores, or for a stream that reduces nothing here the threads of its own
+    /// ([`Node::runtime_for`]). Dropping the returned task aborts it.
+    pub fn spawn<F>(self, task: impl FnOnce(OpenedStream) -> F) -> Task<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let node = Arc::clone(&self.node);
+        let runtime = node.runtime_for(&self.placement);
+        runtime.spawn(task(self))
+    }
+
+    /// The stream's batches ([`Node::batches`], the fragment cache read and offered); the
+    /// stream slot is held until they drop.
+    pub async fn batches(self) -> Result<TicketStream> {
+        let seat = (!self.placement.reduces_nothing()).then(|| self.node.company.join(self.client));
+        let mut stream = self
+            .node
+            .batches(
+                &self.ticket,
+                self.opened,
+                self.placement,
+                &self.grant,
+                CacheUse::Read,
+            )
+            .await?;
+        stream.seat = seat;
+        stream._slot = Some(self.slot);
+        Ok(stream)
     }
 }
 
@@ -459,6 +559,10 @@ pub struct TicketStream {
     computing: Counted,
     /// What finding a filtered part's rows read before the plan ran.
     prescan: StreamStats,
+    /// On the reducing cores: whether another client's stream ran there beside this one.
+    seat: Option<Seat>,
+    /// The stream slot an opened stream holds until it ends.
+    _slot: Option<Slot>,
 }
 
 impl std::fmt::Debug for TicketStream {
@@ -595,6 +699,7 @@ impl TicketStream {
         stats.bytes_sent = bytes_sent;
         stats.row_groups = self.row_groups;
         stats.elapsed_ns = self.start.elapsed().as_nanos() as u64;
+        stats.reduced_alone = u64::from(self.seat.as_ref().is_some_and(Seat::alone));
         let metrics = &self.node.metrics;
         metrics.record_stream(&stats);
         metrics.record_op_rows(&self.placement.ops, self.placement.on_server, self.output);

@@ -22,37 +22,30 @@ use arrow::array::RecordBatch;
 use arrow_flight::FlightData;
 use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
-use pushdown_engine::auth::Grant;
-use pushdown_engine::catalog::panic_message;
-use pushdown_engine::error::{Result, ServerError};
-use pushdown_engine::metrics::Metrics;
-use pushdown_engine::query::Opened;
-use pushdown_engine::ticket::{CacheUse, Placement, TicketStream};
-use pushdown_protocol::{Compression, ShardTicket, StreamStats};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use pushdown_engine::{Metrics, OpenedStream, Result, ServerError, TicketStream};
+use pushdown_protocol::{Compression, StreamStats};
+use pushdown_task::panic_message;
+use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::Instrument;
 
 use crate::codec::{Encoder, Governor, LinkMemory};
-use crate::state::{Client, State};
+use crate::state::State;
 
 /// Peers whose links adaptive streams remember (see [`LinkMemory`]).
 const MAX_PEERS_REMEMBERED: usize = 4096;
 
 type Sender = mpsc::Sender<Result<FlightData, Status>>;
 
-/// An opened `DoGet`: its ticket, the query opened for it, where its ops run, and the stream
-/// slot it holds until it ends.
+/// An opened `DoGet`: the stream the engine opened (holding its stream slot until it ends),
+/// the codec its ticket asked for, whether it asked for the trailer, and the client's
+/// connection.
 pub(crate) struct DoGet {
     pub(crate) state: Arc<State>,
-    pub(crate) ticket: ShardTicket,
-    pub(crate) opened: Opened,
-    pub(crate) placement: Placement,
-    pub(crate) grant: Arc<Grant>,
-    pub(crate) permit: OwnedSemaphorePermit,
-    /// The client's connection, and the reader the request named.
+    pub(crate) opened: OpenedStream,
+    pub(crate) codec: Compression,
+    pub(crate) stats: bool,
     pub(crate) peer: Option<SocketAddr>,
-    pub(crate) reader: Option<u64>,
 }
 
 impl DoGet {
@@ -63,13 +56,22 @@ impl DoGet {
         span: tracing::Span,
         shard: String,
     ) -> BoxStream<'static, Result<FlightData, Status>> {
-        let node = Arc::clone(&self.state.node);
         let (tx, rx) = mpsc::channel(2);
-        node.metrics.record_stream_codec(self.ticket.request.compression);
-        let outcome = Outcome::start(Arc::clone(&node.metrics));
-        let runtime = node.runtime_for(&self.placement);
-        let task = outcome.watch(self.run(tx.clone()), shard, tx);
-        let guard = runtime.spawn(task.instrument(span));
+        let metrics = Arc::clone(self.state.node.metrics());
+        metrics.record_stream_codec(self.codec);
+        let outcome = Outcome::start(metrics);
+        let DoGet {
+            state,
+            opened,
+            codec,
+            stats,
+            peer,
+        } = self;
+        // On the runtime the engine placed the stream on.
+        let guard = opened.spawn(move |opened| {
+            let run = Self::run(state, opened, (codec, stats, peer), tx.clone());
+            outcome.watch(run, shard, tx).instrument(span)
+        });
         tokio_stream::wrappers::ReceiverStream::new(rx)
             .map(move |item| {
                 // The stream owns the task: dropping it (client gone) aborts the query.
@@ -79,42 +81,32 @@ impl DoGet {
             .boxed()
     }
 
-    /// Streams the ticket's batches to `tx` within the request deadline, then its trailer.
-    /// Returns whether the client took the whole stream.
-    async fn run(self, tx: Sender) -> Result<bool> {
-        let DoGet {
-            state,
-            ticket,
-            opened,
-            placement,
-            grant,
-            permit: _permit,
-            peer,
-            reader,
-        } = self;
-        let node = &state.node;
-        let deadline = node.config.request_timeout;
-        // On the reducing cores (`Node::runtime_for`): whether another client's stream ran
-        // there alongside this one, for the trailer.
-        let client = Client::of(reader, peer);
-        let place = (!placement.reduces_nothing()).then(|| state.reducing.join(client));
+    /// Streams the opened stream's batches to `tx` within the request deadline, then its
+    /// trailer (`stats`) in `codec` (adaptive: as the governor chooses) to `peer`. Returns
+    /// whether the client took the whole stream.
+    async fn run(
+        state: Arc<State>,
+        opened: OpenedStream,
+        (codec, stats, peer): (Compression, bool, Option<SocketAddr>),
+        tx: Sender,
+    ) -> Result<bool> {
+        let config = state.node.config();
+        let deadline = config.request_timeout;
         let peer = peer.map(|p| p.ip());
         // An adaptive stream starts from what the last one to this peer learnt of the link.
         let learnt = peer.and_then(|p| state.links.lock().get(&p).copied());
-        let governor = Governor::resume(ticket.request.compression, learnt);
+        let governor = Governor::resume(codec, learnt);
         let encoder =
-            Encoder::new(node.config.max_flight_data_bytes).map_err(ServerError::encode("IPC options"))?;
+            Encoder::new(config.max_flight_data_bytes).map_err(ServerError::encode("IPC options"))?;
         let mut sink = FlightSink {
             tx,
             encoder,
             governor,
-            metrics: Arc::clone(&node.metrics),
+            metrics: Arc::clone(state.node.metrics()),
             bytes_sent: 0,
         };
         let streamed = async {
-            let mut batches = node
-                .batches(&ticket, opened, placement, &grant, CacheUse::Read)
-                .await?;
+            let mut batches = opened.batches().await?;
             let completed = sink.send_all(&mut batches).await?;
             Ok::<_, ServerError>((completed, batches))
         };
@@ -123,11 +115,10 @@ impl DoGet {
             remember(&state, peer, memory);
         }
         let (completed, batches) = ended.map_err(|_| ServerError::Deadline(deadline))??;
-        let mut stats = batches.finish(completed, sink.bytes_sent);
-        stats.reduced_alone = u64::from(place.as_ref().is_some_and(|p| p.alone()));
-        tracing::debug!(?stats, link_bytes_per_s = ?sink.governor.link(), "stream finished");
-        if completed && ticket.request.stats {
-            sink.trailer(&stats).await;
+        let finished = batches.finish(completed, sink.bytes_sent);
+        tracing::debug!(stats = ?finished, link_bytes_per_s = ?sink.governor.link(), "stream finished");
+        if completed && stats {
+            sink.trailer(&finished).await;
         }
         Ok(completed)
     }

@@ -45,9 +45,7 @@ use pushdown_protocol::{Query, ScanRequest};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::context::Context;
-use pushdown_engine::allow::{CATALOG, SCHEMA};
-use pushdown_engine::error::{Result, ServerError};
-use pushdown_engine::prepared::{PreparedStatement, rewrite_placeholders};
+use pushdown_engine::{CATALOG, Grant, ListedKind, PreparedStatement, Result, SCHEMA, ServerError};
 
 mod params;
 
@@ -119,7 +117,7 @@ impl FlightSql {
         &self,
         method: &'static str,
         request: &Request<R>,
-        work: impl FnOnce(Arc<pushdown_engine::auth::Grant>) -> F,
+        work: impl FnOnce(Arc<Grant>) -> F,
     ) -> Result<T, Status>
     where
         F: Future<Output = Result<T>>,
@@ -186,19 +184,18 @@ impl FlightSql {
     }
 
     /// The tables `grant` may read: datasets, then views, each with its schema.
-    async fn tables(
-        &self,
-        grant: Arc<pushdown_engine::auth::Grant>,
-    ) -> Result<Vec<(String, &'static str, SchemaRef)>> {
-        let datasets = self.ctx.engine().visible(&grant).await?;
-        let mut tables: Vec<_> = datasets
-            .values()
-            .map(|d| (d.name.clone(), "TABLE", Arc::clone(&d.schema)))
-            .collect();
-        for (view, schema) in self.ctx.view_schemas(grant).await? {
-            tables.push((view.name.clone(), "VIEW", schema));
-        }
-        Ok(tables)
+    async fn tables(&self, grant: Arc<Grant>) -> Result<Vec<(String, &'static str, SchemaRef)>> {
+        let listed = self.ctx.node().list(&grant).await?;
+        Ok(listed
+            .into_iter()
+            .map(|l| {
+                let kind = match l.kind {
+                    ListedKind::Dataset => "TABLE",
+                    ListedKind::View => "VIEW",
+                };
+                (l.name, kind, l.schema)
+            })
+            .collect())
     }
 
     fn read_only(what: &str) -> Status {
@@ -468,20 +465,11 @@ impl FlightSql {
         request: &Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.run("flight_sql_prepare", request, |grant| async move {
-            let sql = rewrite_placeholders(&query.query, |_| Ok(None))?;
-            let state = self.ctx.state();
-            let statement = Query::Sql(sql.clone());
-            let (schema, plan) = self
-                .ctx
-                .on_control("preparing", async move {
-                    state.node.engine.describe(&statement, &grant).await
-                })
-                .await?;
-            let types = plan.get_parameter_types()?;
+            let prepared = self.ctx.node().prepare(&query.query, &grant).await?;
             Ok(ActionCreatePreparedStatementResult {
-                prepared_statement_handle: PreparedStatement { sql, params: None }.encode(),
-                dataset_schema: schema_bytes(&schema)?,
-                parameter_schema: schema_bytes(&params::parameter_schema(&types))?,
+                prepared_statement_handle: prepared.statement.encode(),
+                dataset_schema: schema_bytes(&prepared.schema)?,
+                parameter_schema: schema_bytes(&params::parameter_schema(&prepared.parameters))?,
             })
         })
         .await

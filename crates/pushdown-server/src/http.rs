@@ -36,7 +36,7 @@ pub async fn serve_metrics(
                 async move {
                     let body = metrics
                         .scaling_signal()
-                        .map_or_else(|| "{}".to_owned(), |s| pushdown_engine::scaling::to_json(&s));
+                        .map_or_else(|| "{}".to_owned(), |s| pushdown_engine::scaling_json(&s));
                     ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
                 }
             }),

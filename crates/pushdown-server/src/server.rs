@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use object_store::ObjectStore;
-use pushdown_engine::error::Result;
 use pushdown_engine::{
-    CacheUse, Catalog, Grant, InstrumentedStore, Metrics, Node, NodeBuilder, Planned, ServerConfig,
+    CacheUse, Catalog, Grant, InstrumentedStore, Metrics, Node, NodeBuilder, Planned, Result, ServerConfig,
     StartupError, TicketStream, Tokens, Views,
 };
 use pushdown_task::Task;
@@ -151,7 +150,7 @@ impl Server {
 
     /// Plans `request` as `GetFlightInfo` does: result schema, shape, estimates, tickets.
     pub async fn plan(&self, request: &pushdown_protocol::ScanRequest) -> Result<Planned> {
-        self.state.node.plan(request, &Grant::All).await
+        self.state.node.plan(request, &Arc::new(Grant::All)).await
     }
 
     /// Runs `ticket` in this process as its `DoGet` does, fragment cache included: see
@@ -162,13 +161,13 @@ impl Server {
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.state.node.metrics
+        self.state.node.metrics()
     }
 
     /// Whether an endpoint is opened ahead now, waiting for its reader (see
     /// `ServerConfig::read_ahead`).
     pub fn holds_read_ahead(&self) -> bool {
-        self.state.node.prefetch.holds()
+        self.state.node.holds_read_ahead()
     }
 
     /// The decorated store every read goes through.
@@ -181,13 +180,13 @@ impl Server {
     }
 
     /// The tokens requests must carry, if any (replace them to reload: SIGHUP in `serve`).
-    pub fn tokens(&self) -> Option<&Arc<pushdown_engine::auth::Tokens>> {
-        self.state.node.tokens.as_ref()
+    pub fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.state.node.tokens()
     }
 
     /// The tonic service, with message limits and compression set.
     pub fn service(&self) -> FlightServiceServer<PushdownService> {
-        let config = &self.state.node.config;
+        let config = self.state.node.config();
         FlightServiceServer::new(PushdownService::new(Arc::clone(&self.state)))
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes)

@@ -13,16 +13,13 @@ use arrow_flight::{
 };
 use futures::stream::{BoxStream, StreamExt};
 use pushdown_protocol::{ActionKind, ClientReport, CountReply, Fragment, Query, ScanRequest, ShardTicket};
-use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::context::Context;
 use crate::doget::DoGet;
 use crate::flight_sql::FlightSql;
-use crate::state::State;
-use pushdown_engine::auth::{Caller, Grant};
-use pushdown_engine::error::{Result, ServerError};
-use pushdown_engine::query::Shape;
+use crate::state::{State, client_id};
+use pushdown_engine::{Caller, Grant, Result, ServerError};
 
 type FlightStream<T> = BoxStream<'static, Result<T, Status>>;
 
@@ -102,108 +99,60 @@ impl PushdownService {
         caller: &Caller,
         (peer, reader): (Option<SocketAddr>, Option<u64>),
     ) -> Result<FlightStream<FlightData>> {
-        let raw = ticket.ticket;
-        let ticket = ShardTicket::decode(&raw).map_err(ServerError::BadTicket)?;
         let node = &self.state.node;
-        // The query is parsed and checked once, here: a caller the ticket is not for is
-        // refused before it takes a stream slot or drops a stream opened ahead for someone
-        // else, and opening plans the checked statement.
-        let checked = node.engine.authorize(&ticket, &caller.grant)?;
-        let permit = self.acquire_stream_slot().await?;
-        let (ticket, placement) = node.place(ticket);
-        let running = node.config.max_concurrent_streams - self.state.streams.available_permits();
         let opened = node
-            .open_ticket(
-                &raw,
-                (&ticket, &placement),
-                checked,
-                caller,
-                node.stream_parallelism(running),
-            )
+            .open_stream(&ticket.ticket, caller, client_id(reader, peer))
             .await?;
-        if node.config.read_ahead && running <= 1 {
-            node.read_ahead(&raw, caller);
-        }
+        let placed = opened.ticket();
         let span = tracing::info_span!(
             "stream",
             caller = &*caller.principal,
-            dataset = ticket.shard.as_ref().map(|s| s.dataset.as_str()),
-            file = ticket.shard.as_ref().map(|s| s.file.as_str()),
-            row_groups = ?ticket.shard.as_ref().map(|s| s.row_groups.clone()),
+            dataset = placed.shard.as_ref().map(|s| s.dataset.as_str()),
+            file = placed.shard.as_ref().map(|s| s.file.as_str()),
+            row_groups = ?placed.shard.as_ref().map(|s| s.row_groups.clone()),
         );
-        let shard_name = ticket
+        let shard_name = placed
             .shard
             .as_ref()
             .map(|s| format!(" over `{}/{}`", s.dataset, s.file))
             .unwrap_or_default();
         let stream = DoGet {
             state: Arc::clone(&self.state),
-            ticket,
+            codec: placed.request.compression,
+            stats: placed.request.stats,
             opened,
-            placement,
-            grant: Arc::clone(&caller.grant),
-            permit,
             peer,
-            reader,
         };
         Ok(stream.spawn(span, shard_name))
     }
 
-    async fn acquire_stream_slot(&self) -> Result<OwnedSemaphorePermit> {
-        let wait = self.state.node.config.queue_timeout;
-        match tokio::time::timeout(wait, Arc::clone(&self.state.streams).acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            Ok(Err(_)) => Err(ServerError::Internal("stream limiter closed".into())),
-            Err(_) => Err(ServerError::Overloaded(format!(
-                "all {} stream slots busy for {wait:?}; retry later",
-                self.state.node.config.max_concurrent_streams
-            ))),
-        }
-    }
-
     async fn schema(&self, descriptor: FlightDescriptor, grant: Arc<Grant>) -> Result<SchemaResult> {
         let request = Self::request_of(&descriptor)?;
-        let planned = self.ctx.plan_off_io(request, grant).await?;
-        SchemaAsIpc::new(&planned.schema, &IpcWriteOptions::default())
+        let schema = self.state.node.schema(&request, &grant).await?;
+        SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(ServerError::encode("encoding a schema"))
     }
 
-    /// The datasets and views `grant` may read; no other is even named.
+    /// The datasets and views `grant` may read, by name; no other is even named.
     async fn list(&self, grant: Arc<Grant>) -> Result<Vec<FlightInfo>> {
-        let datasets = self.state.node.engine.visible(&grant).await?;
-        let mut infos: Vec<FlightInfo> = datasets
-            .values()
-            .map(|d| {
+        let mut infos: Vec<FlightInfo> = self
+            .state
+            .node
+            .list(&grant)
+            .await?
+            .into_iter()
+            .map(|listed| {
                 let info = FlightInfo::new()
-                    .try_with_schema(&d.schema)
+                    .try_with_schema(&listed.schema)
                     .map_err(ServerError::encode("encoding a schema"))?
-                    .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
-                    .with_total_records(d.num_rows() as i64)
-                    .with_total_bytes(d.num_bytes() as i64)
-                    .with_app_metadata(dataset_version(d).encode());
+                    .with_descriptor(FlightDescriptor::new_path(vec![listed.name]))
+                    .with_total_records(listed.rows.map_or(-1, |n| n as i64))
+                    .with_total_bytes(listed.bytes.map_or(-1, |n| n as i64))
+                    .with_app_metadata(listed.version.encode());
                 Ok(info)
             })
             .collect::<Result<_>>()?;
-        let all = self.state.node.engine.catalog().snapshot();
-        for (view, schema) in self.ctx.view_schemas(grant).await? {
-            let bases: Vec<_> = view.bases.iter().filter_map(|b| all.get(b)).collect();
-            let version = pushdown_protocol::DatasetVersion {
-                dataset: view.name.clone(),
-                version: view.version(&all),
-                files: bases.iter().map(|d| d.files.len() as u64).sum(),
-                broken_files: bases.iter().map(|d| d.broken.len() as u64).sum(),
-            };
-            infos.push(
-                FlightInfo::new()
-                    .try_with_schema(&schema)
-                    .map_err(ServerError::encode("encoding a schema"))?
-                    .with_descriptor(FlightDescriptor::new_path(vec![view.name.clone()]))
-                    .with_total_records(-1)
-                    .with_total_bytes(-1)
-                    .with_app_metadata(version.encode()),
-            );
-        }
         infos.sort_by(|a, b| {
             let name = |i: &FlightInfo| i.flight_descriptor.as_ref().map(|d| d.path.clone());
             name(a).cmp(&name(b))
@@ -229,8 +178,8 @@ impl PushdownService {
         }
         // Every other action plans or reads: it takes a stream slot and runs under the
         // request deadline, like a stream (a `profile` or `count` scans data).
-        let _slot = self.acquire_stream_slot().await?;
-        let deadline = self.state.node.config.request_timeout;
+        let _slot = self.state.node.admit().await?;
+        let deadline = self.state.node.config().request_timeout;
         match tokio::time::timeout(deadline, self.run_action(kind, action, grant)).await {
             Ok(result) => result,
             Err(_) => Err(ServerError::Deadline(deadline)),
@@ -258,23 +207,15 @@ impl PushdownService {
         }
     }
 
-    /// `give_tokenizer`: keeps a trainer's tokenizer (parsed off the async threads) and
-    /// returns its id. Any caller may give one: it is kept by its content, so it names
-    /// only itself, and it reads no data.
+    /// `give_tokenizer`: keeps a trainer's tokenizer and returns its id.
     async fn give_tokenizer(&self, body: &[u8]) -> Result<Vec<arrow_flight::Result>> {
-        let tokenizers = Arc::clone(self.state.node.engine.tokenizers());
-        let json = body.to_vec();
-        let id = tokio::task::spawn_blocking(move || tokenizers.give(&json))
-            .await
-            .map_err(|e| ServerError::Internal(format!("parsing a given tokenizer: {e}")))?
-            .map_err(|reason| ServerError::BadRequest(format!("give_tokenizer: {reason}")))?;
+        let id = self.state.node.give_tokenizer(body.to_vec()).await?;
         Ok(vec![arrow_flight::Result::new(bytes::Bytes::from(id))])
     }
 
     /// `has_tokenizer`: whether this server keeps the given tokenizer the body names.
     fn has_tokenizer(&self, body: &[u8]) -> Vec<arrow_flight::Result> {
-        let id = String::from_utf8_lossy(body);
-        let kept = self.state.node.engine.tokenizers().given(id.trim()).is_some();
+        let kept = self.state.node.has_tokenizer(&String::from_utf8_lossy(body));
         let answer: &'static [u8] = if kept { b"yes" } else { b"no" };
         vec![arrow_flight::Result::new(bytes::Bytes::from_static(answer))]
     }
@@ -287,82 +228,42 @@ impl PushdownService {
     /// `report`: a client's report, recorded for the scaling signal.
     fn report(&self, body: &[u8]) -> Result<Vec<arrow_flight::Result>> {
         let report = ClientReport::from_bytes(body).map_err(ServerError::BadCommand)?;
-        self.state.node.scaling.record(report);
+        self.state.node.report(report);
         Ok(vec![])
     }
 
     /// `scaling`: the node's scaling signal.
     fn scaling(&self) -> Vec<arrow_flight::Result> {
-        vec![arrow_flight::Result::new(
-            self.state.node.scaling.signal().to_bytes(),
-        )]
+        vec![arrow_flight::Result::new(self.state.node.scaling().to_bytes())]
     }
 
     /// `explain`: how a request is planned, as text.
     async fn explain(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let request = ScanRequest::decode_command(body).map_err(ServerError::BadCommand)?;
-        let planned = self.ctx.plan_off_io(request, Arc::clone(&grant)).await?;
-        let shape = match &planned.shape {
-            Shape::RowWise { dataset, shards } => {
-                format!("row-wise over `{}`: {} shards", dataset.name, shards.len())
-            }
-            Shape::Whole => "not row-wise: one stream over the whole query".to_string(),
-        };
-        let cache = match planned.cache_keys()?.as_slice() {
-            [] => "not cached (not row-wise, or not deterministic)".to_string(),
-            keys => format!(
-                "mode {}; {}",
-                self.state.node.engine.cache_mode(&planned.names),
-                self.state.node.cache.describe(keys)
-            ),
-        };
-        let text = format!(
-            "{shape}\nfilter pushdown: {:?}\nrows (upper bound): {}\nbytes to scan (upper bound): {}\nschema: {}\ncache: {cache}\n\n{}",
-            planned.request.filter_pushdown,
-            planned.rows_upper_bound,
-            planned.bytes_to_scan,
-            planned.schema,
-            planned.optimized.display_indent()
-        );
+        let text = self.state.node.explain(&request, &grant).await?;
         Ok(vec![arrow_flight::Result::new(text)])
     }
 
     /// `profile`: where a sample of a request's rows spends its time.
     async fn profile(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let request = ScanRequest::decode_command(body).map_err(ServerError::BadCommand)?;
-        let state = Arc::clone(&self.state);
-        let cores = self.state.node.config.cpu_threads as u32;
-        let profile = self
-            .ctx
-            .on_cpu("profile", async move {
-                pushdown_engine::profile::profile(&state.node.engine, &request, PROFILE_ROWS, cores, &grant)
-                    .await
-            })
-            .await?;
+        let profile = self.state.node.profile(request, &grant).await?;
         Ok(vec![arrow_flight::Result::new(profile.encode())])
     }
 
     /// `count`: the rows a ticket reads.
     async fn count(&self, body: &[u8], grant: Arc<Grant>) -> Result<Vec<arrow_flight::Result>> {
         let ticket = ShardTicket::decode(body).map_err(ServerError::BadTicket)?;
-        let state = Arc::clone(&self.state);
-        let n = self
-            .ctx
-            .on_control(
-                "count",
-                async move { state.node.engine.count(&ticket, &grant).await },
-            )
-            .await?;
-        Ok(vec![arrow_flight::Result::new(CountReply { rows: n }.encode())])
+        let rows = self.state.node.count(ticket, &grant).await?;
+        Ok(vec![arrow_flight::Result::new(CountReply { rows }.encode())])
     }
 
     /// `refresh`: rescans the catalog; the versions of the datasets `grant` may read.
     async fn refresh(&self, grant: &Grant) -> Result<Vec<arrow_flight::Result>> {
-        self.state.node.engine.catalog().refresh().await?;
-        let datasets = grant.visible(&self.state.node.engine.catalog().snapshot());
-        Ok(datasets
-            .values()
-            .map(|d| arrow_flight::Result::new(dataset_version(d).encode()))
+        let versions = self.state.node.refresh(grant).await?;
+        Ok(versions
+            .iter()
+            .map(|v| arrow_flight::Result::new(v.encode()))
             .collect())
     }
 
@@ -370,88 +271,13 @@ impl PushdownService {
     async fn tokenizer(&self, body: &[u8], grant: &Grant) -> Result<Vec<arrow_flight::Result>> {
         let name = std::str::from_utf8(body)
             .map_err(|_| ServerError::BadRequest("the tokenizer action's body is a dataset name".into()))?;
-        let name = name.trim();
-        // A tokenizer of the server's own (its folder's, or a given one) where no dataset or
-        // view has the name.
-        let views = self.state.node.engine.views();
-        let bases = views.bases_of(name);
-        let is_dataset = views.get(name).is_some()
-            || self
-                .state
-                .node
-                .engine
-                .catalog()
-                .snapshot()
-                .keys()
-                .any(|d| d.eq_ignore_ascii_case(name));
-        if !is_dataset
-            && let Some(t) = self
-                .state
-                .node
-                .engine
-                .tokenizers()
-                .get(name)
-                .map_err(|reason| ServerError::NoResource(format!("tokenizer `{name}`: {reason}")))?
-        {
-            let json = t
-                .to_string(false)
-                .map_err(|e| ServerError::failed("serializing the tokenizer", e))?;
-            return Ok(vec![arrow_flight::Result::new(json)]);
-        }
-        grant.check_spelling(name)?;
-        // A view's tokenizer is its dataset's.
-        let dataset = match bases.iter().collect::<Vec<_>>().as_slice() {
-            [only] => {
-                let dataset = self.state.node.engine.catalog().dataset(only).await?;
-                if views.get(name).is_none() {
-                    grant.check(&dataset.name)?;
-                }
-                dataset
-            }
-            _ => {
-                return Err(ServerError::BadRequest(format!(
-                    "`{name}` reads several datasets: name one for its tokenizer"
-                )));
-            }
-        };
-        let json = match &dataset.tokenizer {
-            None => {
-                return Err(ServerError::NoResource(format!(
-                    "dataset `{}` ships no {}",
-                    dataset.name,
-                    pushdown_ops::TOKENIZER_FILE
-                )));
-            }
-            Some(Err(reason)) => {
-                return Err(ServerError::CorruptFile {
-                    dataset: dataset.name.clone(),
-                    file: pushdown_ops::TOKENIZER_FILE.to_owned(),
-                    reason: reason.clone(),
-                });
-            }
-            Some(Ok(t)) => t
-                .to_string(false)
-                .map_err(|e| ServerError::failed("serializing the tokenizer", e))?,
-        };
+        let json = self.state.node.tokenizer(name.trim(), grant).await?;
         Ok(vec![arrow_flight::Result::new(json)])
     }
 }
 
 /// How long a handshake waits for its credentials.
 const HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Rows the `profile` action samples.
-const PROFILE_ROWS: usize = 256;
-
-/// A dataset's version as `ListFlights` and the `refresh` action report it.
-fn dataset_version(d: &pushdown_engine::catalog::Dataset) -> pushdown_protocol::DatasetVersion {
-    pushdown_protocol::DatasetVersion {
-        dataset: d.name.clone(),
-        version: d.version(),
-        files: d.files.len() as u64,
-        broken_files: d.broken.len() as u64,
-    }
-}
 
 #[tonic::async_trait]
 impl FlightService for PushdownService {
@@ -467,7 +293,7 @@ impl FlightService for PushdownService {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        let Some(tokens) = self.state.node.tokens.clone() else {
+        let Some(tokens) = self.state.node.tokens().cloned() else {
             // No authentication: an empty handshake succeeds, as for an open server.
             return Ok(Response::new(futures::stream::empty().boxed()));
         };
@@ -496,7 +322,7 @@ impl FlightService for PushdownService {
             Err(e) => return Err(self.ctx.fail("handshake", e)),
         };
         tracing::debug!(caller = &*caller.principal, "handshake");
-        self.state.node.metrics.record_request("handshake", "ok");
+        self.state.node.metrics().record_request("handshake", "ok");
         let reply = HandshakeResponse {
             protocol_version: 0,
             payload: token.clone().into(),

@@ -6,8 +6,7 @@
 //! The mapping is a `match` with no catch-all arm: a new variant does not compile until
 //! someone decides its status code and log level.
 
-use pushdown_engine::ServerError;
-use pushdown_engine::error::redact_paths;
+use pushdown_engine::{ServerError, redact_paths};
 use tonic::{Code, Status};
 
 /// The status a failed request answers with.

@@ -106,6 +106,15 @@ where
     drop(handle.spawn(future));
 }
 
+/// What a caught panic said (`catch_unwind`'s payload, or a task's).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

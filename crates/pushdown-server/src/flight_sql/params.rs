@@ -9,7 +9,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow_flight::FlightData;
 use arrow_flight::error::FlightError;
-use pushdown_engine::error::{Result, ServerError};
+use pushdown_engine::{Result, ServerError};
 
 /// The one row of parameters that `messages` (a DoPut: schema, then record batches) bind.
 ///
