@@ -114,7 +114,7 @@ pub struct Dataset {
     /// The table's schema: the files' columns merged ([`Self::file_schema`]), then the
     /// columns their paths give ([`Self::partitions`]).
     pub schema: SchemaRef,
-    /// The files' columns, merged (see [`crate::layout`]): what each file is read as.
+    /// The files' columns, merged (see `layout`): what each file is read as.
     pub file_schema: SchemaRef,
     /// The columns the files' paths give (hive `key=value/` folders, the Hub's splits).
     pub partitions: Vec<arrow::datatypes::FieldRef>,

@@ -498,7 +498,7 @@ impl OpenedStream {
 
     /// Runs `task` (given this stream) on the runtime its placement chose: the reducing
     /// cores, or for a stream that reduces nothing here the threads of its own
-    /// ([`Node::runtime_for`]). Dropping the returned task aborts it.
+    /// (`Node::runtime_for`). Dropping the returned task aborts it.
     pub fn spawn<F>(self, task: impl FnOnce(OpenedStream) -> F) -> Task<F::Output>
     where
         F: Future + Send + 'static,
@@ -509,7 +509,7 @@ impl OpenedStream {
         runtime.spawn(task(self))
     }
 
-    /// The stream's batches ([`Node::batches`], the fragment cache read and offered); the
+    /// The stream's batches (`Node::batches`, the fragment cache read and offered); the
     /// stream slot is held until they drop.
     pub async fn batches(self) -> Result<TicketStream> {
         let seat = (!self.placement.reduces_nothing()).then(|| self.node.company.join(self.client));

@@ -29,7 +29,7 @@ use crate::catalog::Dataset;
 use crate::tokenizers::TokenizerCatalog;
 
 /// Resources of op calls on a server: each dataset's `tokenizer.json`, by dataset name, then
-/// the server's other tokenizers ([`TokenizerCatalog`]: given by trainers, or its folder's).
+/// the server's other tokenizers (`TokenizerCatalog`: given by trainers, or its folder's).
 #[derive(Debug)]
 pub struct DatasetResources {
     datasets: BTreeMap<String, Arc<Dataset>>,
