@@ -750,6 +750,60 @@ fn epochs_started_ahead_are_the_epochs_planned_at_their_start() {
     assert_eq!(straight, fresh, "an epoch started ahead is the same epoch");
 }
 
+/// `pushdown run` and the Loader start the next epoch by one policy (the client's
+/// `loader::ahead`): over the same query, each begins every epoch after the first with the
+/// one started ahead of it, and asks the server for the same plans (the first epoch's, then
+/// for each next one its plan when it starts and the check when it begins), in the same
+/// order of samples.
+#[test]
+fn run_and_the_loader_overlap_epochs_alike() {
+    let s = setup(300);
+    let servers = vec![s.fx.running.url()];
+    let mut o = options(11);
+    o.epochs = 3;
+    let plans = || s.fx.server.metrics().requests_of("get_flight_info", "ok");
+
+    let before = plans();
+    let mut l = loader(&servers, o.clone());
+    let from_loader: Vec<i64> = drain(&mut l, usize::MAX).concat();
+    let loader_stats = l.stats();
+    drop(l);
+    let loader_plans = plans() - before;
+
+    let before = plans();
+    let out = s.fx.root.path().join("ahead.parquet");
+    let report = s
+        .runtime
+        .block_on(pushdown_client::run::run(&pushdown_client::run::RunOptions {
+            out: Some(out.clone()),
+            loader: o,
+            ..pushdown_client::run::RunOptions::new(servers.clone(), LoaderSource::Sql(SQL.into()))
+        }))
+        .expect("run");
+    let run_plans = plans() - before;
+    let file = std::fs::File::open(&out).expect("out");
+    let from_run: Vec<i64> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .build()
+        .expect("reader")
+        .flat_map(|b| {
+            b.expect("batch")
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+
+    assert_eq!(
+        loader_stats.epochs_ahead, 2,
+        "the Loader began epochs 1 and 2 ahead"
+    );
+    assert_eq!(report.epochs_ahead, 2, "run began epochs 1 and 2 ahead");
+    assert_eq!(loader_plans, run_plans, "the same plans asked for");
+    assert_eq!(from_run, from_loader, "the same samples in the same order");
+}
+
 /// Where a pipeline's reducing ops run never changes its samples: all on the server, all on
 /// the trainer (planned so, or shards the server leaves un-reduced), split between them, or
 /// adapted while the epoch runs give the same rows, values and order.

@@ -9,14 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use arrow::array::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use pushdown_planner::Plan;
 use pushdown_protocol::{Compression, PlanEstimate, StreamStats};
 
 use crate::client::PushdownClient;
 use crate::error::{ClientError, Result};
-use crate::loader::{EpochBatches, LoaderOptions, LoaderSource, Prepared};
+use crate::loader::{Ahead, Begun, LoaderOptions, LoaderSource, Prepared};
 use crate::stream::{SharedTotals, StreamTotals};
 
 /// What to run and where to put it.
@@ -58,6 +58,8 @@ pub struct RunReport {
     /// spent writing).
     pub waited: Duration,
     pub epochs: usize,
+    /// Epochs begun with the one started ahead of them (the [`crate::Loader`]'s policy).
+    pub epochs_ahead: u64,
     /// Summed over epochs.
     pub totals: StreamTotals,
     /// The fragment ops this client ran on shards the servers left un-reduced.
@@ -179,6 +181,7 @@ pub async fn run(options: &RunOptions) -> Result<RunReport> {
         elapsed,
         waited: delivered.waited,
         epochs: loader.epochs,
+        epochs_ahead: delivered.epochs_ahead,
         totals,
         completed: prepared.completed(),
         fragment_ops: prepared.plan().map_or(0, |p| p.fragment.ops.len()),
@@ -211,29 +214,31 @@ struct Delivered {
     rows: u64,
     batches: u64,
     waited: Duration,
+    /// Epochs begun with the one started ahead of them.
+    epochs_ahead: u64,
 }
 
 /// Reads `epochs` epochs of `prepared` to their ends, writing each batch to `writer`.
-/// Returns the query as its last epoch was planned, and what was delivered.
+/// Returns the query as its last epoch was planned, and what was delivered. The next epoch
+/// starts ahead as the [`crate::Loader`]'s does: one policy (`loader::ahead`).
 async fn read_epochs(
     mut prepared: Prepared,
     epochs: u64,
     totals: &SharedTotals,
     writer: &mut Option<ArrowWriter<std::fs::File>>,
 ) -> Result<(Prepared, Delivered)> {
+    let handle = tokio::runtime::Handle::current();
     let mut delivered = Delivered::default();
-    let mut stream = prepared.epoch(0, 0, totals.clone());
+    let mut current = prepared.records(0, 0).start(&prepared, totals.clone(), &handle);
     for epoch in 0..epochs {
-        // The next epoch reads what the servers list when it starts (files added join it),
-        // and starts once this one's last shards are in flight: its streams take up the
-        // cores and link this epoch's tail leaves idle. Its batches follow this epoch's.
-        let mut ahead: Option<(Prepared, EpochBatches)> = None;
+        let mut ahead: Option<Ahead<RecordBatch>> = None;
         loop {
-            if ahead.is_none() && epoch + 1 < epochs && stream.all_started() {
-                ahead = Some(next_epoch(&prepared, epoch + 1, totals).await?);
+            if ahead.is_none() && epoch + 1 < epochs && current.next_due() {
+                let spec = prepared.records(epoch + 1, 0);
+                ahead = Some(Ahead::start(&prepared, spec, totals.clone(), &handle));
             }
             let asked = Instant::now();
-            let next = stream.next().await;
+            let next = current.rx.recv().await;
             delivered.waited += asked.elapsed();
             let Some(batch) = next else { break };
             let batch = batch?;
@@ -244,24 +249,26 @@ async fn read_epochs(
             }
         }
         if epoch + 1 < epochs {
-            (prepared, stream) = match ahead {
-                Some(next) => next,
-                None => next_epoch(&prepared, epoch + 1, totals).await?,
+            let spec = prepared.records(epoch + 1, 0);
+            let begun = match ahead {
+                Some(ahead) => ahead.begin(epoch + 1, spec.echo, true).await?,
+                None => Begun::Dropped,
+            };
+            current = match begun {
+                Begun::Taken(next, produced) => {
+                    prepared = next;
+                    delivered.epochs_ahead += 1;
+                    produced
+                }
+                Begun::Failed(produced) => produced,
+                Begun::Dropped => {
+                    prepared = prepared.replan().await?;
+                    spec.start(&prepared, totals.clone(), &handle)
+                }
             };
         }
     }
     Ok((prepared, delivered))
-}
-
-/// `prepared` planned again on what the servers list now, and its epoch `epoch` started.
-async fn next_epoch(
-    prepared: &Prepared,
-    epoch: u64,
-    totals: &SharedTotals,
-) -> Result<(Prepared, EpochBatches)> {
-    let next = prepared.replan().await?;
-    let batches = next.epoch(epoch, 0, totals.clone());
-    Ok((next, batches))
 }
 
 /// How busy this process and each server were over the run's `elapsed`: this process's CPU
@@ -447,6 +454,7 @@ mod tests {
             elapsed: Duration::from_secs(2),
             waited: Duration::from_millis(1500),
             epochs: 1,
+            epochs_ahead: 0,
             totals: StreamTotals {
                 bytes_received: 200_000_000,
                 ..Default::default()

@@ -362,6 +362,13 @@ impl Metrics {
             .inc();
     }
 
+    /// The requests of `method` answered with `outcome` so far.
+    pub fn requests_of(&self, method: &'static str, outcome: &'static str) -> u64 {
+        self.requests
+            .get_or_create(&RequestLabels { method, outcome })
+            .get()
+    }
+
     pub fn read_ahead(&self, outcome: &'static str) {
         self.read_ahead.get_or_create(&OutcomeLabels { outcome }).inc();
     }

@@ -251,6 +251,7 @@ impl PyLoader {
         d.set_item("echo", s.echo)?;
         d.set_item("peak_streams", s.peak_streams)?;
         d.set_item("bytes_received", s.bytes_received)?;
+        d.set_item("epochs_ahead", s.epochs_ahead)?;
         Ok(d)
     }
 }

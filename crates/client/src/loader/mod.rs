@@ -32,17 +32,20 @@
 //! [`Column::Tensor`], whether the schema calls it nullable or not; a null in it is an error
 //! naming the column and row. Every other column arrives as [`Column::Arrow`] with its nulls.
 
+mod ahead;
 mod mixed;
 mod options;
 mod prepared;
 mod producer;
 mod tensors;
 
+pub use ahead::EpochBatches;
+pub(crate) use ahead::{Ahead, Begun};
+use ahead::{EpochSignal, EpochSpec};
 use mixed::{MixProducer, Mixture};
 pub use options::{LoaderOptions, LoaderSource, MixtureSource, Push};
+pub use prepared::Prepared;
 use prepared::*;
-pub use prepared::{EpochBatches, Prepared};
-use producer::*;
 pub use tensors::{Column, TensorBatch};
 
 use std::sync::Arc;
@@ -86,6 +89,9 @@ pub struct LoaderStats {
     pub peak_streams: u64,
     /// Bytes received from the servers in the epochs finished.
     pub bytes_received: u64,
+    /// Epochs begun with the one started ahead of them: the epoch before's tail overlapped
+    /// their start (see `pushdown run`'s, which follows the same policy).
+    pub epochs_ahead: u64,
 }
 
 impl LoaderStats {
@@ -112,6 +118,8 @@ pub struct Loader {
     passes: bool,
     rx: Option<mpsc::Receiver<Result<TensorBatch>>>,
     producer: Option<Task<()>>,
+    /// What the current epoch's producer tells of its progress: when the next may start.
+    signal: EpochSignal,
     stats: LoaderStats,
     started: Option<Instant>,
     failed: bool,
@@ -129,8 +137,8 @@ pub struct Loader {
     client_id: u64,
     /// When the last report was sent, and the wait and rows counted by then.
     reported: Option<(Instant, Duration, u64)>,
-    /// The next epoch, started once this one's last shards are in flight.
-    ahead: Option<Ahead>,
+    /// The next epoch, started once this one's last shards are in flight (see `ahead`).
+    ahead: Option<Ahead<TensorBatch>>,
     /// The order's partitions: the options' (or their default), or a restored state's.
     partitions: u64,
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
@@ -153,19 +161,6 @@ const APPETITE_WAIT: f64 = 0.02;
 /// A batch as the [`Loader`] hands it out.
 fn to_tensors(batch: RecordBatch, epoch: u64, index: u64) -> Result<TensorBatch> {
     TensorBatch::from_record_batch(&batch, epoch, index)
-}
-
-/// An epoch started before the consumer reaches it, so that filling its first shuffle
-/// window overlaps the end of the epoch before instead of stalling the trainer at every
-/// boundary. Its plan is checked when it begins: if the servers list other shards by then
-/// (a file added, removed or rewritten), it is dropped and the epoch planned afresh, so an
-/// epoch still reads what the servers list when it starts.
-struct Ahead {
-    epoch: u64,
-    echo: u64,
-    rx: mpsc::Receiver<Result<TensorBatch>>,
-    producer: Task<()>,
-    prepared: tokio::sync::oneshot::Receiver<Prepared>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -315,6 +310,7 @@ impl Loader {
             passes: false,
             rx: None,
             producer: None,
+            signal: EpochSignal::default(),
             stats: LoaderStats::default(),
             started: None,
             failed: false,
@@ -601,9 +597,8 @@ impl Loader {
         if let Some(p) = self.producer.take() {
             p.abort();
         }
-        if let Some(ahead) = self.ahead.take_if(|a| a.epoch != first) {
-            ahead.producer.abort();
-        }
+        // An epoch started ahead that is not `first` stops as it drops.
+        drop(self.ahead.take_if(|a| a.epoch != first));
         self.epoch = first;
         self.batches = 0;
         self.epoch_start = None;
@@ -731,14 +726,12 @@ impl Loader {
         if let Some(p) = self.producer.take() {
             p.abort();
         }
-        if let Some(ahead) = self.ahead.take() {
-            ahead.producer.abort();
-        }
+        // An epoch started ahead stops as it drops.
+        self.ahead = None;
     }
 
-    /// Once the current epoch's last shards are in flight (or its producer is done), starts
-    /// the next epoch's producer (planned now, checked again when it begins). Not with an
-    /// automatic echo, whose factor is chosen from the whole epoch's wait.
+    /// Starts the next epoch ahead when the shared policy says it is due (see `ahead`). Not
+    /// with an automatic echo, whose factor is chosen from the whole epoch's wait.
     fn start_ahead(&mut self) {
         let options = &self.prepared.shared.options;
         let epoch = self.epoch + 1;
@@ -747,86 +740,46 @@ impl Loader {
         {
             return;
         }
-        // Start when this epoch's last shards are in flight: from then on its streams leave
-        // servers idle (fewer shards than streams), so the next epoch's take up the slack.
-        let shards = self.prepared.shards.info.endpoint.len().max(1) as u64;
-        let all_rows: u64 = self.prepared.shards.counts.iter().flatten().sum();
-        let horizon = all_rows.div_ceil(shards) * self.echo * options.stream.concurrency.max(1) as u64;
-        let (rows, _) = self.epoch_len();
-        let remaining = rows.saturating_sub(self.batches * self.prepared.shared.batch_size as u64);
         let produced = self.rx.as_ref().is_some_and(|rx| rx.is_closed());
-        if !(produced || remaining <= horizon) {
+        if !self.signal.next_due(produced) {
             return;
         }
         let Some(runtime) = &self.runtime else { return };
-        let (tx, rx) = mpsc::channel(options.prefetch.max(1));
-        let (planned, prepared) = tokio::sync::oneshot::channel();
-        let base = self.prepared.clone();
-        let echo = options.echo.factor(None);
-        let streams = self.streams.clone();
-        let partitions = self.partitions;
-        let producer = Task::spawn_on(runtime.handle(), async move {
-            let next = match base.replan().await {
-                Ok(next) => next,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
-            let _ = planned.send(next);
-            let producer = Producer::new(shared, shards, epoch, echo, 0).with_partitions(partitions);
-            let watch = EpochWatch {
-                totals: streams.clone(),
-                ..EpochWatch::default()
-            };
-            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        });
-        self.ahead = Some(Ahead {
+        let spec = EpochSpec {
             epoch,
-            echo,
-            rx,
-            producer,
-            prepared,
-        });
+            echo: options.echo.factor(None),
+            first: 0,
+            partitions: Some(self.partitions),
+            finish: to_tensors,
+        };
+        self.ahead = Some(Ahead::start(
+            &self.prepared,
+            spec,
+            self.streams.clone(),
+            runtime.handle(),
+        ));
     }
 
     /// Begins the current epoch with the one started ahead, if it is this epoch, with this
-    /// echo, on the shards the servers list now. Planning it now failing is the epoch's
-    /// error (planned again, it would wait the same deadlines to fail the same way).
-    fn adopt_ahead(&mut self, ahead: Ahead) -> Result<()> {
+    /// echo, on the shards the servers list now ([`Ahead::begin`]).
+    fn adopt_ahead(&mut self, ahead: Ahead<TensorBatch>) -> Result<()> {
         let Some(runtime) = &self.runtime else {
             return Ok(());
         };
-        if ahead.epoch != self.epoch || ahead.echo != self.echo || self.batches != 0 {
-            ahead.producer.abort();
-            return Ok(());
-        }
-        let Ok(prepared) = runtime.block_on(ahead.prepared) else {
-            // Its planning failed: the error waits in its channel.
-            self.rx = Some(ahead.rx);
-            self.producer = Some(ahead.producer);
-            self.planned_epoch = self.epoch;
-            return Ok(());
-        };
-        let shared = Arc::clone(&prepared.shared);
-        let current = runtime.block_on(async move { shared.client.plan(&shared.request).await });
-        match current.map(|info| Shards::new(info, None).version) {
-            Ok(version) if version == prepared.version() => {
+        let begun = runtime.block_on(ahead.begin(self.epoch, self.echo, self.batches == 0))?;
+        let produced = match begun {
+            Begun::Taken(prepared, produced) => {
                 self.prepared = prepared;
-                self.planned_epoch = self.epoch;
-                self.rx = Some(ahead.rx);
-                self.producer = Some(ahead.producer);
+                self.stats.epochs_ahead += 1;
+                produced
             }
-            // The shards changed: plan the epoch afresh.
-            Ok(_) => ahead.producer.abort(),
-            Err(e) => {
-                ahead.producer.abort();
-                return Err(e);
-            }
-        }
+            Begun::Failed(produced) => produced,
+            Begun::Dropped => return Ok(()),
+        };
+        self.planned_epoch = self.epoch;
+        self.rx = Some(produced.rx);
+        self.producer = Some(produced.producer);
+        self.signal = produced.signal;
         Ok(())
     }
 
@@ -839,28 +792,20 @@ impl Loader {
             self.prepared = self.block_on_replan()?;
             self.planned_epoch = self.epoch;
         }
-        let (tx, rx) = mpsc::channel(self.prepared.shared.options.prefetch.max(1));
-        let (shared, shards) = (
-            Arc::clone(&self.prepared.shared),
-            Arc::clone(&self.prepared.shards),
-        );
-        let (epoch, first, echo) = (self.epoch, self.batches, self.echo);
-        let (streams, partitions) = (self.streams.clone(), self.partitions);
         let Some(runtime) = &self.runtime else {
             return Err(ClientError::Closed("the loader is shut down"));
         };
-        let handle = Task::spawn_on(runtime.handle(), async move {
-            let producer = Producer::new(shared, shards, epoch, echo, first).with_partitions(partitions);
-            let watch = EpochWatch {
-                totals: streams.clone(),
-                ..EpochWatch::default()
-            };
-            if let Err(e) = producer.run(tx.clone(), to_tensors, watch).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        });
-        self.rx = Some(rx);
-        self.producer = Some(handle);
+        let spec = EpochSpec {
+            epoch: self.epoch,
+            echo: self.echo,
+            first: self.batches,
+            partitions: Some(self.partitions),
+            finish: to_tensors,
+        };
+        let produced = spec.start(&self.prepared, self.streams.clone(), runtime.handle());
+        self.rx = Some(produced.rx);
+        self.producer = Some(produced.producer);
+        self.signal = produced.signal;
         Ok(())
     }
 }

@@ -3,15 +3,12 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightInfo;
 use futures::{StreamExt, TryStreamExt};
 use pushdown_planner::{Pipeline, Step};
 use pushdown_protocol::{CodecInputs, Compression, Profiled, Query, ScanRequest, ShardTicket, choose_codec};
-use tokio::sync::mpsc;
 
 use super::options::{LoaderOptions, LoaderSource, Push};
-use super::producer::{EpochWatch, Producer};
 use crate::client::PushdownClient;
 use crate::completion::{Completion, CompletionTotals, ShardPlacement};
 use crate::connect::plan_estimate;
@@ -19,10 +16,8 @@ use crate::error::{ClientError, Result};
 use crate::order::{Echo, Fnv, Order, default_partitions, per_rank_fingerprint, sources};
 use crate::plan::{Link, costed_plan_for_ranks};
 use crate::steps::RowSteps;
-use crate::stream::SharedTotals;
 use pushdown_planner::Plan;
 use pushdown_protocol::PlanEstimate;
-use pushdown_task::Task;
 
 /// Everything fixed for a prepared query's life.
 #[derive(Debug)]
@@ -202,60 +197,6 @@ impl Prepared {
     /// Shard streams (endpoints) per epoch.
     pub fn endpoints(&self) -> usize {
         self.shards.info.endpoint.len()
-    }
-
-    /// Batches `first..` of `epoch`, in order, with the client steps applied on `workers`
-    /// blocking threads. `totals` receives what the streams cost when the epoch ends.
-    pub fn epoch(&self, epoch: u64, first: u64, totals: SharedTotals) -> EpochBatches {
-        let (tx, rx) = mpsc::channel(self.shared.options.prefetch.max(1));
-        let (shared, shards) = (Arc::clone(&self.shared), Arc::clone(&self.shards));
-        let watch = EpochWatch {
-            totals,
-            all_started: Arc::default(),
-        };
-        let all_started = Arc::clone(&watch.all_started);
-        let producer = Task::spawn(async move {
-            let finish = |batch, _, _| Ok(batch);
-            // `run` has no consumer to measure: an automatic echo is not applied.
-            let echo = shared.options.echo.factor(None);
-            let producer = Producer::new(shared, shards, epoch, echo, first);
-            if let Err(e) = producer.run(tx.clone(), finish, watch).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        });
-        EpochBatches {
-            rx,
-            _producer: producer,
-            all_started,
-        }
-    }
-}
-
-/// The record batches of one epoch of a [`Prepared`] query, in order.
-#[derive(Debug)]
-pub struct EpochBatches {
-    pub(super) rx: mpsc::Receiver<Result<RecordBatch>>,
-    /// Held for its drop: the producer is aborted when the batches are dropped.
-    pub(super) _producer: Task<()>,
-    pub(super) all_started: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl EpochBatches {
-    /// Whether every shard of the epoch is in flight: from then on its tail leaves cores
-    /// idle, and the next epoch may start.
-    pub fn all_started(&self) -> bool {
-        self.all_started.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-impl futures::Stream for EpochBatches {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
     }
 }
 
