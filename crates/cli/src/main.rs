@@ -628,13 +628,13 @@ fn server_config(args: &ServeArgs) -> ServerConfig {
 /// over TLS.
 fn with_catalog_and_security(mut builder: ServerBuilder, args: &ServeArgs) -> Result<(ServerBuilder, bool)> {
     if let Some(path) = &args.catalog {
-        let views = pushdown_server::Views::load(path).map_err(anyhow::Error::msg)?;
+        let views = pushdown_server::Views::load(path)?;
         tracing::info!(views = views.iter().count(), "views from {}", path.display());
         builder = builder.views(views);
     }
     let security = &args.security;
     if let Some(path) = &security.auth_tokens {
-        let tokens = Tokens::load(path).map_err(anyhow::Error::msg)?;
+        let tokens = Tokens::load(path)?;
         tracing::info!(tokens = tokens.len(), "requests need a bearer token");
         builder = builder.tokens(tokens);
     }

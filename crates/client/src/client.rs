@@ -34,15 +34,15 @@ const SILENT_GRACE: Duration = Duration::from_millis(250);
 /// in time (transient failures). A server's error that is not transient is the plan's.
 ///
 /// Each server is asked once, concurrently, within the call deadline. A server already
-/// silent ([`fleet::Node::is_silent`]) is not waited for past [`SILENT_GRACE`] after the
+/// silent ([`fleet::Member::is_silent`]) is not waited for past [`SILENT_GRACE`] after the
 /// others answered, unless files only it holds would be left out: a frozen server costs
 /// the first plan one deadline, not every plan one.
 async fn ask_to_plan(
-    nodes: Vec<Arc<fleet::Node>>,
+    nodes: Vec<Arc<fleet::Member>>,
     descriptor: &FlightDescriptor,
 ) -> Result<(
-    Vec<(Arc<fleet::Node>, FlightInfo)>,
-    Vec<(Arc<fleet::Node>, tonic::Status)>,
+    Vec<(Arc<fleet::Member>, FlightInfo)>,
+    Vec<(Arc<fleet::Member>, tonic::Status)>,
 )> {
     use futures::StreamExt;
     let mut pending: futures::stream::FuturesUnordered<_> = nodes
@@ -59,7 +59,7 @@ async fn ask_to_plan(
     loop {
         let all = offered_by_all(&answers);
         let optional =
-            |n: &Arc<fleet::Node>| n.is_silent() && n.held_alone(&all).is_none_or(|files| files.is_empty());
+            |n: &Arc<fleet::Member>| n.is_silent() && n.held_alone(&all).is_none_or(|files| files.is_empty());
         if !answers.is_empty() && waiting.iter().all(optional) {
             cut_at.get_or_insert_with(|| tokio::time::Instant::now() + SILENT_GRACE);
         } else {
@@ -95,7 +95,7 @@ async fn ask_to_plan(
 }
 
 /// The files (dataset, path) that the row-wise plans of `answers` offer.
-fn offered_by_all(answers: &[(Arc<fleet::Node>, FlightInfo)]) -> BTreeSet<(String, String)> {
+fn offered_by_all(answers: &[(Arc<fleet::Member>, FlightInfo)]) -> BTreeSet<(String, String)> {
     answers
         .iter()
         .filter_map(|(_, info)| fleet::files_of(info))
@@ -104,7 +104,10 @@ fn offered_by_all(answers: &[(Arc<fleet::Node>, FlightInfo)]) -> BTreeSet<(Strin
 }
 
 /// `node`'s own answer to a plan, retried on it alone after a transient failure.
-async fn plan_on(node: &Arc<fleet::Node>, descriptor: FlightDescriptor) -> Result<FlightInfo, tonic::Status> {
+async fn plan_on(
+    node: &Arc<fleet::Member>,
+    descriptor: FlightDescriptor,
+) -> Result<FlightInfo, tonic::Status> {
     let mut attempts = Attempts::new(vec![Arc::clone(node)], 0, PLAN_RETRY);
     loop {
         match node.flight.clone().get_flight_info(descriptor.clone()).await {
@@ -276,7 +279,7 @@ impl PushdownClient {
     /// in time (`status`), given the files `all` that the servers that answered offer (the
     /// rules of [`Self::plan`]).
     fn plan_without(
-        node: &fleet::Node,
+        node: &fleet::Member,
         status: &tonic::Status,
         all: &BTreeSet<(String, String)>,
         none_answered: bool,

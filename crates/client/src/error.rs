@@ -1,4 +1,8 @@
 //! What can go wrong for a client, by whom it is to be fixed.
+//!
+//! As every error type of the project, an error here states its cause in its message and
+//! keeps it as a field, never also as its `source()` (see `pushdown-engine`'s `error`):
+//! a report walking the chain says each cause once.
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -95,21 +99,16 @@ pub enum ClientError {
     #[error("{what}: {reason}")]
     Reply { what: &'static str, reason: String },
     /// A local file or thread the caller asked for could not be used.
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: std::io::Error },
     /// Writing the output file.
     #[error("writing the output: {0}")]
-    Output(#[source] parquet::errors::ParquetError),
+    Output(parquet::errors::ParquetError),
     /// A client task (a loader worker, a batch's completion) panicked or was cancelled.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Task {
         what: &'static str,
-        #[source]
-        source: tokio::task::JoinError,
+        cause: tokio::task::JoinError,
     },
     /// The loader was shut down, or its consumer went away.
     #[error("{0}")]
@@ -248,7 +247,7 @@ impl ClientError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         ClientError::Io {
             what: what.into(),
-            source,
+            cause: source,
         }
     }
 }

@@ -93,7 +93,7 @@ pub(crate) const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 /// One server as the client sees it.
 #[derive(Debug)]
-pub(crate) struct Node {
+pub(crate) struct Member {
     pub(crate) url: String,
     pub(crate) flight: Flight,
     /// Streams in flight to it.
@@ -113,7 +113,7 @@ pub(crate) struct Node {
     silent: AtomicBool,
 }
 
-impl Node {
+impl Member {
     /// `tls_name`: the name the server's certificate must carry, when not the URL's host
     /// (an address a DNS name resolved to).
     fn connect(url: &str, options: &ConnectOptions, tls_name: Option<&str>) -> Result<Self> {
@@ -263,7 +263,7 @@ impl Node {
 }
 
 /// A stream in flight on a node.
-pub(crate) struct Busy(Arc<Node>);
+pub(crate) struct Busy(Arc<Member>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -275,7 +275,7 @@ impl Drop for Busy {
 /// any an endpoint names.
 #[derive(Debug, Default)]
 pub(crate) struct Fleet {
-    nodes: RwLock<Vec<Arc<Node>>>,
+    nodes: RwLock<Vec<Arc<Member>>>,
     options: ConnectOptions,
     /// `dns://name:port` URLs given, resolved again at each [`Self::rediscover`].
     names: Vec<String>,
@@ -328,18 +328,18 @@ impl Fleet {
         }
     }
 
-    pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
+    pub(crate) fn nodes(&self) -> Vec<Arc<Member>> {
         self.nodes.read().clone()
     }
 
     /// The node serving `url`, connecting (lazily) to a new one.
-    pub(crate) fn node(&self, url: &str) -> Result<Arc<Node>> {
+    pub(crate) fn node(&self, url: &str) -> Result<Arc<Member>> {
         self.node_named(url, None)
     }
 
     /// The node at `address` (`http://ip:port`), which `name` (`host:port`) resolved to:
     /// with TLS, reached at that address and checked against the name's certificate.
-    fn resolved_node(&self, address: &str, name: &str) -> Result<Arc<Node>> {
+    fn resolved_node(&self, address: &str, name: &str) -> Result<Arc<Member>> {
         let host = name.trim_end_matches('/');
         let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
         match (&self.options.tls_ca, address.strip_prefix("http://")) {
@@ -348,9 +348,9 @@ impl Fleet {
         }
     }
 
-    fn node_named(&self, url: &str, tls_name: Option<&str>) -> Result<Arc<Node>> {
+    fn node_named(&self, url: &str, tls_name: Option<&str>) -> Result<Arc<Member>> {
         let key = http_url(url)?;
-        let known = |nodes: &[Arc<Node>]| nodes.iter().find(|n| n.url == key).cloned();
+        let known = |nodes: &[Arc<Member>]| nodes.iter().find(|n| n.url == key).cloned();
         if let Some(n) = known(&self.nodes.read()) {
             return Ok(n);
         }
@@ -358,14 +358,14 @@ impl Fleet {
         if let Some(n) = known(&nodes) {
             return Ok(n);
         }
-        let node = Arc::new(Node::connect(url, &self.options, tls_name)?);
+        let node = Arc::new(Member::connect(url, &self.options, tls_name)?);
         nodes.push(Arc::clone(&node));
         Ok(node)
     }
 
     /// The servers that can redeem `endpoint`'s ticket: its locations, or every server when
     /// it names none (Flight: "the service that answered").
-    pub(crate) fn holders(&self, endpoint: &FlightEndpoint) -> Result<Vec<Arc<Node>>> {
+    pub(crate) fn holders(&self, endpoint: &FlightEndpoint) -> Result<Vec<Arc<Member>>> {
         if endpoint.location.is_empty() {
             return Ok(self.nodes());
         }
@@ -374,10 +374,10 @@ impl Fleet {
 
     /// Nodes in the order to try them: working before resting, fewer streams in flight
     /// first, ties rotated by `spread` so equal servers share the shards.
-    pub(crate) fn ranked(holders: &[Arc<Node>], spread: usize) -> Vec<Arc<Node>> {
+    pub(crate) fn ranked(holders: &[Arc<Member>], spread: usize) -> Vec<Arc<Member>> {
         let now = Instant::now();
         let n = holders.len().max(1);
-        let mut ranked: Vec<(bool, usize, usize, &Arc<Node>)> = holders
+        let mut ranked: Vec<(bool, usize, usize, &Arc<Member>)> = holders
             .iter()
             .enumerate()
             .map(|(i, node)| {
@@ -446,7 +446,7 @@ async fn resolve(url: &str, name: &str, deadline: Duration) -> Result<Vec<String
 
 /// The plans of every server, made one: the shards any server offered, each once, in
 /// (dataset, file, row group) order, located on every server that offered it.
-pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo> {
+pub(crate) fn merge(answers: Vec<(Arc<Member>, FlightInfo)>) -> Result<FlightInfo> {
     let Some((first_node, first)) = answers.first() else {
         return Err(ClientError::NoAnswer("no server answered".into()));
     };
@@ -462,7 +462,7 @@ pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo>
         }
         return Ok(info);
     }
-    let mut shards = Shards::new();
+    let mut shards = Offered::new();
     for (node, info) in &answers {
         shards.add_answer(first_node, &schema, node, info)?;
     }
@@ -470,7 +470,7 @@ pub(crate) fn merge(answers: Vec<(Arc<Node>, FlightInfo)>) -> Result<FlightInfo>
 }
 
 /// Where `node`'s `endpoint` is redeemed: its locations, or `node` when it names none.
-fn located(node: &Node, endpoint: &FlightEndpoint) -> Vec<Location> {
+fn located(node: &Member, endpoint: &FlightEndpoint) -> Vec<Location> {
     if endpoint.location.is_empty() {
         vec![Location {
             uri: node.url.clone(),
@@ -486,7 +486,7 @@ fn row_wise(info: &FlightInfo) -> bool {
 }
 
 /// Checks that every server would scan what the first one does.
-fn same_scans(answers: &[(Arc<Node>, FlightInfo)], first_node: &Node, first: &FlightInfo) -> Result<()> {
+fn same_scans(answers: &[(Arc<Member>, FlightInfo)], first_node: &Member, first: &FlightInfo) -> Result<()> {
     // A query that is not row-wise runs whole on one server, over that server's files:
     // only right when every server holds the same files of what it reads.
     let scans = |info: &FlightInfo| plan_estimate(info).map(|e| (e.rows_upper_bound, e.bytes_to_scan));
@@ -507,7 +507,7 @@ fn same_scans(answers: &[(Arc<Node>, FlightInfo)], first_node: &Node, first: &Fl
 type Cuts = BTreeMap<(u32, u32), (FlightEndpoint, Vec<Location>, u64, u64)>;
 
 /// The shards of the servers' row-wise plans, gathered answer by answer.
-struct Shards {
+struct Offered {
     /// (dataset, file) → (version, the server that offered it first, its cuts).
     files: BTreeMap<(String, String), (pushdown_protocol::FileVersion, String, Cuts)>,
     /// The most row groups any server pruned.
@@ -516,7 +516,7 @@ struct Shards {
     all_totals_known: bool,
 }
 
-impl Shards {
+impl Offered {
     fn new() -> Self {
         Self {
             files: BTreeMap::new(),
@@ -528,9 +528,9 @@ impl Shards {
     /// Adds `node`'s plan, which must have the first server's schema and be row-wise too.
     fn add_answer(
         &mut self,
-        first_node: &Node,
+        first_node: &Member,
         schema: &arrow::datatypes::Schema,
-        node: &Node,
+        node: &Member,
         info: &FlightInfo,
     ) -> Result<()> {
         if info.clone().try_decode_schema()? != *schema {
@@ -562,7 +562,7 @@ impl Shards {
 
     /// Adds one shard `node` offered: a new one, or another holder of one already known (of
     /// the same file version).
-    fn add_endpoint(&mut self, node: &Node, endpoint: &FlightEndpoint) -> Result<()> {
+    fn add_endpoint(&mut self, node: &Member, endpoint: &FlightEndpoint) -> Result<()> {
         let ticket = endpoint
             .ticket
             .as_ref()
@@ -600,7 +600,7 @@ impl Shards {
     /// The merged plan: `first`'s, with every shard once, in (dataset, file, row group)
     /// order, and the estimate of them all.
     fn into_info(self, first: &FlightInfo) -> Result<FlightInfo> {
-        let Shards {
+        let Offered {
             files,
             pruned,
             all_totals_known,

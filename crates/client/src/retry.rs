@@ -11,7 +11,7 @@ use std::time::Duration;
 use tonic::Code;
 
 use crate::error::{ClientError, Result, status_text};
-use crate::fleet::{Fleet, Node};
+use crate::fleet::{Fleet, Member};
 
 /// What a failed call says about trying again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,7 @@ pub(crate) enum Verdict {
 /// One call's attempts over its holders.
 #[derive(Debug)]
 pub(crate) struct Attempts {
-    holders: Vec<Arc<Node>>,
+    holders: Vec<Arc<Member>>,
     /// Rotates ties in the ranking, so equal holders share the calls.
     spread: usize,
     policy: Policy,
@@ -111,7 +111,7 @@ pub(crate) struct Attempts {
 }
 
 impl Attempts {
-    pub(crate) fn new(holders: Vec<Arc<Node>>, spread: usize, policy: Policy) -> Self {
+    pub(crate) fn new(holders: Vec<Arc<Member>>, spread: usize, policy: Policy) -> Self {
         Self {
             holders,
             spread,
@@ -125,7 +125,7 @@ impl Attempts {
 
     /// The holder to ask next: the first ranked that has not refused the call (nor been
     /// asked, when each is asked once); `None` when none is left.
-    pub(crate) fn next(&mut self) -> Option<Arc<Node>> {
+    pub(crate) fn next(&mut self) -> Option<Arc<Member>> {
         let node = Fleet::ranked(&self.holders, self.spread)
             .into_iter()
             .find(|n| self.may_ask(n))?;
@@ -135,7 +135,7 @@ impl Attempts {
         Some(node)
     }
 
-    fn may_ask(&self, node: &Node) -> bool {
+    fn may_ask(&self, node: &Member) -> bool {
         let refused = self.refused.iter().any(|(url, _)| *url == node.url);
         let asked = self.policy.once && self.tried.contains(&node.url);
         !refused && !asked
@@ -151,7 +151,7 @@ impl Attempts {
     /// After `node` failed with `status`: rests it on a transient failure, passes it over
     /// when it cannot serve the call, and waits (backing off) only when no other holder
     /// works.
-    pub(crate) async fn failed(&mut self, node: &Node, status: tonic::Status) -> Verdict {
+    pub(crate) async fn failed(&mut self, node: &Member, status: tonic::Status) -> Verdict {
         match Failure::of(status.code()) {
             Failure::Final => Verdict::Fail(status),
             Failure::Elsewhere if self.policy.pass_elsewhere => {
@@ -222,13 +222,13 @@ fn jittered(d: Duration) -> Duration {
 /// server, or any holder of a shard, may answer. When every node failed, the last failure;
 /// with no node at all, `none`.
 pub(crate) async fn first_answer<T, F, Fut>(
-    nodes: Vec<Arc<Node>>,
+    nodes: Vec<Arc<Member>>,
     pass_elsewhere: bool,
     none: &str,
     ask: F,
 ) -> Result<T>
 where
-    F: Fn(Arc<Node>) -> Fut,
+    F: Fn(Arc<Member>) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     let mut attempts = Attempts::new(nodes, 0, Policy::first_of(pass_elsewhere));
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(Failure::of(Code::DataLoss), Failure::Final);
     }
 
-    async fn lazy_nodes(n: usize) -> Vec<Arc<Node>> {
+    async fn lazy_nodes(n: usize) -> Vec<Arc<Member>> {
         let urls: Vec<String> = (1..=n).map(|i| format!("http://127.0.0.1:{i}")).collect();
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         Fleet::connect(&urls, crate::ConnectOptions::default())

@@ -16,7 +16,7 @@ use pushdown_protocol::{Compression, PlanEstimate, StreamStats};
 
 use crate::client::PushdownClient;
 use crate::error::{ClientError, Result};
-use crate::loader::{Ahead, Begun, LoaderOptions, LoaderSource, Prepared};
+use crate::loader::{Begun, EpochAhead, LoaderOptions, LoaderSource, Prepared};
 use crate::stream::{SharedTotals, StreamTotals};
 
 /// What to run and where to put it.
@@ -231,11 +231,11 @@ async fn read_epochs(
     let mut delivered = Delivered::default();
     let mut current = prepared.records(0, 0).start(&prepared, totals.clone(), &handle);
     for epoch in 0..epochs {
-        let mut ahead: Option<Ahead<RecordBatch>> = None;
+        let mut ahead: Option<EpochAhead<RecordBatch>> = None;
         loop {
             if ahead.is_none() && epoch + 1 < epochs && current.next_due() {
                 let spec = prepared.records(epoch + 1, 0);
-                ahead = Some(Ahead::start(&prepared, spec, totals.clone(), &handle));
+                ahead = Some(EpochAhead::start(&prepared, spec, totals.clone(), &handle));
             }
             let asked = Instant::now();
             let next = current.rx.recv().await;

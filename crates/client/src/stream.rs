@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::completion::Completion;
 use crate::error::{ClientError, Result};
-use crate::fleet::{Fleet, Node};
+use crate::fleet::{Fleet, Member};
 use crate::retry::{Attempts, Failure, Policy, Verdict};
 use tracing::Instrument;
 
@@ -592,7 +592,7 @@ impl EndpointRun {
     /// One request to `node`, counted as a stream in flight on it while it runs.
     async fn fetch_from(
         &mut self,
-        node: &Arc<Node>,
+        node: &Arc<Member>,
         bytes: bytes::Bytes,
         dealt: Option<&mut crate::completion::Dealt>,
     ) -> Result<(), Fetch> {
@@ -622,7 +622,7 @@ impl EndpointRun {
     }
 
     /// The stream from `node` ended without an error: the shard is done, or short of its count.
-    fn ended_cleanly(&self, node: &Node, dealt: Option<&mut crate::completion::Dealt>) {
+    fn ended_cleanly(&self, node: &Member, dealt: Option<&mut crate::completion::Dealt>) {
         node.succeeded();
         if let Some(d) = dealt {
             d.finished();
@@ -652,7 +652,7 @@ impl EndpointRun {
     /// After `node` failed with `status` (`before`: the rows delivered when it was asked):
     /// what the retry policy says, and whether the stream can resume. `false` when the
     /// shard's error was sent instead (final, not resumable, or out of retries).
-    async fn after_failure(&mut self, node: &Node, status: tonic::Status, before: u64) -> bool {
+    async fn after_failure(&mut self, node: &Member, status: tonic::Status, before: u64) -> bool {
         if Failure::of(status.code()) == Failure::Transient && self.resumable.is_none() && self.delivered > 0
         {
             node.failed(self.options.retry_backoff);
@@ -710,7 +710,7 @@ async fn complete(
         Ok(done) => done.map_err(Fetch::Failed),
         Err(source) => Err(Fetch::Failed(ClientError::Task {
             what: "completing a deferred batch",
-            source,
+            cause: source,
         })),
     }
 }
@@ -740,7 +740,7 @@ enum Fetch {
 
 /// One DoGet on `node`: decodes the stream into `tx`, counting bytes and delivered rows.
 async fn fetch(
-    node: &Node,
+    node: &Member,
     index: usize,
     ticket: bytes::Bytes,
     tx: &Buffer,
@@ -852,7 +852,7 @@ impl Progress<'_> {
         &mut self,
         mut batch: RecordBatch,
         first: bool,
-        node: &Node,
+        node: &Member,
         index: usize,
         tx: &Buffer,
     ) -> Result<bool, Fetch> {
@@ -895,7 +895,7 @@ impl Progress<'_> {
         &mut self,
         trailer: Option<StreamStats>,
         received: u64,
-        node: &Node,
+        node: &Member,
         index: usize,
         totals: &SharedTotals,
     ) -> Result<(), Fetch> {

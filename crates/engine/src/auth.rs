@@ -117,6 +117,59 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+/// Why a tokens file was refused: the file, the line, never the token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("reading {}: {cause}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("{}line {line}: {reason}", file_prefix(file))]
+    Line {
+        file: Option<std::path::PathBuf>,
+        line: usize,
+        reason: String,
+    },
+    #[error(
+        "{}the file holds no token (a server with tokens must accept one)",
+        file_prefix(file)
+    )]
+    Empty { file: Option<std::path::PathBuf> },
+}
+
+impl TokensError {
+    fn line(line: usize, reason: String) -> Self {
+        TokensError::Line {
+            file: None,
+            line,
+            reason,
+        }
+    }
+
+    /// The error as `path`'s.
+    fn in_file(self, path: &std::path::Path) -> Self {
+        match self {
+            TokensError::Line { line, reason, .. } => TokensError::Line {
+                file: Some(path.to_owned()),
+                line,
+                reason,
+            },
+            TokensError::Empty { .. } => TokensError::Empty {
+                file: Some(path.to_owned()),
+            },
+            read => read,
+        }
+    }
+}
+
+/// `FILE: ` where the error is a file's.
+fn file_prefix(file: &Option<std::path::PathBuf>) -> String {
+    file.as_ref()
+        .map(|p| format!("{}: ", p.display()))
+        .unwrap_or_default()
+}
+
 /// The shortest token accepted: 16 characters (a guessable token is a configuration error).
 pub const MIN_TOKEN_LEN: usize = 16;
 
@@ -129,7 +182,7 @@ fn digest(token: &[u8]) -> [u8; 32] {
 
 impl Tokens {
     /// Parses a tokens file (see the module docs). Errors name the line, never its token.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, TokensError> {
         let mut entries: Vec<Entry> = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line_no = i + 1;
@@ -142,31 +195,36 @@ impl Tokens {
                 .filter(|w| !w.is_empty());
             let token = words.next().unwrap_or_default();
             if token.len() < MIN_TOKEN_LEN {
-                return Err(format!(
-                    "line {line_no}: a token has at least {MIN_TOKEN_LEN} characters"
+                return Err(TokensError::line(
+                    line_no,
+                    format!("a token has at least {MIN_TOKEN_LEN} characters"),
                 ));
             }
             let names: Vec<&str> = words.collect();
             let grant = match names.as_slice() {
                 [] => {
-                    return Err(format!(
-                        "line {line_no}: the token grants no dataset (name datasets, or `*` for all)"
+                    return Err(TokensError::line(
+                        line_no,
+                        "the token grants no dataset (name datasets, or `*` for all)".into(),
                     ));
                 }
                 ["*"] => Grant::All,
                 names if names.contains(&"*") => {
-                    return Err(format!("line {line_no}: `*` stands alone"));
+                    return Err(TokensError::line(line_no, "`*` stands alone".into()));
                 }
                 names => {
                     if let Some(bad) = names.iter().find(|n| !crate::catalog::is_dataset_name(n)) {
-                        return Err(format!("line {line_no}: `{bad}` is not a dataset name"));
+                        return Err(TokensError::line(
+                            line_no,
+                            format!("`{bad}` is not a dataset name"),
+                        ));
                     }
                     Grant::Datasets(names.iter().map(|n| (*n).to_owned()).collect())
                 }
             };
             let digest = digest(token.as_bytes());
             if entries.iter().any(|e| bool::from(e.digest.ct_eq(&digest))) {
-                return Err(format!("line {line_no}: the same token appears twice"));
+                return Err(TokensError::line(line_no, "the same token appears twice".into()));
             }
             entries.push(Entry {
                 digest,
@@ -177,7 +235,7 @@ impl Tokens {
             });
         }
         if entries.is_empty() {
-            return Err("the file holds no token (a server with tokens must accept one)".into());
+            return Err(TokensError::Empty { file: None });
         }
         Ok(Self {
             entries: parking_lot::RwLock::new(Arc::new(entries)),
@@ -197,9 +255,12 @@ impl Tokens {
     }
 
     /// Reads and parses a tokens file.
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &std::path::Path) -> Result<Self, TokensError> {
+        let text = std::fs::read_to_string(path).map_err(|cause| TokensError::Read {
+            path: path.to_owned(),
+            cause,
+        })?;
+        Self::parse(&text).map_err(|e| e.in_file(path))
     }
 
     pub fn len(&self) -> usize {
@@ -386,7 +447,7 @@ mod tests {
             ),
             ("# nothing\n", "holds no token"),
         ] {
-            let err = Tokens::parse(text).expect_err(text);
+            let err = Tokens::parse(text).expect_err(text).to_string();
             assert!(err.contains(expected), "{text:?}: {err}");
             assert!(!err.contains("aaaaaaaaaaaaaaaa"), "{err}");
         }

@@ -531,7 +531,7 @@ impl FragmentCache {
         if let Some(dir) = &config.disk {
             let unusable = |source| StartupError::CacheDir {
                 dir: dir.clone(),
-                source,
+                cause: source,
             };
             std::fs::create_dir_all(dir).map_err(unusable)?;
             let listing = std::fs::read_dir(dir).map_err(unusable)?;

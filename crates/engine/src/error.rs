@@ -1,5 +1,10 @@
 //! The server's one error type. Its exhaustive mapping to gRPC statuses is the front end's
 //! (`pushdown-server`'s `status` module).
+//!
+//! The project's error rule, for every error type it defines: an error states its cause in
+//! its `Display` and keeps it as a field (`cause`), never also as its `source()`. A message
+//! sent to a client is then whole in one line, and a report walking the chain (`pushdown`'s
+//! `error_report`, anyhow's) says each thing once, with nothing to deduplicate.
 
 use datafusion::error::DataFusionError;
 use pushdown_protocol::ProtocolError;
@@ -18,10 +23,10 @@ pub enum ServerError {
     Misconfigured(String),
 
     #[error("malformed ticket: {0}")]
-    BadTicket(#[source] ProtocolError),
+    BadTicket(ProtocolError),
 
     #[error("malformed command: {0}")]
-    BadCommand(#[source] ProtocolError),
+    BadCommand(ProtocolError),
 
     #[error("{0}")]
     BadRequest(String),
@@ -35,8 +40,7 @@ pub enum ServerError {
     BadPart {
         what: String,
         reason: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
     #[error("only read-only SELECT queries over the catalog are accepted: {0}")]
@@ -86,15 +90,14 @@ pub enum ServerError {
 
     /// A protocol message from the caller that does not decode (a Flight SQL command, an
     /// action's body).
-    #[error("malformed {what}: {source}")]
+    #[error("malformed {what}: {cause}")]
     BadMessage {
         what: &'static str,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
     #[error("query failed: {0}")]
-    Query(#[source] DataFusionError),
+    Query(DataFusionError),
 
     /// The store failed; may succeed on retry. (Its message already holds its causes.)
     #[error("storage error: {0}")]
@@ -110,27 +113,24 @@ pub enum ServerError {
 
     /// The server's own step `what` failed with `source` (a UDF missing from its session, a
     /// tokenizer that does not serialize).
-    #[error("internal error: {what}: {source}")]
+    #[error("internal error: {what}: {cause}")]
     Failed {
         what: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// Arrow refused to encode what the server built (a schema, a batch, IPC options).
-    #[error("internal error: {what}: {source}")]
+    #[error("internal error: {what}: {cause}")]
     Encode {
         what: &'static str,
-        #[source]
-        source: arrow::error::ArrowError,
+        cause: arrow::error::ArrowError,
     },
 
     /// Work run on the CPU runtime panicked or was cancelled.
-    #[error("internal error: the {what} task: {source}")]
+    #[error("internal error: the {what} task: {cause}")]
     Task {
         what: String,
-        #[source]
-        source: tokio::task::JoinError,
+        cause: tokio::task::JoinError,
     },
 
     /// No credentials, or credentials this server does not accept.
@@ -145,38 +145,38 @@ pub enum ServerError {
 impl ServerError {
     /// Arrow failed `what`: the server's own failure.
     pub fn encode(what: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Self {
-        move |source| ServerError::Encode { what, source }
+        move |cause| ServerError::Encode { what, cause }
     }
 
     /// DataFusion refused `what`, a part of the caller's query: named by its root cause.
-    pub fn bad_part(what: impl Into<String>, source: DataFusionError) -> Self {
+    pub fn bad_part(what: impl Into<String>, cause: DataFusionError) -> Self {
         ServerError::BadPart {
             what: what.into(),
-            reason: query_message(source.find_root()),
-            source: Box::new(source),
+            reason: query_message(cause.find_root()),
+            cause: Box::new(cause),
         }
     }
 
     /// `what`, the caller's text, does not parse.
     pub fn bad_syntax(
         what: impl Into<String>,
-        source: impl std::error::Error + Send + Sync + 'static,
+        cause: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         ServerError::BadPart {
             what: what.into(),
-            reason: source.to_string(),
-            source: Box::new(source),
+            reason: cause.to_string(),
+            cause: Box::new(cause),
         }
     }
 
     /// The server's own step `what` failed.
     pub fn failed(
         what: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
         ServerError::Failed {
             what: what.into(),
-            source: source.into(),
+            cause: cause.into(),
         }
     }
 }
@@ -422,8 +422,8 @@ mod tests {
     use super::*;
 
     /// A refused part of a query names the part and DataFusion's root cause, keeps the whole
-    /// error as its source, and is the caller's error; a failed step of the server's own is
-    /// the server's.
+    /// error as its cause (not its source: the rule), and is the caller's error; a failed
+    /// step of the server's own is the server's.
     #[test]
     fn refused_parts_keep_their_cause() {
         let root = DataFusionError::Plan("no field named `nope`".into());
@@ -435,11 +435,12 @@ mod tests {
             e.to_string(),
             "invalid query: predicate `nope > 1`: no field named `nope`"
         );
-        assert!(
-            e.source().is_some_and(|s| s.to_string().contains("parsing")),
-            "{:?}",
-            e.source()
-        );
+        // The whole cause is kept, said once: in the message, not again as the source.
+        let ServerError::BadPart { cause, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(cause.to_string().contains("parsing"), "{cause}");
+        assert!(e.source().is_none());
         assert_eq!(e.outcome(), "invalid");
 
         let failed = ServerError::failed("serializing the tokenizer", std::io::Error::other("full"));
@@ -447,7 +448,7 @@ mod tests {
             failed.to_string(),
             "internal error: serializing the tokenizer: full"
         );
-        assert!(failed.source().is_some());
+        assert!(failed.source().is_none(), "its cause is in its message");
         assert_eq!(failed.outcome(), "error");
     }
 }

@@ -59,7 +59,7 @@ mod udf;
 mod views;
 
 pub use allow::{CATALOG, MAX_EXPR_DEPTH, SCHEMA};
-pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens};
+pub use auth::{Caller, Grant, MIN_TOKEN_LEN, Tokens, TokensError};
 pub use cache::{CacheConfig, CacheMode};
 pub use catalog::{Catalog, DataFile, Dataset};
 pub use company::ClientId;

@@ -74,7 +74,7 @@ struct Held<T> {
 /// What [`Prefetch::claim`] found.
 #[cfg_attr(test, derive(PartialEq))]
 #[derive(Debug)]
-pub enum Claim<T> {
+pub enum Pickup<T> {
     /// Nothing was held.
     None,
     /// The stream held for this caller's ticket.
@@ -115,12 +115,12 @@ impl<T> Prefetch<T> {
 
     /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
     /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
-    pub fn claim(&self, principal: &str, ticket: &[u8]) -> Claim<T> {
+    pub fn claim(&self, principal: &str, ticket: &[u8]) -> Pickup<T> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         match self.held.lock().take() {
-            None => Claim::None,
-            Some(h) if &*h.principal == principal && h.ticket == ticket => Claim::Taken(h.opened),
-            Some(_) => Claim::Dropped,
+            None => Pickup::None,
+            Some(h) if &*h.principal == principal && h.ticket == ticket => Pickup::Taken(h.opened),
+            Some(_) => Pickup::Dropped,
         }
     }
 
@@ -167,7 +167,7 @@ mod tests {
 
     use std::sync::Arc;
 
-    use super::{Claim, Prefetch, SUCCESSOR_BYTES};
+    use super::{Pickup, Prefetch, SUCCESSOR_BYTES};
 
     #[test]
     fn only_its_caller_takes_a_held_stream_and_a_stale_one_is_never_held() {
@@ -177,18 +177,18 @@ mod tests {
         let g = p.begin();
         assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 1));
         assert!(p.holds());
-        assert_eq!(p.claim("me", b"t1"), Claim::Taken(1));
-        assert_eq!(p.claim("me", b"t1"), Claim::None);
+        assert_eq!(p.claim("me", b"t1"), Pickup::Taken(1));
+        assert_eq!(p.claim("me", b"t1"), Pickup::None);
         // Another caller, or another ticket, drops it.
         for (who, t) in [("you", &b"t1"[..]), ("me", &b"t2"[..])] {
             let g = p.begin();
             assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 2));
-            assert_eq!(p.claim(who, t), Claim::Dropped);
+            assert_eq!(p.claim(who, t), Pickup::Dropped);
             assert!(!p.holds());
         }
         // A stream that opened while the read-ahead was opening makes it stale: not held.
         let g = p.begin();
-        assert_eq!(p.claim("you", b"t9"), Claim::None);
+        assert_eq!(p.claim("you", b"t9"), Pickup::None);
         assert!(!p.hold(g, Arc::clone(&me), ticket.clone(), 3));
         assert!(!p.holds());
         // Expiry drops its own read-ahead, never a newer one.
@@ -199,7 +199,7 @@ mod tests {
         let newer = p.begin();
         assert!(p.hold(newer, Arc::clone(&me), ticket.clone(), 5));
         assert!(!p.expire(old));
-        assert_eq!(p.claim("me", b"t1"), Claim::Taken(5));
+        assert_eq!(p.claim("me", b"t1"), Pickup::Taken(5));
     }
 
     #[test]

@@ -31,20 +31,20 @@ use crate::startup::StartupError;
 pub fn open_store(data: &str) -> std::result::Result<Arc<dyn ObjectStore>, StartupError> {
     let store_error = |source| StartupError::Store {
         data: data.to_owned(),
-        source,
+        cause: source,
     };
     let is_url = data.contains("://");
     if !is_url {
         let root = std::fs::canonicalize(data).map_err(|source| StartupError::DataRoot {
             data: data.to_owned(),
-            source,
+            cause: source,
         })?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(root).map_err(store_error)?;
         return Ok(Arc::new(LocalFiles { inner: store }));
     }
     let url = url::Url::parse(data).map_err(|source| StartupError::DataUrl {
         data: data.to_owned(),
-        source,
+        cause: source,
     })?;
     let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| store_error(e.into()))?;
     let store: Box<dyn ObjectStore> = match scheme {

@@ -31,7 +31,7 @@ use crate::cache::{CacheMode, Cacheable, Claim, Lookup, Tee};
 use crate::company::{ClientId, Seat};
 use crate::error::{Result, ServerError};
 use crate::node::Node;
-use crate::prefetch::{Claim as Held, HELD_FOR};
+use crate::prefetch::{HELD_FOR, Pickup};
 use crate::query::{Opened, Started, ordered_stream, scan_stats};
 use crate::requests::Slot;
 use crate::runtime::CpuRuntime;
@@ -48,14 +48,14 @@ pub enum CacheUse {
 /// Where a stream's fragment ops run: the first `on_server` here, the rest (from
 /// `deferred_from`) on the client.
 #[derive(Debug, Default)]
-pub(crate) struct Placement {
+pub(crate) struct StreamSplit {
     ops: Vec<String>,
     on_server: usize,
     deferred_from: Option<usize>,
     reducing: Option<Counted>,
 }
 
-impl Placement {
+impl StreamSplit {
     /// Whether the stream's fragment has ops and this server left every one to the client:
     /// it reads and sends, reducing nothing (see [`Node::runtime_for`]).
     pub(crate) fn reduces_nothing(&self) -> bool {
@@ -140,9 +140,9 @@ impl Node {
     /// and as many streams as CPU threads run ops here now; the ticket's fragment is then
     /// [`pushdown_protocol::Fragment::deferred`]. A stream that runs ops here counts as
     /// reducing while it computes: one waiting for its client leaves the cores to others.
-    pub(crate) fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, Placement) {
+    pub(crate) fn place(&self, mut ticket: ShardTicket) -> (ShardTicket, StreamSplit) {
         let Query::Fragment(fragment) = &ticket.request.query else {
-            return (ticket, Placement::default());
+            return (ticket, StreamSplit::default());
         };
         let ops: Vec<String> = fragment.ops.iter().map(|c| c.op.clone()).collect();
         let from = match ticket.request.deferral {
@@ -164,7 +164,7 @@ impl Node {
             self.metrics.deferred_streams.inc();
         }
         let reducing = (on_server > 0).then(|| Counted::new(Arc::clone(&self.reducing)));
-        let placement = Placement {
+        let placement = StreamSplit {
             ops,
             on_server,
             deferred_from: from,
@@ -175,7 +175,7 @@ impl Node {
 
     /// The runtime a stream placed so runs on: [`Node::unreduced`] for one that reduces
     /// nothing here, else [`Node::cpu`].
-    pub(crate) fn runtime_for(&self, placement: &Placement) -> &CpuRuntime {
+    pub(crate) fn runtime_for(&self, placement: &StreamSplit) -> &CpuRuntime {
         if placement.reduces_nothing() {
             &self.unreduced
         } else {
@@ -213,7 +213,7 @@ impl Node {
     ) -> Result<T> {
         runtime.spawn(work).await.map_err(|source| ServerError::Task {
             what: what.to_owned(),
-            source,
+            cause: source,
         })?
     }
 
@@ -225,18 +225,18 @@ impl Node {
     pub(crate) async fn open_ticket(
         self: &Arc<Self>,
         raw: &[u8],
-        (ticket, placement): (&ShardTicket, &Placement),
+        (ticket, placement): (&ShardTicket, &StreamSplit),
         checked: CheckedQuery,
         caller: &Caller,
         parallelism: usize,
     ) -> Result<Opened> {
         let ahead = match self.prefetch.claim(&caller.principal, raw) {
-            Held::None => None,
-            Held::Dropped => {
+            Pickup::None => None,
+            Pickup::Dropped => {
                 self.metrics.read_ahead("dropped");
                 None
             }
-            Held::Taken(opened) => {
+            Pickup::Taken(opened) => {
                 let unchanged =
                     *ticket.encode() == *raw && self.engine.still_current(ticket).await.unwrap_or(false);
                 self.metrics.read_ahead(if unchanged { "taken" } else { "stale" });
@@ -314,7 +314,7 @@ impl Node {
         self: &Arc<Self>,
         ticket: &ShardTicket,
         mut opened: Opened,
-        placement: Placement,
+        placement: StreamSplit,
         grant: &Grant,
         cache: CacheUse,
     ) -> Result<TicketStream> {
@@ -475,7 +475,7 @@ pub struct OpenedStream {
     node: Arc<Node>,
     ticket: ShardTicket,
     opened: Opened,
-    placement: Placement,
+    placement: StreamSplit,
     grant: Arc<Grant>,
     client: ClientId,
     slot: Slot,
@@ -555,7 +555,7 @@ pub struct TicketStream {
     start: Instant,
     claim: Option<(Claim, Box<Tee>)>,
     hit_bytes: Option<u64>,
-    placement: Placement,
+    placement: StreamSplit,
     computing: Counted,
     /// What finding a filtered part's rows read before the plan ran.
     prescan: StreamStats,

@@ -86,11 +86,11 @@ impl Views {
         use crate::startup::StartupError;
         let text = std::fs::read_to_string(path).map_err(|source| StartupError::Read {
             path: path.to_owned(),
-            source,
+            cause: source,
         })?;
         Self::from_toml(&text).map_err(|source| StartupError::Views {
             path: path.to_owned(),
-            source: Box::new(source),
+            cause: Box::new(source),
         })
     }
 

@@ -84,7 +84,10 @@ pub fn input_array(batch: &RecordBatch, path: &[usize]) -> Result<ArrayRef> {
                     .into_builder()
                     .nulls(nulls)
                     .build()
-                    .map_err(|source| OpError::Arrow { op: "input", source })?;
+                    .map_err(|source| OpError::Arrow {
+                        op: "input",
+                        cause: source,
+                    })?;
                 arrow::array::make_array(data)
             }
         };
@@ -266,7 +269,7 @@ impl Calls {
             batch = RecordBatch::try_new_with_options(Arc::clone(&b.schema), columns, &options).map_err(
                 |source| OpError::Arrow {
                     op: b.op.name(),
-                    source,
+                    cause: source,
                 },
             )?;
         }

@@ -305,7 +305,7 @@ pub(crate) fn images_to_pixels(
     let nulls = valid.contains(&false).then(|| NullBuffer::from(valid));
     FixedSizeListArray::try_new(item, size as i32, Arc::new(UInt8Array::from(values)), nulls)
         .map(|a| Arc::new(a) as ArrayRef)
-        .map_err(|source| OpError::Arrow { op, source })
+        .map_err(|source| OpError::Arrow { op, cause: source })
 }
 
 /// `decode_resize(image, width, height)`: decode, resize to exactly `width × height`, emit

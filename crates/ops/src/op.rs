@@ -32,11 +32,10 @@ pub enum OpError {
         row: usize,
         reason: String,
     },
-    #[error("{op}: {source}")]
+    #[error("{op}: {cause}")]
     Arrow {
         op: &'static str,
-        #[source]
-        source: arrow::error::ArrowError,
+        cause: arrow::error::ArrowError,
     },
 }
 

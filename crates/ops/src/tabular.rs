@@ -48,7 +48,7 @@ impl Op for HashBucket {
         let text = cast_with_options(input, &DataType::Utf8, &CastOptions::default()).map_err(|source| {
             OpError::Arrow {
                 op: self.name(),
-                source,
+                cause: source,
             }
         })?;
         let text = text.as_string::<i32>();
@@ -158,7 +158,7 @@ impl Op for Cast {
         };
         cast_with_options(input, &target, &options).map_err(|source| OpError::Arrow {
             op: "cast_to",
-            source,
+            cause: source,
         })
     }
 }

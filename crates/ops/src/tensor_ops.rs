@@ -92,7 +92,7 @@ fn map_u8(
         list.nulls().cloned(),
     )
     .map(|a| Arc::new(a) as ArrayRef)
-    .map_err(|source| OpError::Arrow { op, source })
+    .map_err(|source| OpError::Arrow { op, cause: source })
 }
 
 fn crop_size(op: &'static str, params: &[Value], (h, w, _): (usize, usize, usize)) -> Result<(usize, usize)> {
@@ -608,7 +608,7 @@ impl Op for Normalize {
             .map(|a| Arc::new(a) as ArrayRef)
             .map_err(|source| OpError::Arrow {
                 op: "normalize",
-                source,
+                cause: source,
             })
     }
 }
@@ -842,7 +842,7 @@ impl Op for RandomMask {
         let (p, mask_id) = Self::params(params)?;
         let arrow_err = |source| OpError::Arrow {
             op: "random_mask",
-            source,
+            cause: source,
         };
         // Work on the flat values as i64, then cast back: one code path for every integer type.
         let (offsets, values): (Vec<usize>, ArrayRef) = match input.data_type() {

@@ -314,7 +314,7 @@ impl Op for Tokenize {
         let room = text_room(&tokenizer, max_len, special)?;
         let text = arrow::compute::cast(input, &DataType::Utf8).map_err(|source| OpError::Arrow {
             op: "tokenize",
-            source,
+            cause: source,
         })?;
         let text = text.as_string::<i32>();
         // A token spans at least one byte of text: never reserve more ids than bytes (a
@@ -369,7 +369,7 @@ fn narrowed(op: &'static str, list: ArrayRef, item: &DataType) -> Result<ArrayRe
             ..Default::default()
         },
     )
-    .map_err(|source| OpError::Arrow { op, source })
+    .map_err(|source| OpError::Arrow { op, cause: source })
 }
 
 /// `pad_tokens(tokens, len[, pad_id])`: token lists cut or padded (with `pad_id`, default 0 =
@@ -440,7 +440,7 @@ impl Op for PadTokens {
         let (len, pad) = Self::params(params)?;
         let arrow_err = |source| OpError::Arrow {
             op: "pad_tokens",
-            source,
+            cause: source,
         };
         let item = Arc::new(Field::new_list_field(DataType::UInt32, true));
         let as_list = arrow::compute::cast(input, &DataType::LargeList(item)).map_err(arrow_err)?;

@@ -45,11 +45,10 @@ pub const TICKET_VERSION: u32 = 2;
 /// A wire message that does not describe a valid request.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
-    #[error("malformed {message}: {source}")]
+    #[error("malformed {message}: {cause}")]
     Decode {
         message: &'static str,
-        #[source]
-        source: prost::DecodeError,
+        cause: prost::DecodeError,
     },
     #[error("{message} is missing required field `{field}`")]
     Missing {
@@ -301,7 +300,7 @@ impl PlanEstimate {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let m = proto::PlanEstimate::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "PlanEstimate",
-            source,
+            cause: source,
         })?;
         Ok(Self {
             rows_upper_bound: m.rows_upper_bound,
@@ -440,7 +439,7 @@ impl Profile {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let m = proto::Profile::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "Profile",
-            source,
+            cause: source,
         })?;
         Ok(Self {
             rows_sampled: m.rows_sampled,
@@ -598,7 +597,7 @@ impl DatasetVersion {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let m = proto::DatasetVersion::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "DatasetVersion",
-            source,
+            cause: source,
         })?;
         Ok(Self {
             dataset: m.dataset,
@@ -619,7 +618,7 @@ impl ClientReport {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let report = Self::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "ClientReport",
-            source,
+            cause: source,
         })?;
         for (field, x) in [
             ("elapsed_seconds", report.elapsed_seconds),
@@ -645,7 +644,7 @@ impl ScalingSignal {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         Self::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "ScalingSignal",
-            source,
+            cause: source,
         })
     }
 }
@@ -664,7 +663,7 @@ impl CountReply {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let m = proto::CountReply::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "CountReply",
-            source,
+            cause: source,
         })?;
         Ok(Self { rows: m.rows })
     }
@@ -754,7 +753,7 @@ impl ShardTicket {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let message = proto::ShardTicket::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "ShardTicket",
-            source,
+            cause: source,
         })?;
         from_proto::shard_ticket(message)
     }
@@ -768,7 +767,7 @@ impl StreamStats {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let m = proto::StreamStats::decode(bytes).map_err(|source| ProtocolError::Decode {
             message: "StreamStats",
-            source,
+            cause: source,
         })?;
         Ok(from_proto::stream_stats(m))
     }

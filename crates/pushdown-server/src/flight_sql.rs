@@ -234,7 +234,7 @@ impl FlightSql {
                 "flight_sql",
                 ServerError::BadMessage {
                     what: "Flight SQL command",
-                    source: Box::new(source),
+                    cause: Box::new(source),
                 },
             )
         }))
@@ -441,7 +441,7 @@ impl FlightSql {
     fn unpack<M: ProstMessageExt + Default>(&self, request: &Request<Action>) -> Result<M, Status> {
         let malformed = |source: Box<dyn std::error::Error + Send + Sync>| ServerError::BadMessage {
             what: "Flight SQL action",
-            source,
+            cause: source,
         };
         let message = Any::decode(&*request.get_ref().body)
             .map_err(|e| malformed(Box::new(e)))

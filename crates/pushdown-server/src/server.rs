@@ -69,7 +69,7 @@ impl ServerTls {
 pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, StartupError> {
     std::fs::read(path).map_err(|source| StartupError::Read {
         path: path.to_owned(),
-        source,
+        cause: source,
     })
 }
 
@@ -226,7 +226,7 @@ impl Server {
 
     /// Binds `addr` and serves in the background (tests, the demo).
     pub async fn spawn(self, addr: SocketAddr) -> Result<RunningServer, StartupError> {
-        let bind = |source| StartupError::Bind { addr, source };
+        let bind = |source| StartupError::Bind { addr, cause: source };
         let listener = TcpListener::bind(addr).await.map_err(bind)?;
         let addr = listener.local_addr().map_err(bind)?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

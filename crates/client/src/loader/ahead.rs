@@ -7,9 +7,9 @@
 //!   slack, and filling its first shuffle window overlaps this epoch's tail instead of
 //!   stalling the consumer at every boundary.
 //! * **How**: planned again on what the servers list when it starts (files added join it),
-//!   then produced into a channel of its own ([`Ahead::start`]).
+//!   then produced into a channel of its own ([`EpochAhead::start`]).
 //! * **Taken**: when the consumer reaches it, if it is that epoch with that echo, on the
-//!   shards the servers list then ([`Ahead::begin`]); otherwise dropped and the epoch
+//!   shards the servers list then ([`EpochAhead::begin`]); otherwise dropped and the epoch
 //!   planned afresh, so an epoch always reads what the servers list when it begins.
 
 use std::sync::Arc;
@@ -106,14 +106,14 @@ impl<T: Send + 'static> EpochSpec<T> {
 
 /// The next epoch, started before the consumer reaches it.
 #[derive(Debug)]
-pub(crate) struct Ahead<T> {
+pub(crate) struct EpochAhead<T> {
     pub(crate) epoch: u64,
     echo: u64,
     produced: Produced<T>,
     prepared: oneshot::Receiver<Prepared>,
 }
 
-/// What [`Ahead::begin`] gives: the epoch as planned ahead, or nothing to take.
+/// What [`EpochAhead::begin`] gives: the epoch as planned ahead, or nothing to take.
 pub(crate) enum Begun<T> {
     Taken(Prepared, Produced<T>),
     /// Its planning failed: the error waits in its channel, the epoch's to report.
@@ -122,7 +122,7 @@ pub(crate) enum Begun<T> {
     Dropped,
 }
 
-impl<T: Send + 'static> Ahead<T> {
+impl<T: Send + 'static> EpochAhead<T> {
     /// Plans `spec`'s epoch again from `base` (what the servers list now) and starts
     /// producing it, on `handle`.
     pub(crate) fn start(

@@ -40,7 +40,7 @@ mod producer;
 mod tensors;
 
 pub use ahead::EpochBatches;
-pub(crate) use ahead::{Ahead, Begun};
+pub(crate) use ahead::{Begun, EpochAhead};
 use ahead::{EpochSignal, EpochSpec};
 use mixed::{MixProducer, Mixture};
 pub use options::{LoaderOptions, LoaderSource, MixtureSource, Push};
@@ -138,7 +138,7 @@ pub struct Loader {
     /// When the last report was sent, and the wait and rows counted by then.
     reported: Option<(Instant, Duration, u64)>,
     /// The next epoch, started once this one's last shards are in flight (see `ahead`).
-    ahead: Option<Ahead<TensorBatch>>,
+    ahead: Option<EpochAhead<TensorBatch>>,
     /// The order's partitions: the options' (or their default), or a restored state's.
     partitions: u64,
     /// What the finished epochs' streams cost (bytes, retries, streams in flight).
@@ -752,7 +752,7 @@ impl Loader {
             partitions: Some(self.partitions),
             finish: to_tensors,
         };
-        self.ahead = Some(Ahead::start(
+        self.ahead = Some(EpochAhead::start(
             &self.prepared,
             spec,
             self.streams.clone(),
@@ -761,8 +761,8 @@ impl Loader {
     }
 
     /// Begins the current epoch with the one started ahead, if it is this epoch, with this
-    /// echo, on the shards the servers list now ([`Ahead::begin`]).
-    fn adopt_ahead(&mut self, ahead: Ahead<TensorBatch>) -> Result<()> {
+    /// echo, on the shards the servers list now ([`EpochAhead::begin`]).
+    fn adopt_ahead(&mut self, ahead: EpochAhead<TensorBatch>) -> Result<()> {
         let Some(runtime) = &self.runtime else {
             return Ok(());
         };

@@ -643,7 +643,7 @@ pub(super) async fn send_next<T>(
     if let Some(joined) = in_flight.next().await {
         let batch = joined.map_err(|source| ClientError::Task {
             what: "a loader worker",
-            source,
+            cause: source,
         })??;
         room.send(Ok(batch));
     }
