@@ -71,7 +71,7 @@ struct Held<T> {
     generation: u64,
 }
 
-/// What [`Prefetch::claim`] found.
+/// What [`Prefetch::pick_up`] found.
 #[cfg_attr(test, derive(PartialEq))]
 #[derive(Debug)]
 pub enum Pickup<T> {
@@ -115,7 +115,7 @@ impl<T> Prefetch<T> {
 
     /// A stream opens for `principal`'s `ticket`: takes what was opened ahead for it, or
     /// drops what was opened ahead for anything else. Read-aheads still opening are stale.
-    pub fn claim(&self, principal: &str, ticket: &[u8]) -> Pickup<T> {
+    pub fn pick_up(&self, principal: &str, ticket: &[u8]) -> Pickup<T> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         match self.held.lock().take() {
             None => Pickup::None,
@@ -177,18 +177,18 @@ mod tests {
         let g = p.begin();
         assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 1));
         assert!(p.holds());
-        assert_eq!(p.claim("me", b"t1"), Pickup::Taken(1));
-        assert_eq!(p.claim("me", b"t1"), Pickup::None);
+        assert_eq!(p.pick_up("me", b"t1"), Pickup::Taken(1));
+        assert_eq!(p.pick_up("me", b"t1"), Pickup::None);
         // Another caller, or another ticket, drops it.
         for (who, t) in [("you", &b"t1"[..]), ("me", &b"t2"[..])] {
             let g = p.begin();
             assert!(p.hold(g, Arc::clone(&me), ticket.clone(), 2));
-            assert_eq!(p.claim(who, t), Pickup::Dropped);
+            assert_eq!(p.pick_up(who, t), Pickup::Dropped);
             assert!(!p.holds());
         }
         // A stream that opened while the read-ahead was opening makes it stale: not held.
         let g = p.begin();
-        assert_eq!(p.claim("you", b"t9"), Pickup::None);
+        assert_eq!(p.pick_up("you", b"t9"), Pickup::None);
         assert!(!p.hold(g, Arc::clone(&me), ticket.clone(), 3));
         assert!(!p.holds());
         // Expiry drops its own read-ahead, never a newer one.
@@ -199,7 +199,7 @@ mod tests {
         let newer = p.begin();
         assert!(p.hold(newer, Arc::clone(&me), ticket.clone(), 5));
         assert!(!p.expire(old));
-        assert_eq!(p.claim("me", b"t1"), Pickup::Taken(5));
+        assert_eq!(p.pick_up("me", b"t1"), Pickup::Taken(5));
     }
 
     #[test]

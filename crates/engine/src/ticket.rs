@@ -230,7 +230,7 @@ impl Node {
         caller: &Caller,
         parallelism: usize,
     ) -> Result<Opened> {
-        let ahead = match self.prefetch.claim(&caller.principal, raw) {
+        let ahead = match self.prefetch.pick_up(&caller.principal, raw) {
             Pickup::None => None,
             Pickup::Dropped => {
                 self.metrics.read_ahead("dropped");
