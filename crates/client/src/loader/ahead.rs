@@ -19,7 +19,7 @@ use arrow::array::RecordBatch;
 use pushdown_task::Task;
 use tokio::sync::{mpsc, oneshot};
 
-use super::prepared::{Prepared, Shards};
+use super::prepared::{Prepared, Shards, Shared};
 use super::producer::{EpochWatch, Producer};
 use crate::error::Result;
 use crate::stream::SharedTotals;
@@ -91,16 +91,25 @@ impl<T: Send + 'static> EpochSpec<T> {
         let (shared, shards) = (Arc::clone(&prepared.shared), Arc::clone(&prepared.shards));
         let signal = EpochSignal::default();
         let watch = signal.watch(totals);
-        let producer = Task::spawn_on(handle, async move {
-            let mut producer = Producer::new(shared, shards, self.epoch, self.echo, self.first);
-            if let Some(p) = self.partitions {
-                producer = producer.with_partitions(p);
-            }
-            if let Err(e) = producer.run(tx.clone(), self.finish, watch).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        });
+        let producer = Task::spawn_on(handle, self.produce(shared, shards, tx, watch));
         Produced { rx, producer, signal }
+    }
+
+    /// Produces this epoch of (`shared`, `shards`) into `tx`; a failure is its last item.
+    async fn produce(
+        self,
+        shared: Arc<Shared>,
+        shards: Arc<Shards>,
+        tx: mpsc::Sender<Result<T>>,
+        watch: EpochWatch,
+    ) {
+        let mut producer = Producer::new(shared, shards, self.epoch, self.echo, self.first);
+        if let Some(p) = self.partitions {
+            producer = producer.with_partitions(p);
+        }
+        if let Err(e) = producer.run(tx.clone(), self.finish, watch).await {
+            let _ = tx.send(Err(e)).await;
+        }
     }
 }
 
@@ -136,6 +145,7 @@ impl<T: Send + 'static> EpochAhead<T> {
         let base = base.clone();
         let signal = EpochSignal::default();
         let watch = signal.watch(totals);
+        let (epoch, echo) = (spec.epoch, spec.echo);
         let producer = Task::spawn_on(handle, async move {
             let next = match base.replan().await {
                 Ok(next) => next,
@@ -146,17 +156,11 @@ impl<T: Send + 'static> EpochAhead<T> {
             };
             let (shared, shards) = (Arc::clone(&next.shared), Arc::clone(&next.shards));
             let _ = planned.send(next);
-            let mut producer = Producer::new(shared, shards, spec.epoch, spec.echo, spec.first);
-            if let Some(p) = spec.partitions {
-                producer = producer.with_partitions(p);
-            }
-            if let Err(e) = producer.run(tx.clone(), spec.finish, watch).await {
-                let _ = tx.send(Err(e)).await;
-            }
+            spec.produce(shared, shards, tx, watch).await;
         });
         Self {
-            epoch: spec.epoch,
-            echo: spec.echo,
+            epoch,
+            echo,
             produced: Produced { rx, producer, signal },
             prepared,
         }
