@@ -131,7 +131,7 @@ def recipe_batches(feed, server, data, workers, epochs):
     for x, y in source:
         if isinstance(x, str):  # the sources' (name, handle) heading
             continue
-        if x.dtype.name in ("uint16", "bfloat16"):  # bfloat16 bits
+        if not isinstance(x, torch.Tensor) and x.dtype.name in ("uint16", "bfloat16"):  # bfloat16 bits
             x = torch.from_numpy(np.asarray(x).view(np.int16)).view(torch.bfloat16)
         yield torch.as_tensor(x), torch.as_tensor(np.asarray(y)).long()
 

@@ -1,12 +1,4 @@
-//! Flight SQL prepared-statement handles (client-held bytes: the query and its bound
-//! parameters as Arrow IPC): decoding and binding never panic.
+//! libFuzzer on `pushdown_fuzz_targets::prepared_handle` (its property is documented there).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use pushdown_engine::PreparedStatement as Prepared;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(prepared) = Prepared::decode(data) {
-        let _ = prepared.bound_sql();
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| pushdown_fuzz_targets::prepared_handle(data));

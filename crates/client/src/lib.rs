@@ -30,7 +30,7 @@
 //! | mixtures of datasets | `mixture` |
 //! | the sample order; connections and the ranking of holders; the adaptive split's control loop | `order`, `fleet`, `control` |
 //! | length buckets; options and message sizes | `bucket`, `connect` |
-//! | dealing by weight, packed blocks, confining the loader's threads, errors | `deal`, `pack`, `affinity`, `error` |
+//! | dealing by weight, packed blocks, confining the loader's threads, errors; the check of a server's IPC message | `deal`, `pack`, `affinity`, `error`, `ipc` |
 //!
 //! This root only documents and re-exports.
 
@@ -43,6 +43,7 @@ mod control;
 mod deal;
 mod error;
 mod fleet;
+mod ipc;
 mod loader;
 pub mod mixture;
 mod order;
@@ -59,6 +60,7 @@ pub use client::{PushdownClient, SCALING_TIMEOUT};
 pub use completion::{Completion, CompletionTotals, ShardPlacement};
 pub use connect::{ConnectOptions, DEFAULT_CALL_TIMEOUT, MAX_MESSAGE_BYTES, plan_estimate};
 pub use error::{ClientError, ErrorKind, Result, status_text};
+pub use ipc::{MAX_DECODED_BUFFER_BYTES, check_message as check_ipc_message, next_decoded};
 pub use loader::{
     Column, EpochBatches, Loader, LoaderOptions, LoaderSource, LoaderStats, MixtureSource, Prepared, Push,
     TensorBatch,

@@ -396,7 +396,14 @@ impl LoaderState {
             .collect::<Result<_>>()?;
         let (sources, partitions) = (words[0] as usize, words[1] as usize);
         let cells = sources.checked_mul(partitions).ok_or_else(bad)?;
-        if sources == 0 || partitions as u64 != state.order.partitions || words.len() != 2 + cells {
+        // No partitions: nothing to take rows from (`chunks(0)` would panic), and a count of
+        // cells near `usize::MAX` must not overflow (both found by the `loader_state` fuzz
+        // target).
+        if sources == 0
+            || partitions == 0
+            || partitions as u64 != state.order.partitions
+            || Some(words.len()) != cells.checked_add(2)
+        {
             return Err(bad());
         }
         state.mixture = Some(Taken(
@@ -1195,6 +1202,35 @@ mod tests {
         }
         assert!(LoaderState::from_bytes(b"PDL4").is_err());
         assert!(LoaderState::from_bytes(&[0u8; STATE_LEN]).is_err());
+        // A mixture of no partitions (as its order says) is damaged, not a panic (found by
+        // the `loader_state` fuzz target; its input is in fuzz/corpus/loader_state/).
+        let mut none = LoaderState {
+            order: Order {
+                partitions: 0,
+                ..s.order
+            },
+            ..s.clone()
+        }
+        .to_bytes();
+        none[..4].copy_from_slice(MIXTURE_MAGIC);
+        none.extend([1u64, 0].iter().flat_map(|w| w.to_le_bytes()));
+        let e = LoaderState::from_bytes(&none)
+            .expect_err("no partitions")
+            .to_string();
+        assert!(e.contains("damaged"), "{e}");
+        // Sources × partitions near `usize::MAX`: damaged, no overflow.
+        let mut huge = LoaderState {
+            order: Order {
+                partitions: 1,
+                ..s.order
+            },
+            ..s.clone()
+        }
+        .to_bytes();
+        huge[..4].copy_from_slice(MIXTURE_MAGIC);
+        huge.extend([u64::MAX, 1, 0].iter().flat_map(|w| w.to_le_bytes()));
+        let e = LoaderState::from_bytes(&huge).expect_err("overflow").to_string();
+        assert!(e.contains("damaged"), "{e}");
         // The per-rank order's states are recognised (to restore at an epoch boundary).
         let mut v3 = b"PDL3".to_vec();
         for word in [5u64, 2, 0, 0, 2] {

@@ -780,7 +780,7 @@ async fn fetch(
     let mut placed = false;
     let mut received = 0u64;
     loop {
-        let item = match tokio::time::timeout(stall, decoder.next()).await {
+        let item = match tokio::time::timeout(stall, crate::ipc::next_decoded(&mut decoder)).await {
             Ok(Some(item)) => item,
             Ok(None) => break,
             Err(_) => return Err(stalled("no data")),
@@ -813,7 +813,7 @@ async fn fetch(
 }
 
 /// Counts a Flight message's bytes into `totals`; a metadata-only one goes to `trailer`
-/// instead of the IPC decoder.
+/// instead of the IPC decoder, and any other is checked for it ([`crate::ipc`]).
 fn count_message(
     item: Result<FlightData, tonic::Status>,
     totals: &SharedTotals,
@@ -832,7 +832,12 @@ fn count_message(
                 }
                 None
             } else {
-                Some(Ok(data))
+                // Checked before Arrow's decoder allocates what a compressed buffer claims.
+                Some(
+                    crate::ipc::check_message(&data)
+                        .map(|()| data)
+                        .map_err(FlightError::DecodeError),
+                )
             }
         }
         Err(status) => Some(Err(FlightError::Tonic(Box::new(status)))),

@@ -49,6 +49,9 @@ use pushdown_engine::{CATALOG, Grant, ListedKind, PreparedStatement, Result, SCH
 
 mod params;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use params::decode_params;
+
 /// The Flight SQL front end of a [`PushdownService`](crate::PushdownService).
 #[derive(Debug, Clone)]
 pub(crate) struct FlightSql {
@@ -220,24 +223,25 @@ fn once<T: Send + 'static>(item: T) -> Response<Stream<T>> {
     Response::new(futures::stream::iter([Ok(item)]).boxed())
 }
 
+/// `bytes` (a descriptor's command or a ticket) as a Flight SQL command: `None` when they
+/// are not Flight SQL (they are then the `pushdown` protocol's).
+pub(crate) fn decode_command(bytes: &[u8]) -> Option<Result<Command, ServerError>> {
+    let any = Any::decode(bytes).ok()?;
+    if !any.type_url.starts_with(FLIGHT_SQL_TYPE) {
+        return None;
+    }
+    Some(Command::try_from(any).map_err(|source| ServerError::BadMessage {
+        what: "Flight SQL command",
+        cause: Box::new(source),
+    }))
+}
+
 /// The dispatch: each RPC decodes its Flight SQL message once and `match`es the command.
 impl FlightSql {
     /// `bytes` (a descriptor's command or a ticket) as a Flight SQL command, decoded once:
     /// `None` when they are not Flight SQL (they are then the `pushdown` protocol's).
     pub(crate) fn command(&self, bytes: &[u8]) -> Option<Result<Command, Status>> {
-        let any = Any::decode(bytes).ok()?;
-        if !any.type_url.starts_with(FLIGHT_SQL_TYPE) {
-            return None;
-        }
-        Some(Command::try_from(any).map_err(|source| {
-            self.ctx.fail(
-                "flight_sql",
-                ServerError::BadMessage {
-                    what: "Flight SQL command",
-                    cause: Box::new(source),
-                },
-            )
-        }))
+        decode_command(bytes).map(|decoded| decoded.map_err(|e| self.ctx.fail("flight_sql", e)))
     }
 
     /// A command's `FlightInfo` (GetFlightInfo, PollFlightInfo and GetSchema).

@@ -21,7 +21,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
-//! | the builder, the socket, TLS ([`Server`]) | `server` |
+//! | the builder, the socket, TLS ([`Server`]); the decoders' entry points for fuzzing (feature `fuzzing`) | `server`, `fuzzing` |
 //! | the Flight service: requests decoded, dispatched, encoded | `service` |
 //! | Flight SQL, decoded once and matched by command | `flight_sql` |
 //! | what every handler shares (authentication, accounting, contained panics, planning); a `DoGet` stream's stages after the engine's ticket stream (the encoding sink, the trailer, the outcome) | `context`, `doget` |
@@ -43,6 +43,8 @@ mod codec;
 mod context;
 mod doget;
 mod flight_sql;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod http;
 mod server;
 mod service;

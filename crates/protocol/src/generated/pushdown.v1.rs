@@ -248,8 +248,8 @@ pub struct Profile {
     #[prost(double, tag = "3")]
     pub scan_ns_per_row: f64,
     /// Arrow bytes per passing row of each source column the fragment reads.
-    #[prost(map = "string, double", tag = "4")]
-    pub column_bytes_per_row: ::std::collections::HashMap<
+    #[prost(btree_map = "string, double", tag = "4")]
+    pub column_bytes_per_row: ::prost::alloc::collections::BTreeMap<
         ::prost::alloc::string::String,
         f64,
     >,
@@ -260,8 +260,8 @@ pub struct Profile {
     pub server_cores: u32,
     /// What the stream codecs do to each source column of `column_bytes_per_row` (absent:
     /// not measured, by an older server).
-    #[prost(map = "string, message", tag = "7")]
-    pub column_codecs: ::std::collections::HashMap<
+    #[prost(btree_map = "string, message", tag = "7")]
+    pub column_codecs: ::prost::alloc::collections::BTreeMap<
         ::prost::alloc::string::String,
         Codecs,
     >,

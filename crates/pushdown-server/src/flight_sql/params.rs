@@ -17,7 +17,7 @@ use pushdown_engine::{Result, ServerError};
 /// turned into the caller's error: arrow-rs builds arrays before validating them and panics
 /// on some malformed headers (a field longer than its buffers; found by the mutation test in
 /// tests/tests/security.rs), and these bytes come from the client.
-pub(super) fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>> {
+pub(crate) fn decode_params(messages: &[FlightData]) -> Result<Option<RecordBatch>> {
     let malformed = |why: String| ServerError::BadRequest(format!("parameters: {why}"));
     let mut schema: Option<SchemaRef> = None;
     let mut params: Option<RecordBatch> = None;
