@@ -2,12 +2,13 @@
 """The fuzzing ledger: every `scripts/fuzz.sh` run, one line each in fuzz/ledger.tsv
 (checked in), and the "Fuzzing" section of benches/RESULTS.md rendered from it.
 
-    scripts/fuzz-ledger.py add TARGET SECONDS LOG   # a run's figures, from libFuzzer's log
+    scripts/fuzz-ledger.py add TARGET SECONDS LOG   # a run's CPU seconds, its figures from libFuzzer's log
     scripts/fuzz-ledger.py render [RESULTS.md]      # the section between the fuzz markers
 
 A run's figures come from libFuzzer's own lines: the last status line (`#N ... cov: E ft: F
-corp: C/...`), `-print_final_stats=1`'s `stat::number_of_executed_units`, and its time from
-`Done N runs in S second(s)` (else the SECONDS given: a run that crashed). A crash is a
+corp: C/...`), `-print_final_stats=1`'s `stat::number_of_executed_units`; its time is the SECONDS given:
+the CPU seconds the fuzzing processes used (`scripts/fuzz.sh` measures them), so a run on a
+machine busy with other work counts only what it fuzzed. A crash is a
 run whose log says `ERROR: libFuzzer` or `panicked`; its artifact is named in the log.
 The table sums the runs of each target; coverage and corpus are the latest run's.
 """
@@ -55,9 +56,6 @@ def add(target, seconds, log):
         m = re.search(r"Test unit written to (\S+)", text)
         crash = m.group(1) if m else "crash (see log)"
     last = status[-1] if status else ("0", "0", "0", "0")
-    done = re.findall(r"^Done \d+ runs in (\d+) second", text, re.M)
-    if done:
-        seconds = done[-1]
     row = {
         "date": datetime.date.today().isoformat(),
         "target": target,
@@ -81,11 +79,13 @@ def render(results):
         by.setdefault(r["target"], []).append(r)
     out = [BEGIN, "## Fuzzing: every decoder of outside input under libFuzzer", "",
            "Command: `scripts/fuzz.sh TARGET SECONDS` (cargo-fuzz, libFuzzer with AddressSanitizer, "
-           "nightly Rust) on this 2-core machine; each run is a line of `fuzz/ledger.tsv`, summed "
+           "nightly Rust) on this 2-core machine; each run is a line of `fuzz/ledger.tsv`, its time "
+           "the CPU seconds the fuzzer used (runs before 2026-11-28's second session: wall seconds "
+           "on an otherwise idle core), summed "
            "here per target. Coverage (libFuzzer's edges `cov` and features `ft`) and the corpus "
            "are the latest run's; the corpus is then minimised (`cargo fuzz cmin`) and checked in, "
            "and `.ci/run` replays it (`cargo test -p pushdown-fuzz-targets`).", "",
-           "| target | decodes | runs | run time (min) | executions | edges (cov) | features (ft) | corpus | crashes found |",
+           "| target | decodes | runs | fuzzing time (CPU min) | executions | edges (cov) | features (ft) | corpus | crashes found |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for target, what in WHAT.items():
         rs = by.get(target, [])

@@ -43,15 +43,17 @@ for target in "${targets[@]}"; do
     (cd fuzz && cargo +nightly fuzz build "$target" > "logs/$target.build.log" 2>&1) ||
         { tail -n 20 "fuzz/logs/$target.build.log"; exit 1; }
     # The corpus folder grows in place (new inputs get hash names); the seeds stay.
-    start=$SECONDS
-    if ! (cd fuzz && cargo +nightly fuzz run "$target" "corpus/$target" -- \
-        -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 "${parallel[@]}" \
+    # The CPU seconds of the fuzzing processes are the run's time in the ledger: on a busy
+    # machine, wall time overstates the fuzzing done.
+    if ! (cd fuzz && /usr/bin/time -f "%U %S" -o "logs/$target.cpu" cargo +nightly fuzz run "$target" \
+        "corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 "${parallel[@]}" \
         -print_final_stats=1 > "logs/$target.log" 2>&1); then
         status=1
         grep -E "panicked|ERROR|SUMMARY|Test unit written" "fuzz/logs/$target.log" | head -n 20 || true
     fi
     grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units" "fuzz/logs/$target.log" || true
-    python3 scripts/fuzz-ledger.py add "$target" "$((SECONDS - start))" "fuzz/logs/$target.log"
+    cpu=$(awk '{print int($1 + $2)}' "fuzz/logs/$target.cpu" 2>/dev/null || echo 0)
+    python3 scripts/fuzz-ledger.py add "$target" "$cpu" "fuzz/logs/$target.log"
 done
 python3 scripts/fuzz-ledger.py render
 exit $status

@@ -34,6 +34,11 @@ scripts/setup-python.sh
 s3_server=$(scripts/setup-s3.sh)
 PUSHDOWN_BIN="$target/debug/pushdown" PUSHDOWN_S3_SERVER="$s3_server" .venv/bin/python -m pytest -q tests/python
 
+step "soak, 2 minutes: two servers under mixed load, one SIGKILLed every minute (harness soak)"
+PUSHDOWN_BIN="$target/debug/pushdown" "$target/debug/harness" soak --quick --minutes 2 --kill-every 1 \
+  --phase-secs 40 --quiet-secs 12 --data "$target/bench-data" --out "$target/soak-ci" \
+  --results "$target/soak-ci.md" > /dev/null
+
 step "the wheel in a fresh virtual environment, outside the checkout (the README's quick start)"
 scripts/build-wheel.sh "$target/wheel-check" --debug
 scripts/check-wheel.sh "$target/wheel-check"

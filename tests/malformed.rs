@@ -135,6 +135,33 @@ fn first_data_page(file: &[u8]) -> usize {
     footer(file).row_group(0).column(0).data_page_offset() as usize
 }
 
+/// `file` with its first data page's header claiming the most compressed bytes its
+/// `compressed_page_size` field can hold in its own width: more than the column chunk has.
+/// The header is Thrift's compact protocol: `type`, `uncompressed_page_size` and
+/// `compressed_page_size` are fields 1–3, each an i32 (field byte `0x15`) as a zigzag varint.
+fn page_claiming_past_its_chunk(file: &[u8]) -> Vec<u8> {
+    let mut bytes = file.to_vec();
+    let mut at = first_data_page(file);
+    let varint_end = |bytes: &[u8], from: usize| {
+        from + bytes[from..]
+            .iter()
+            .position(|b| b & 0x80 == 0)
+            .expect("a varint")
+            + 1
+    };
+    for _ in 0..2 {
+        assert_eq!(bytes[at], 0x15, "an i32 field");
+        at = varint_end(&bytes, at + 1);
+    }
+    assert_eq!(bytes[at], 0x15, "compressed_page_size");
+    let (start, end) = (at + 1, varint_end(&bytes, at + 1));
+    for (i, b) in bytes[start..end].iter_mut().enumerate() {
+        // All 7-bit groups set; the sign bit of zigzag clear: the largest positive value.
+        *b = if i + 1 < end - start { 0xff } else { 0x7e };
+    }
+    bytes
+}
+
 /// A valid file whose schema nests `levels` groups, with no rows.
 pub fn deep_schema_file(levels: usize) -> Vec<u8> {
     let mut node = Type::primitive_type_builder("leaf", parquet::basic::Type::INT32)
@@ -302,6 +329,17 @@ pub fn corpus() -> Vec<Entry> {
         name: "page_header_bitflips",
         defect: "bits flipped in the first data page's header",
         bytes: header,
+        pages_only: true,
+    });
+    entries.push(Entry {
+        name: "page_claims_past_its_chunk",
+        defect: "the first data page's header claims more compressed bytes than its column chunk \
+                 holds",
+        // Without the chunk's offset index, whose page locations the reader would trust
+        // over the header.
+        bytes: with_first_chunk(&page_claiming_past_its_chunk(&good), |c| {
+            c.set_offset_index_offset(None).set_offset_index_length(None)
+        }),
         pages_only: true,
     });
     let mut body = good.clone();

@@ -26,6 +26,7 @@ mod s3;
 mod scale;
 mod scan;
 mod shared;
+mod soak;
 mod split;
 mod text;
 
@@ -137,6 +138,11 @@ enum Command {
         #[command(flatten)]
         options: Options,
     },
+    /// Two `pushdown serve` processes under mixed load for `--minutes` (loaders, cancelled
+    /// streams, malformed requests, bursts past the slots, pyarrow and ADBC), one SIGKILLed
+    /// and restarted every `--kill-every` minutes: RSS, descriptors and threads sampled,
+    /// every answer checked.
+    Soak(soak::SoakArgs),
     /// Internal: the capped, token-guarded server of `load`.
     #[command(hide = true)]
     LoadServe(FarArgs),
@@ -344,6 +350,7 @@ fn main() -> Result<()> {
         Command::Serve(far) => return serve(&far.data, far.listen, far.threads),
         Command::Finished(far) => return finished::serve(&far.data, far.listen, far.threads),
         Command::LoadServe(far) => return load::serve(&far),
+        Command::Soak(soak) => return run_soak(soak),
         Command::Placement { options } => ("placement", options.resolve()),
         Command::Compare { options } => ("compare", options.resolve()),
         Command::Fleet { options } => ("fleet", options.resolve()),
@@ -420,6 +427,23 @@ fn main() -> Result<()> {
         write_section(&options.results, "placement", &body)?;
         Ok(())
     })
+}
+
+/// `harness soak`: unpinned (its servers and clients share the machine's cores), its section
+/// written whether it passes or not.
+fn run_soak(mut args: soak::SoakArgs) -> Result<()> {
+    args.options = args.options.resolve();
+    let command = format!(
+        "cargo build --release -p pushdown-cli -p pushdown-benches && target/release/harness soak --minutes {} --kill-every {}{}",
+        args.minutes,
+        args.kill_every,
+        if args.options.quick { " --quick" } else { "" }
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(soak::suite(&args, &command)).map(drop)
 }
 
 /// A server over `data` (a folder or an `s3://` URL) with `threads` CPU threads, reading

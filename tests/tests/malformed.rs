@@ -168,6 +168,40 @@ async fn every_malformed_file_is_its_datasets_data_loss_at_start_up() {
     );
 }
 
+/// The `parquet` fuzz target's find, its bytes as found: a page header that makes Arrow's
+/// Parquet reader slice past its column chunk and panic. Streaming it is that file's
+/// `DataLoss` (not `Internal`, which clients retry), the panic contained and counted, and the
+/// server serves the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_the_parquet_reader_panics_on_is_its_data_loss() {
+    const FOUND: &[u8] = include_bytes!("../../fuzz/corpus/parquet/regression-page-past-chunk");
+    let fx = Fixture::new(config(), |root| {
+        malformed::write_corpus(root);
+        std::fs::create_dir_all(root.join("found")).expect("mkdir");
+        std::fs::write(root.join("found/found.parquet"), FOUND).expect("write");
+    })
+    .await;
+    let info = info(&fx, "SELECT * FROM found")
+        .await
+        .expect("its footer is sound");
+    let mut failures = Vec::new();
+    for endpoint in &info.endpoint {
+        if let (_, Err(status)) = stream(&fx, endpoint.ticket.as_ref().expect("ticket")).await {
+            failures.push(status);
+        }
+    }
+    assert!(!failures.is_empty(), "the damaged page fails its stream");
+    for status in &failures {
+        assert_eq!(status.code(), Code::DataLoss, "{status}");
+        assert!(
+            status.message().contains("found.parquet") && status.message().contains("panicked"),
+            "{status}"
+        );
+    }
+    assert_eq!(fx.server.metrics().panics_contained.get(), failures.len() as u64);
+    healthy_answers(&fx).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_files_copied_into_a_running_server_hurt_only_their_dataset() {
     let fx = Fixture::new(config(), |root| {

@@ -687,6 +687,63 @@ async fn actions_that_scan_wait_for_a_stream_slot() {
     );
 }
 
+/// The rows a `DoGet` of `ticket` streams.
+async fn rows_of(fx: &Fixture, ticket: &Ticket) -> usize {
+    let frames = raw(fx)
+        .await
+        .do_get(ticket.clone())
+        .await
+        .expect("opens")
+        .into_inner()
+        .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
+    let batches: Vec<arrow::array::RecordBatch> =
+        arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(frames)
+            .try_collect()
+            .await
+            .expect("streams");
+    batches.iter().map(|b| b.num_rows()).sum()
+}
+
+/// A stream whose client stops reading holds its shard's cache claim while it waits; other
+/// requests for the shard compute it beside that stream instead of waiting for its client
+/// (found by `harness soak`: a burst for one shard was served one client hold at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_does_not_hold_up_others_reading_its_shard() {
+    let fx = open_server(pushdown_server::ServerConfig {
+        cache: pushdown_server::CacheConfig {
+            default_mode: pushdown_server::CacheMode::On,
+            ..pushdown_server::CacheConfig::default()
+        },
+        ..small_shards()
+    })
+    .await;
+    // 64 rows of 256² pixels: 12 MiB in 2 MiB messages, far more than the socket buffers.
+    let info = raw(&fx)
+        .await
+        .get_flight_info(sql(
+            "SELECT decode_resize(image, 256, 256) AS px FROM images WHERE id < 64",
+        ))
+        .await
+        .expect("plans")
+        .into_inner();
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut quiet = raw(&fx)
+        .await
+        .do_get(ticket.clone())
+        .await
+        .expect("opens")
+        .into_inner();
+    quiet.message().await.expect("the schema").expect("a message");
+    // A hang detector, not a timing: before, this waited for as long as `quiet` was held.
+    let second = tokio::time::timeout(std::time::Duration::from_secs(300), rows_of(&fx, &ticket))
+        .await
+        .expect("the second reader was held up by the quiet one");
+    drop(quiet);
+    assert!(second > 0);
+    assert_eq!(second, rows_of(&fx, &ticket).await, "the whole shard");
+    still_serves(&fx).await;
+}
+
 /// A seeded mutation of `seed`: bits flipped, cut short, bytes inserted or repeated, or
 /// random bytes of any length.
 fn mutate(rng: &mut rand_chacha::ChaCha8Rng, seed: &[u8]) -> Vec<u8> {

@@ -117,6 +117,10 @@ struct LimitsArgs {
     /// DoGet streams running at once.
     #[arg(long, env = "PUSHDOWN_MAX_STREAMS", default_value_t = 64)]
     max_streams: usize,
+    /// Seconds a stream waits for one of --max-streams before it is refused with
+    /// ResourceExhausted (clients retry it later, or on another server holding its files).
+    #[arg(long, env = "PUSHDOWN_QUEUE_TIMEOUT_SECS", default_value_t = 30)]
+    queue_timeout_secs: u64,
     /// Query engine memory pool, in MiB.
     #[arg(long, env = "PUSHDOWN_MEMORY_MIB", default_value_t = 1024)]
     memory_mib: usize,
@@ -593,6 +597,7 @@ fn server_config(args: &ServeArgs) -> ServerConfig {
     let defaults = ServerConfig::default();
     ServerConfig {
         max_concurrent_streams: args.limits.max_streams,
+        queue_timeout: Duration::from_secs(args.limits.queue_timeout_secs),
         memory_limit: args.limits.memory_mib << 20,
         max_query_memory: args.limits.max_query_memory_mib << 20,
         request_timeout: Duration::from_secs(args.limits.request_timeout_secs),

@@ -17,7 +17,9 @@
 //!   kept when reading it saves at least half of computing it, and it stays while its
 //!   saving per byte beats that of what would replace it (requests × (compute − read) /
 //!   bytes, the least valuable evicted first). A dataset can force it on or off.
-//! * **Once.** Concurrent requests for a missing entry wait for the first to compute it.
+//! * **Once.** Concurrent requests for a missing entry wait for the first to compute it,
+//!   but not for its client: once the first has waited [`HELD_BACK`] on a client that does
+//!   not read, the others compute beside it (uncached) rather than stall with it.
 //! * **Access.** An entry records the names it was computed from; it is served only to a
 //!   caller granted every one of them.
 //!
@@ -349,10 +351,36 @@ impl Hit {
     }
 }
 
-/// The right to compute a missing entry; others asking for it wait until this is dropped.
+/// How long a request computing an entry may wait, without a break, for its client to take
+/// what it sent before the requests waiting for the entry stop waiting and compute it
+/// beside it. Longer than a training step's pause between batches; far shorter than a
+/// stalled or stopped trainer's.
+pub const HELD_BACK: Duration = Duration::from_secs(1);
+/// How often a waiting request looks at whether the computing one is held back.
+const HELD_BACK_POLL: Duration = Duration::from_millis(100);
+
+/// One entry being computed: its claim's lock, and since when the stream computing it has
+/// been waiting for its client (`None` while it computes).
+#[derive(Debug, Default)]
+struct Flight {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    held_back_since: Mutex<Option<std::time::Instant>>,
+}
+
+impl Flight {
+    fn held_back_over(&self, limit: Duration) -> bool {
+        self.held_back_since
+            .lock()
+            .is_some_and(|since| since.elapsed() > limit)
+    }
+}
+
+/// The right to compute a missing entry; others asking for it wait until this is dropped, or
+/// until its stream is held back by its client ([`Claim::held_back`]) for [`HELD_BACK`].
 pub struct Claim {
     cache: Arc<FragmentCache>,
     cacheable: Cacheable,
+    flight: Arc<Flight>,
     _guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
@@ -362,7 +390,7 @@ impl Drop for Claim {
         // The map's Arc and this claim's: nobody else waits for this key.
         if flights
             .get(&self.cacheable.key)
-            .is_some_and(|lock| Arc::strong_count(lock) <= 2)
+            .is_some_and(|flight| Arc::strong_count(flight) <= 2)
         {
             flights.remove(&self.cacheable.key);
         }
@@ -492,6 +520,17 @@ impl Tee {
 }
 
 impl Claim {
+    /// Whether the stream computing the entry is waiting for its client to take what it
+    /// sent (`true`) or computing again (`false`).
+    pub fn held_back(&self, waiting: bool) {
+        let mut since = self.flight.held_back_since.lock();
+        match (waiting, *since) {
+            (true, None) => *since = Some(std::time::Instant::now()),
+            (false, _) => *since = None,
+            (true, Some(_)) => {}
+        }
+    }
+
     /// The computed stream ended whole after `compute` of producing: keep its output if it
     /// pays. Returns the decision, as the metrics and `explain` say it.
     pub fn finish(self, tee: Tee, compute: Duration) -> String {
@@ -517,7 +556,7 @@ pub struct FragmentCache {
     config: CacheConfig,
     metrics: Arc<Metrics>,
     inner: Mutex<Inner>,
-    flights: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
+    flights: Mutex<HashMap<Key, Arc<Flight>>>,
 }
 
 impl FragmentCache {
@@ -598,11 +637,16 @@ impl FragmentCache {
         if let Some(hit) = self.hit(cacheable.key, schema, grant)? {
             return Ok(Lookup::Hit(hit));
         }
-        let lock = {
+        let flight = {
             let mut flights = self.flights.lock();
             Arc::clone(flights.entry(cacheable.key).or_default())
         };
-        let guard = lock.lock_owned().await;
+        let Some(guard) = Self::wait_for_claim(&flight).await else {
+            self.metrics.cache_lookups("beside");
+            self.lock().seen(cacheable.key).decision =
+                "computed beside a request held back by its client".into();
+            return Ok(Lookup::Bypass);
+        };
         // Computed while this request waited.
         if let Some(hit) = self.hit(cacheable.key, schema, grant)? {
             return Ok(Lookup::Hit(hit));
@@ -614,10 +658,28 @@ impl FragmentCache {
             Claim {
                 cache: Arc::clone(self),
                 cacheable: cacheable.clone(),
+                flight,
                 _guard: guard,
             },
             Box::new(Tee::new(schema, &cacheable.names, cap, auto_read_rate)),
         ))
+    }
+
+    /// The claim of `flight` once its holder drops it; `None` once the holder has been held
+    /// back by its client for [`HELD_BACK`] (its output will come at its client's pace).
+    async fn wait_for_claim(flight: &Flight) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let acquire = Arc::clone(&flight.lock).lock_owned();
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                guard = &mut acquire => return Some(guard),
+                () = tokio::time::sleep(HELD_BACK_POLL) => {
+                    if flight.held_back_over(HELD_BACK) {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// The stored entry of `cacheable`, if any: what a part of a shard (a ticket's
@@ -1199,28 +1261,61 @@ mod tests {
         assert!(!damaged.exists());
     }
 
-    #[tokio::test]
-    async fn an_abandoned_computation_lets_the_next_request_compute() {
+    /// Entry `key` claimed by a first request, and a second request for it under way: what
+    /// the second's lookup gives, `Compute` or `Bypass` (`None`: an error or a hit).
+    async fn claimed_and_waiting(key: u128) -> (Claim, pushdown_task::Task<Option<&'static str>>) {
         let cache = open(CacheConfig::default());
-        let c = cacheable(9, CacheMode::On);
+        let c = cacheable(key, CacheMode::On);
         let Lookup::Compute(claim, _tee) = cache.lookup(&c, &schema(), &Grant::All).await.expect("lookup")
         else {
             panic!("a miss");
         };
-        let waiter = {
-            let cache = Arc::clone(&cache);
-            let c = c.clone();
-            pushdown_task::Task::spawn(async move {
-                matches!(
-                    cache.lookup(&c, &schema(), &Grant::All).await,
-                    Ok(Lookup::Compute(..))
-                )
-            })
-        };
+        let waiter = pushdown_task::Task::spawn(async move {
+            match cache.lookup(&c, &schema(), &Grant::All).await {
+                Ok(Lookup::Compute(..)) => Some("compute"),
+                Ok(Lookup::Bypass) => Some("bypass"),
+                _ => None,
+            }
+        });
+        (claim, waiter)
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_computation_lets_the_next_request_compute() {
+        let (claim, waiter) = claimed_and_waiting(9).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "the second request waits for the first");
         drop(claim); // the first stream's client went away
-        assert!(waiter.await.expect("joins"), "the waiter computes it");
+        assert_eq!(
+            waiter.await.expect("joins"),
+            Some("compute"),
+            "the waiter computes it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_computation_held_back_by_its_client_is_not_waited_for() {
+        let (claim, waiter) = claimed_and_waiting(10).await;
+        // Brief waits for the client (a training step between batches) keep the others waiting.
+        for _ in 0..3 {
+            claim.held_back(true);
+            tokio::time::sleep(HELD_BACK / 2).await;
+            claim.held_back(false);
+        }
+        assert!(
+            !waiter.is_finished(),
+            "still waiting for a computation that goes on"
+        );
+        // A client that stops reading: the waiter computes beside it, uncached, without the
+        // claim, which stays with the first stream.
+        claim.held_back(true);
+        assert_eq!(
+            waiter.await.expect("joins"),
+            Some("bypass"),
+            "the waiter computes beside it, uncached"
+        );
+        claim.held_back(false);
+        drop(claim);
     }
 
     #[test]

@@ -215,7 +215,8 @@ impl Metrics {
         registry.register(
             "cache_lookups",
             "Shard streams by what the fragment cache had: hit_memory, hit_disk, miss (computed \
-             here), bypass (caching off for the dataset)",
+             here), bypass (caching off for the dataset), beside (computed uncached beside a stream \
+             held back by its client)",
             self.cache_lookups.clone(),
         );
         registry.register(

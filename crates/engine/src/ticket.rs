@@ -576,6 +576,40 @@ impl std::fmt::Debug for TicketStream {
 }
 
 impl TicketStream {
+    /// The plan's next batch, its error named as the scan's ([`ServerError::from_scan`]).
+    /// A panic while producing it (Arrow's Parquet decoder slices past a page that claims
+    /// more bytes than its column chunk holds: found by the `parquet` fuzz target) ends the
+    /// stream as the same data would end it on any retry: the shard's file unreadable
+    /// (`DataLoss`, never retried), the panic's message said and counted.
+    async fn next_computed(&mut self) -> Option<Result<RecordBatch>> {
+        use futures::FutureExt;
+        match std::panic::AssertUnwindSafe(self.batches.next())
+            .catch_unwind()
+            .await
+        {
+            Ok(item) => Some(item?.map_err(|e| ServerError::from_scan(e, self.shard.as_ref()))),
+            Err(panic) => {
+                self.node.metrics.panics_contained.inc();
+                // The plan is in no state to go on.
+                self.batches = futures::stream::empty().boxed();
+                let reason = format!(
+                    "reading it panicked: {} (a damaged file, or a bug its bytes reach; the same \
+                     on every retry)",
+                    pushdown_task::panic_message(panic.as_ref())
+                );
+                tracing::warn!(%reason, shard = ?self.shard, "a scan panicked");
+                Some(Err(match &self.shard {
+                    Some(shard) => ServerError::CorruptFile {
+                        dataset: shard.dataset.clone(),
+                        file: shard.file.clone(),
+                        reason,
+                    },
+                    None => ServerError::CorruptData(reason),
+                }))
+            }
+        }
+    }
+
     /// The schema of the batches, as a client receives it.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -589,12 +623,9 @@ impl TicketStream {
                 self.fill_cache();
                 return None;
             }
-            let batch = match self.batches.next().await? {
+            let batch = match self.next_computed().await? {
                 Ok(batch) => batch,
-                Err(e) => {
-                    let e = ServerError::from_scan(e, self.shard.as_ref()).after_rows(self.output);
-                    return Some(Err(e));
-                }
+                Err(e) => return Some(Err(e.after_rows(self.output))),
             };
             if let Some((_, tee)) = &mut self.claim {
                 // Copying into the cache is not computing: its time is left out.
@@ -667,6 +698,9 @@ impl TicketStream {
         self.producing += producing;
         self.placement.waiting(true);
         self.computing.set(false);
+        if let Some((claim, _)) = &self.claim {
+            claim.held_back(true);
+        }
         producing
     }
 
@@ -674,6 +708,9 @@ impl TicketStream {
     pub fn resume(&mut self) {
         self.placement.waiting(false);
         self.computing.set(true);
+        if let Some((claim, _)) = &self.claim {
+            claim.held_back(false);
+        }
         self.ready_since = Instant::now();
     }
 

@@ -72,10 +72,17 @@ pub fn last_panic() -> String {
 /// replay (which reports [`last_panic`]).
 pub(crate) fn count_contained_panics() {
     HOOK.call_once(|| {
-        std::panic::set_hook(Box::new(|info| {
+        // `RUST_BACKTRACE` set: the last panic keeps where it came from too (a replay's
+        // failure then says which code panicked, not only the panic's own line).
+        let traced = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
+        std::panic::set_hook(Box::new(move |info| {
             CONTAINED.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut last) = LAST.lock() {
-                *last = info.to_string();
+                *last = if traced {
+                    format!("{info}\n{}", std::backtrace::Backtrace::force_capture())
+                } else {
+                    info.to_string()
+                };
             }
         }));
     });
