@@ -219,16 +219,23 @@ def test_a_file_only_the_frozen_server_holds_is_an_error_naming_it(data, tmp_pat
                     fleet[2].stop()
                     frozen_at["t"] = time.monotonic()
 
-        with pytest.raises(pushdown.UnavailableError) as err:
+        with pytest.raises((pushdown.UnavailableError, pushdown.TimedOutError)) as err:
             bounded(until_error, 120)
         assert "t" in frozen_at, f"failed before the freeze: {err.value}"
-        # The next epoch's plan waits one deadline for c, then names it and its file.
         waited = time.monotonic() - frozen_at["t"]
-        assert waited < STALL + SLACK, f"the error took {waited:.1f} s"
         message = str(err.value)
         assert fleet[2].url in message, message
         assert f"images/{files[3].name}" in message, message
-        assert "unreachable" in message, message
+        if isinstance(err.value, pushdown.UnavailableError):
+            # The next epoch's plan waits one deadline for c, then names it and its file.
+            assert waited < STALL + SLACK, f"the error took {waited:.1f} s"
+            assert "unreachable" in message, message
+        else:
+            # The next epoch was planned ahead, before the freeze, and had its stream open on
+            # c (a race with the last batch of epoch 0; CI lost it once): the stalled stream is
+            # retried, one deadline an attempt (1 + 3 retries), then names c and the file.
+            assert waited < 4 * STALL + SLACK, f"the error took {waited:.1f} s"
+            assert "no answer" in message, message
     finally:
         for n in fleet:
             n.close()
