@@ -430,18 +430,16 @@ pub async fn suite(args: &SoakArgs, command: &str) -> Result<String> {
     let csv = args.out.join("samples.csv");
     write_samples(&csv, &samples)?;
     let plot = args.out.join("soak.png");
-    let plotted = std::process::Command::new(
-        std::env::var("PUSHDOWN_PYTHON").unwrap_or_else(|_| ".venv/bin/python".into()),
-    )
-    .args([
-        "benches/python/plot_soak.py",
-        &csv.to_string_lossy(),
-        &plot.to_string_lossy(),
-    ])
-    // Without matplotlib (CI's environment) the report says there is no plot.
-    .stderr(std::process::Stdio::null())
-    .status()
-    .is_ok_and(|s| s.success());
+    let plotted = std::process::Command::new(clients::python()?)
+        .args([
+            "benches/python/plot_soak.py",
+            &csv.to_string_lossy(),
+            &plot.to_string_lossy(),
+        ])
+        // Without matplotlib (CI's environment) the report says there is no plot.
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     let panics = panics_logged(&args.out.join("logs"))?;
     let report = report::Report {
         args,

@@ -415,7 +415,7 @@ pub async fn burst(url: String, n: usize, hold: Duration, judge: Arc<Judge>) -> 
 }
 
 /// The interpreter of the Python clients: `PUSHDOWN_PYTHON`, else `.venv/bin/python`.
-fn python() -> Result<PathBuf> {
+pub fn python() -> Result<PathBuf> {
     let python =
         std::env::var_os("PUSHDOWN_PYTHON").map_or_else(|| PathBuf::from(".venv/bin/python"), PathBuf::from);
     if !python.exists() {
