@@ -52,8 +52,10 @@ for target in "${targets[@]}"; do
         grep -E "panicked|ERROR|SUMMARY|Test unit written" "fuzz/logs/$target.log" | head -n 20 || true
     fi
     grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units" "fuzz/logs/$target.log" || true
-    cpu=$(awk '{print int($1 + $2)}' "fuzz/logs/$target.cpu" 2>/dev/null || echo 0)
-    python3 scripts/fuzz-ledger.py add "$target" "$cpu" "fuzz/logs/$target.log"
+    # (time's file starts with "Command exited with non-zero status N" when the fuzzer
+    # stopped on a finding or was interrupted; the figures are its last line.)
+    cpu=$(tail -n 1 "fuzz/logs/$target.cpu" 2>/dev/null | awk '{print int($1 + $2)}')
+    python3 scripts/fuzz-ledger.py add "$target" "${cpu:-0}" "fuzz/logs/$target.log"
 done
 python3 scripts/fuzz-ledger.py render
 exit $status
