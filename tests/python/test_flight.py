@@ -1,5 +1,8 @@
 """Interoperability: plain pyarrow.flight (no code of ours) pulls reduced streams."""
 
+import random
+import subprocess
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as flight
@@ -102,3 +105,54 @@ def test_adaptive_streams_mix_codecs_that_pyarrow_decodes(tmp_path):
         assert codecs.get("none", 0) > 0 and codecs.get("lz4", 0) + codecs.get("zstd", 0) > 0, codecs
     finally:
         served.stop()
+
+
+def write_noise(data, rows=512, row_bytes=64 << 10):
+    """`noise`: seeded random bytes (no codec shrinks them), 32 MiB in one shard; a stream
+    of it is far larger than the socket and HTTP/2 buffers hold, so a client that stops
+    reading holds it open on the server."""
+    (data / "noise").mkdir(parents=True)
+    rng = random.Random(7)
+    table = pa.table({
+        "id": pa.array(range(rows), pa.int64()),
+        "blob": pa.array([rng.randbytes(row_bytes) for _ in range(rows)], pa.binary()),
+    })
+    pq.write_table(table, data / "noise" / "part-0.parquet", row_group_size=16)
+
+
+def stalled_stream(served):
+    """A stream of `noise` read to its first batch, then left."""
+    client = flight.connect(f"grpc://{served.addr}")
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(b"SELECT id, blob FROM noise"))
+    reader = client.do_get(info.endpoints[0].ticket)
+    assert reader.read_chunk().data.num_rows > 0
+    return client, reader
+
+
+def test_sigterm_ends_a_stalled_stream_after_the_drain_and_exits(tmp_path):
+    write_noise(tmp_path)
+    served = Served(tmp_path, args=["--drain-secs", "1"])
+    client, reader = stalled_stream(served)
+    served.proc.terminate()
+    # Before: the stalled stream held the stopping server for its request timeout (an hour).
+    assert served.proc.wait(timeout=60) == 0, served.proc.stderr.read()
+    log = served.proc.stderr.read()
+    assert "drain deadline passed" in log, log
+    # Never a stream that looks complete: what was sent, then an error.
+    with pytest.raises(flight.FlightError):
+        reader.read_all()
+    client.close()
+
+
+def test_a_second_signal_stops_a_draining_server_at_once(tmp_path):
+    write_noise(tmp_path)
+    served = Served(tmp_path, args=["--drain-secs", "600"])
+    client, reader = stalled_stream(served)
+    served.proc.terminate()
+    with pytest.raises(subprocess.TimeoutExpired):
+        served.proc.wait(timeout=1)  # draining: the stalled stream has 600 s
+    served.proc.terminate()
+    assert served.proc.wait(timeout=30) == 1
+    with pytest.raises(flight.FlightError):
+        reader.read_all()
+    client.close()

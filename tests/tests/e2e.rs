@@ -16,6 +16,8 @@ use pushdown_tests::{Fixture, local_eval, num_rows, rows, sorted_rows};
 
 #[path = "e2e/own_data.rs"]
 mod own_data;
+#[path = "e2e/shutdown.rs"]
+mod shutdown;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_run_writes_the_rows_the_filter_selects() {

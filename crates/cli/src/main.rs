@@ -131,6 +131,11 @@ struct LimitsArgs {
     /// Longest a stream may run, in seconds.
     #[arg(long, env = "PUSHDOWN_REQUEST_TIMEOUT_SECS", default_value_t = 3600)]
     request_timeout_secs: u64,
+    /// Seconds the streams in flight have to finish once the server is asked to stop
+    /// (SIGTERM, Ctrl-C); those still open then end with UNAVAILABLE, and their clients read
+    /// on from another server. A second signal stops at once.
+    #[arg(long, env = "PUSHDOWN_DRAIN_SECS", default_value_t = pushdown_server::DEFAULT_DRAIN.as_secs())]
+    drain_secs: u64,
     /// Threads decoding, filtering and encoding (default: all cores). Streams whose ops are
     /// left to their clients (un-reduced) run on as many threads of their own.
     #[arg(long, env = "PUSHDOWN_CPU_THREADS")]
@@ -521,7 +526,9 @@ fn run_command(cli: Cli) -> Result<()> {
 async fn serve(args: ServeArgs) -> Result<()> {
     let config = server_config(&args);
     let store = open_store(&args.storage.data)?;
-    let builder = Server::builder(store).config(config);
+    let builder = Server::builder(store)
+        .config(config)
+        .drain(Duration::from_secs(args.limits.drain_secs));
     let (builder, tls) = with_catalog_and_security(builder, &args)?;
     let server = builder.open().await?;
     let datasets = server.catalog().snapshot();
@@ -577,8 +584,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let _signal = Task::spawn(async move {
         shutdown_signal().await;
-        tracing::info!("shutting down: no new requests; streams in flight finish");
         let _ = stop_tx.send(true);
+        shutdown_signal().await;
+        tracing::warn!("asked again: stopping now, streams in flight cut");
+        std::process::exit(1);
     });
     let mut rx = stop_rx;
     server

@@ -85,6 +85,12 @@ pub enum ServerError {
     #[error("request exceeded its deadline of {0:?}")]
     Deadline(std::time::Duration),
 
+    /// The server was asked to stop and its drain deadline passed with this stream open.
+    #[error(
+        "the server is shutting down and ended this stream (its drain deadline passed); read it from another server or again once this one is back"
+    )]
+    ShuttingDown,
+
     #[error("{0} is not supported by pushdown servers")]
     Unsupported(std::borrow::Cow<'static, str>),
 
@@ -402,6 +408,7 @@ impl ServerError {
             ServerError::PermissionDenied(_) => "denied",
             ServerError::Overloaded(_) => "overloaded",
             ServerError::Deadline(_) => "deadline",
+            ServerError::ShuttingDown => "shutting_down",
             ServerError::CorruptFile { .. }
             | ServerError::CorruptData(_)
             | ServerError::Query(_)

@@ -110,7 +110,12 @@ impl DoGet {
             let completed = sink.send_all(&mut batches).await?;
             Ok::<_, ServerError>((completed, batches))
         };
-        let ended = tokio::time::timeout(deadline, streamed).await;
+        let ended = tokio::select! {
+            ended = tokio::time::timeout(deadline, streamed) => ended,
+            // A shutdown's drain deadline passed: the client is told, never left with a
+            // stream that just stops (it would look complete).
+            () = state.streams_end() => return Err(ServerError::ShuttingDown),
+        };
         if let (Some(peer), Some(memory)) = (peer, sink.governor.memory()) {
             remember(&state, peer, memory);
         }
@@ -232,22 +237,24 @@ impl Outcome {
         // A panic in a kernel or decoder must end this stream with an error, never
         // silently: a stream that just stopped would look complete to the client.
         let result = std::panic::AssertUnwindSafe(stream).catch_unwind().await;
-        let status = match result {
+        let error = match result {
             Ok(Ok(completed)) => {
                 self.outcome = if completed { "ok" } else { "cancelled" };
                 return;
             }
-            Ok(Err(e)) => crate::status::status(e),
+            Ok(Err(e)) => e,
             Err(panic) => {
                 self.metrics.panics_contained.inc();
                 let what = panic_message(panic.as_ref());
-                crate::status::status(ServerError::Internal(format!("stream{shard} panicked: {what}")))
+                ServerError::Internal(format!("stream{shard} panicked: {what}"))
             }
         };
-        self.outcome = match status.code() {
-            tonic::Code::DeadlineExceeded => "deadline",
+        self.outcome = match &error {
+            ServerError::Deadline(_) => "deadline",
+            ServerError::ShuttingDown => "shutting_down",
             _ => "error",
         };
+        let status = crate::status::status(error);
         // The receiver may be gone (client disconnected): nothing to tell then.
         let _ = tx.send(Err(status)).await;
     }

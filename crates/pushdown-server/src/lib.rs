@@ -58,5 +58,5 @@ pub use pushdown_engine::{
     PreparedStatement, ReadRequest, ServerConfig, ServerError, Shape, StartupError, Tokens, View, ViewDecl,
     Views, dataframe, open_store, reads_in_flight_for, scaling_json, udfs,
 };
-pub use server::{RunningServer, Server, ServerBuilder, ServerTls, read_pem};
+pub use server::{DEFAULT_DRAIN, RunningServer, Server, ServerBuilder, ServerTls, read_pem};
 pub use service::PushdownService;

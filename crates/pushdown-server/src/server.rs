@@ -73,11 +73,20 @@ pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, StartupError> {
     })
 }
 
+/// How long a server asked to stop lets the streams in flight finish before it ends them
+/// (see [`ServerBuilder::drain`]): Kubernetes' default grace period.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+
+/// How long streams ended at the drain deadline have to deliver their error to their
+/// clients before the server stops without them.
+const ENDED_STREAMS_GRACE: Duration = Duration::from_secs(5);
+
 /// Builds a [`Server`] over a store rooted at the data root: a [`NodeBuilder`] and TLS.
 #[derive(Debug)]
 pub struct ServerBuilder {
     node: NodeBuilder,
     tls: Option<ServerTls>,
+    drain: Duration,
 }
 
 impl ServerBuilder {
@@ -104,6 +113,15 @@ impl ServerBuilder {
         self
     }
 
+    /// Once asked to stop ([`Server::serve`]'s `shutdown`), the server takes no new requests
+    /// and lets the streams in flight finish for up to `drain`; then it ends those still open,
+    /// each with `UNAVAILABLE` (its client reads on from another server), and stops. Without
+    /// it, one stalled trainer would hold a stopping server for `request_timeout`.
+    pub fn drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
     /// Keep every read request made to the store (see [`Server::store`]); for tests and
     /// I/O accounting.
     pub fn record_reads(mut self) -> Self {
@@ -123,6 +141,7 @@ impl ServerBuilder {
         Ok(Server {
             state: Arc::new(State::new(node)),
             tls: self.tls,
+            drain: self.drain,
         })
     }
 }
@@ -132,6 +151,7 @@ impl ServerBuilder {
 pub struct Server {
     state: Arc<State>,
     tls: Option<ServerTls>,
+    drain: Duration,
 }
 
 impl Server {
@@ -139,6 +159,7 @@ impl Server {
         ServerBuilder {
             node: Node::builder(store),
             tls: None,
+            drain: DEFAULT_DRAIN,
         }
     }
 
@@ -192,7 +213,8 @@ impl Server {
             .max_encoding_message_size(config.max_message_bytes)
     }
 
-    /// Serves Flight on `listener` until `shutdown` completes, then lets streams finish.
+    /// Serves Flight on `listener` until `shutdown` completes, then lets the streams in
+    /// flight finish within the drain deadline ([`ServerBuilder::drain`]).
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -212,16 +234,54 @@ impl Server {
                 .tls_config(tls.config())
                 .map_err(|e| StartupError::Tls(Box::new(e)))?;
         }
-        builder
+        let shutdown = futures::FutureExt::shared(shutdown);
+        let serving = builder
             // Large windows: a stream of multi-MiB messages must not stall on 64 KiB acks.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(health_service)
             .add_service(self.service())
-            .serve_with_incoming_shutdown(incoming, shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown.clone());
+        tokio::pin!(serving);
+        tokio::select! {
+            served = &mut serving => return served.map_err(|e| StartupError::Serve(Box::new(e))),
+            () = shutdown => {}
+        }
+        self.drain_then_end(serving)
             .await
             .map_err(|e| StartupError::Serve(Box::new(e)))
+    }
+
+    /// Asked to stop, `serving` takes no new requests and ends once its streams have:
+    /// waits for that within the drain deadline, then ends the streams still open.
+    async fn drain_then_end<E>(
+        &self,
+        mut serving: impl Future<Output = Result<(), E>> + Unpin,
+    ) -> Result<(), E> {
+        let open = || self.state.node.metrics().active_streams.get();
+        tracing::info!(streams = open(), drain = ?self.drain, "stopping: no new requests; streams in flight finish");
+        if let Ok(served) = tokio::time::timeout(self.drain, &mut serving).await {
+            return served;
+        }
+        tracing::warn!(
+            streams = open(),
+            drain = ?self.drain,
+            "the drain deadline passed: ending the streams still open (UNAVAILABLE: their clients read on elsewhere)"
+        );
+        self.state.end_streams();
+        // Each stream's error waits for its client to take it; one that never reads is not
+        // waited for past this.
+        match tokio::time::timeout(ENDED_STREAMS_GRACE, serving).await {
+            Ok(served) => served,
+            Err(_) => {
+                tracing::warn!(
+                    streams = open(),
+                    "clients that do not read their streams' end: stopping without them"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Binds `addr` and serves in the background (tests, the demo).

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pushdown_engine::{ClientId, Node};
+use tokio::sync::watch;
 
 use crate::codec::LinkMemory;
 
@@ -16,6 +17,8 @@ pub(crate) struct State {
     pub(crate) node: Arc<Node>,
     /// What adaptive streams learnt of each peer's link, for the next stream to it.
     pub(crate) links: Mutex<HashMap<IpAddr, LinkMemory>>,
+    /// Set when a shutdown's drain deadline passes: the streams still open end then.
+    ending: watch::Sender<bool>,
 }
 
 impl State {
@@ -23,7 +26,20 @@ impl State {
         Self {
             links: Mutex::default(),
             node,
+            ending: watch::Sender::new(false),
         }
+    }
+
+    /// Ends every stream still open (each with `ShuttingDown`, see [`State::streams_end`]).
+    pub(crate) fn end_streams(&self) {
+        self.ending.send_replace(true);
+    }
+
+    /// Completes once [`State::end_streams`] is called.
+    pub(crate) async fn streams_end(&self) {
+        let mut ending = self.ending.subscribe();
+        // The sender is `self`'s, alive while this borrows it: `wait_for` ends only when set.
+        let _ = ending.wait_for(|end| *end).await;
     }
 }
 

@@ -29,6 +29,7 @@ pub(crate) fn status(e: ServerError) -> Status {
         ServerError::Unsupported(_) => (Code::Unimplemented, false),
         ServerError::Overloaded(_) => (Code::ResourceExhausted, false),
         ServerError::Deadline(_) => (Code::DeadlineExceeded, false),
+        ServerError::ShuttingDown => (Code::Unavailable, false),
         ServerError::CorruptFile { .. } => (Code::DataLoss, true),
         ServerError::CorruptData(_) => (Code::DataLoss, true),
         ServerError::Query(_) => (Code::Internal, true),
