@@ -132,8 +132,8 @@ struct LimitsArgs {
     #[arg(long, env = "PUSHDOWN_REQUEST_TIMEOUT_SECS", default_value_t = 3600)]
     request_timeout_secs: u64,
     /// Seconds the streams in flight have to finish once the server is asked to stop
-    /// (SIGTERM, Ctrl-C); those still open then end with UNAVAILABLE, and their clients read
-    /// on from another server. A second signal stops at once.
+    /// (SIGTERM, Ctrl-C); those still open then end with UNAVAILABLE (their clients read on
+    /// from another server), which gets 5 s more to reach them. A second signal stops at once.
     #[arg(long, env = "PUSHDOWN_DRAIN_SECS", default_value_t = pushdown_server::DEFAULT_DRAIN.as_secs())]
     drain_secs: u64,
     /// Threads decoding, filtering and encoding (default: all cores). Streams whose ops are

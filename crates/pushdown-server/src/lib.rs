@@ -58,5 +58,7 @@ pub use pushdown_engine::{
     PreparedStatement, ReadRequest, ServerConfig, ServerError, Shape, StartupError, Tokens, View, ViewDecl,
     Views, dataframe, open_store, reads_in_flight_for, scaling_json, udfs,
 };
-pub use server::{DEFAULT_DRAIN, RunningServer, Server, ServerBuilder, ServerTls, read_pem};
+pub use server::{
+    DEFAULT_DRAIN, ENDED_STREAMS_GRACE, RunningServer, Server, ServerBuilder, ServerTls, read_pem,
+};
 pub use service::PushdownService;

@@ -74,12 +74,13 @@ pub fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, StartupError> {
 }
 
 /// How long a server asked to stop lets the streams in flight finish before it ends them
-/// (see [`ServerBuilder::drain`]): Kubernetes' default grace period.
-pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+/// (see [`ServerBuilder::drain`]). With [`ENDED_STREAMS_GRACE`] after it, a stop fits
+/// Kubernetes' default grace period (30 s) before its SIGKILL.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(25);
 
 /// How long streams ended at the drain deadline have to deliver their error to their
 /// clients before the server stops without them.
-const ENDED_STREAMS_GRACE: Duration = Duration::from_secs(5);
+pub const ENDED_STREAMS_GRACE: Duration = Duration::from_secs(5);
 
 /// Builds a [`Server`] over a store rooted at the data root: a [`NodeBuilder`] and TLS.
 #[derive(Debug)]
