@@ -860,7 +860,7 @@ mod placement {
         (out, l.stats())
     }
 
-    fn server(s: &Setup, reducing_streams: Option<usize>) -> String {
+    fn server(s: &Setup, reducing_streams: Option<usize>) -> pushdown_server::RunningServer {
         s.runtime.block_on(async {
             let store = pushdown_server::open_store(&s.fx.root.path().to_string_lossy()).expect("store");
             let server = Server::builder(store)
@@ -872,11 +872,7 @@ mod placement {
                 .open()
                 .await
                 .expect("server");
-            let running = server.spawn("127.0.0.1:0".parse().unwrap()).await.expect("spawn");
-            let url = running.url();
-            // The server lives as long as the runtime.
-            std::mem::forget(running);
-            url
+            server.spawn("127.0.0.1:0".parse().unwrap()).await.expect("spawn")
         })
     }
 
@@ -892,8 +888,10 @@ mod placement {
             reference.iter().flatten().map(|(_, _, k)| *k).collect();
         assert!(buckets.len() > 10, "hash_bucket ran: {buckets:?}");
 
-        let busy = vec![server(&s, Some(0))];
-        let mixed = vec![server(&s, None)];
+        // Held to the test's end (a forgotten handle kept its server's task: LeakSanitizer).
+        let (busy_server, mixed_server) = (server(&s, Some(0)), server(&s, None));
+        let busy = vec![busy_server.url()];
+        let mixed = vec![mixed_server.url()];
         for (name, servers, push) in [
             ("planned on the trainer", &url, Push::First(0)),
             (
