@@ -52,8 +52,9 @@ const ENCRYPTED_MAGIC: &[u8; 4] = b"PARE";
 pub const METADATA_SIZE_HINT: usize = 64 * 1024;
 /// Metadata length and magic at the end of a file.
 const FOOTER_LEN: u64 = 8;
-/// Deepest schema nesting accepted: deeper trees are refused before anything walks them
-/// recursively (a hostile file must not overflow a worker's stack).
+/// Deepest schema nesting accepted (levels under the root). The depth is read from the
+/// footer's bytes before the Parquet decoder builds the schema tree, which it does by
+/// recursion: a deeper footer is its file's `DataLoss`, never a worker's stack overflow.
 pub const MAX_SCHEMA_DEPTH: usize = 64;
 
 /// One Parquet file of a dataset.
@@ -442,7 +443,18 @@ impl Catalog {
                 .get_ranges(&meta.location, &ends)
                 .await
                 .map_err(|e| FooterError::Storage(format!("reading the file's ends: {e}")))?;
-            check_envelope(meta.size, &got)?;
+            let length = check_envelope(meta.size, &got)?;
+            let metadata = match metadata_in_tail(&got[1], length) {
+                Some(metadata) => metadata,
+                None => {
+                    let end = meta.size - FOOTER_LEN;
+                    self.store
+                        .get_range(&meta.location, end - length..end)
+                        .await
+                        .map_err(|e| FooterError::Storage(format!("reading the footer: {e}")))?
+                }
+            };
+            check_schema_depth(&metadata)?;
         }
         let metadata = DFParquetMetadata::new(self.store.as_ref(), meta)
             .with_metadata_size_hint(Some(METADATA_SIZE_HINT))
@@ -599,8 +611,9 @@ impl From<String> for FooterError {
     }
 }
 
-/// The ranges the envelope check reads: the leading magic and the footer, when the file is
-/// long enough to hold them (leading magic, metadata length, trailing magic).
+/// The ranges the envelope check reads, when the file is long enough to hold a frame
+/// (leading magic, metadata length, trailing magic): the leading magic, and the file's last
+/// [`METADATA_SIZE_HINT`] bytes with its footer, which hold most files' whole metadata.
 fn envelope_ranges(size: u64) -> Result<[std::ops::Range<u64>; 2], String> {
     let min = MAGIC.len() as u64 + FOOTER_LEN;
     if size < min {
@@ -608,22 +621,27 @@ fn envelope_ranges(size: u64) -> Result<[std::ops::Range<u64>; 2], String> {
             "{size} bytes is too short for a Parquet file (at least {min}: magic, footer length, magic)"
         ));
     }
-    Ok([0..MAGIC.len() as u64, size - FOOTER_LEN..size])
+    let tail = (size - MAGIC.len() as u64).min(FOOTER_LEN + METADATA_SIZE_HINT as u64);
+    Ok([0..MAGIC.len() as u64, size - tail..size])
 }
 
 /// The file's frame, checked before any decoder sees it: `PAR1` at both ends and a metadata
-/// length that fits between them. `ends` are the bytes of [`envelope_ranges`].
-fn check_envelope(size: u64, ends: &[bytes::Bytes]) -> Result<(), String> {
+/// length that fits between them, which it returns. `ends` are the bytes of
+/// [`envelope_ranges`].
+fn check_envelope(size: u64, ends: &[bytes::Bytes]) -> Result<u64, String> {
     let [head, tail] = ends else {
         return Err("reading the file's ends: the store returned the wrong number of ranges".into());
     };
+    if tail.len() < FOOTER_LEN as usize {
+        return Err("reading the file's ends: the store returned a short range".into());
+    }
     if head.as_ref() != MAGIC {
         return Err(format!(
             "the file does not start with PAR1 (found {:?})",
             head.as_ref()
         ));
     }
-    let (length, magic) = tail.split_at(4);
+    let (length, magic) = tail[tail.len() - FOOTER_LEN as usize..].split_at(4);
     if magic == ENCRYPTED_MAGIC {
         return Err("the footer is encrypted (PARE); encrypted files are not supported".into());
     }
@@ -641,21 +659,34 @@ fn check_envelope(size: u64, ends: &[bytes::Bytes]) -> Result<(), String> {
             length as u32 as i32
         ));
     }
-    Ok(())
+    Ok(length)
+}
+
+/// The metadata's `length` bytes, when the envelope's `tail` read holds them.
+fn metadata_in_tail(tail: &bytes::Bytes, length: u64) -> Option<bytes::Bytes> {
+    let end = tail.len().checked_sub(FOOTER_LEN as usize)?;
+    let start = end.checked_sub(usize::try_from(length).ok()?)?;
+    Some(tail.slice(start..end))
+}
+
+/// The footer's schema nests no deeper than [`MAX_SCHEMA_DEPTH`], read from its bytes
+/// before the decoder builds the tree by recursion.
+fn check_schema_depth(metadata: &[u8]) -> Result<(), String> {
+    match crate::footer_schema::schema_depth(metadata, MAX_SCHEMA_DEPTH) {
+        Ok(depth) if depth > MAX_SCHEMA_DEPTH => Err(format!(
+            "the schema nests more than {MAX_SCHEMA_DEPTH} levels deep (the most accepted)"
+        )),
+        Ok(_) => Ok(()),
+        Err(reason) => Err(format!("the footer's schema cannot be read: {reason}")),
+    }
 }
 
 /// The decoded metadata describes this file: every byte range it names lies between the
-/// leading magic and the footer, row counts are non-negative and add up, and the schema is
-/// not deeper than [`MAX_SCHEMA_DEPTH`]. The Parquet reader trusts these values (some of its
-/// code asserts them), so a damaged footer is refused here, not discovered by a scan.
+/// leading magic and the footer, and row counts are non-negative and add up. The Parquet
+/// reader trusts these values (some of its code asserts them), so a damaged footer is
+/// refused here, not discovered by a scan.
 fn check_layout(metadata: &ParquetMetaData, size: u64) -> Result<(), String> {
     let file = metadata.file_metadata();
-    let depth = schema_depth(file.schema_descr().root_schema());
-    if depth > MAX_SCHEMA_DEPTH {
-        return Err(format!(
-            "the schema nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are accepted"
-        ));
-    }
     // Data lies between the leading magic and the metadata (a lower bound of its start).
     let end = size.saturating_sub(FOOTER_LEN);
     let within = |what: &dyn Fn() -> String, start: i64, len: i64| -> Result<(), String> {
@@ -720,19 +751,6 @@ fn check_layout(metadata: &ParquetMetaData, size: u64) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Levels under the root (1 for a flat schema), counted without recursion.
-fn schema_depth(root: &parquet::schema::types::Type) -> usize {
-    let mut deepest = 0;
-    let mut stack = vec![(root, 0usize)];
-    while let Some((node, depth)) = stack.pop() {
-        deepest = deepest.max(depth);
-        if node.is_group() {
-            stack.extend(node.get_fields().iter().map(|f| (f.as_ref(), depth + 1)));
-        }
-    }
-    deepest
 }
 
 fn strip_metadata(schema: &arrow::datatypes::Schema) -> arrow::datatypes::Schema {
@@ -820,18 +838,6 @@ mod tests {
             decoded.is_err(),
             "the push decoder no longer panics ({decoded:?}): update the note in check_envelope"
         );
-    }
-
-    #[test]
-    fn schema_depth_counts_levels_under_the_root() {
-        use parquet::schema::parser::parse_message_type;
-        let flat = parse_message_type("message m { required int32 a; optional binary b; }").expect("flat");
-        assert_eq!(schema_depth(&flat), 1);
-        let nested = parse_message_type(
-            "message m { optional group g { optional group h { required int32 x; } } required int32 y; }",
-        )
-        .expect("nested");
-        assert_eq!(schema_depth(&nested), 3);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! | the fragment cache | `cache` |
 //! | access, tokenizers, storage | `auth`, `tokenizers`, `store` |
 //! | the catalog | `catalog` |
-//! | accounting, scheduling, who reduced alone, startup settings, file layout, errors | `metrics`, `scaling`, `runtime`, `pool`, `company`, `startup`, `layout`, `error` |
+//! | accounting, scheduling, who reduced alone, startup settings, file layout, a footer's schema depth, errors | `metrics`, `scaling`, `runtime`, `pool`, `company`, `startup`, `layout`, `footer_schema`, `error` |
 //!
 //! The crate depends on neither `tonic` nor `arrow-flight` (`scripts/test.sh` checks it):
 //! the Flight front end (`pushdown-server`) turns requests into calls on a [`Node`] and its
@@ -39,6 +39,7 @@ mod company;
 mod config;
 mod conjunction;
 mod error;
+mod footer_schema;
 mod layout;
 mod metrics;
 mod node;
