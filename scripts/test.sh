@@ -31,6 +31,7 @@ cargo test --locked --workspace
 step "python interop (pyarrow.flight)"
 cargo build --locked --workspace
 scripts/setup-python.sh
+scripts/setup-media.sh
 s3_server=$(scripts/setup-s3.sh)
 PUSHDOWN_BIN="$target/debug/pushdown" PUSHDOWN_S3_SERVER="$s3_server" .venv/bin/python -m pytest -q tests/python
 

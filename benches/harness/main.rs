@@ -9,6 +9,7 @@
 //! iproute2), falling back to a pacing TCP proxy on loopback. Each suite prints its table
 //! and replaces its own section of `benches/RESULTS.md`.
 
+mod audio;
 mod cache;
 mod compare;
 mod cpus;
@@ -135,6 +136,13 @@ enum Command {
     /// greedy packing in DataLoader-style workers (tokens/s, trainer CPU per million tokens),
     /// padding shares, a W = 8 straggler simulation, bytes per token.
     Text {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Speech: Whisper's log-mel features computed next to the data (decode, 16 kHz, 80
+    /// bins) against soundfile + soxr + `WhisperFeatureExtractor` in DataLoader-style
+    /// workers (clips/s, trainer CPU per 1,000 clips, bytes per clip).
+    Audio {
         #[command(flatten)]
         options: Options,
     },
@@ -364,6 +372,7 @@ fn main() -> Result<()> {
         Command::Neighbour { options } => ("neighbour", options.resolve()),
         Command::Order { options } => ("order", options.resolve()),
         Command::Text { options } => ("text", options.resolve()),
+        Command::Audio { options } => ("audio", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0 (the 2-core suites) or in
     // the far-CPU order (`cpus::far_cpu`).
@@ -374,6 +383,15 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        if suite == "audio" {
+            let command = format!(
+                "cargo run --release -p pushdown-benches --bin harness -- audio{}",
+                if options.quick { " --quick" } else { "" }
+            );
+            let body = audio::suite(&options, &command).await?;
+            println!("{body}");
+            return write_section(&options.results, suite, &body);
+        }
         // These suites read images alone: the others are not generated for them.
         let images_only = matches!(suite, "feed" | "neighbour" | "fleet" | "shared" | "order");
         let only = match suite {

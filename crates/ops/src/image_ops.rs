@@ -11,7 +11,7 @@
 use std::io::Cursor;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, FixedSizeListArray, UInt8Array};
+use arrow::array::{Array, ArrayRef, BinaryBuilder, FixedSizeListArray, UInt8Array};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field};
 use fast_image_resize::images::{Image, ImageRef};
@@ -19,124 +19,10 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, RgbImage};
 
+use crate::media::{Media, encoded_input, encoded_nullable, for_each_encoded};
 use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
 
 const MAX_SIDE: i64 = 8192;
-
-/// Checks that `input` holds encoded images: binary, or the Hugging Face `datasets` image
-/// struct (`struct<bytes: binary, path: string>`), whose `bytes` are the image.
-pub(crate) fn binary_input(op: &'static str, input: &Field) -> Result<()> {
-    let binary = |t: &DataType| matches!(t, DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
-    match input.data_type() {
-        t if binary(t) => Ok(()),
-        DataType::Struct(fields)
-            if fields
-                .iter()
-                .any(|f| f.name() == "bytes" && binary(f.data_type())) =>
-        {
-            Ok(())
-        }
-        other => Err(OpError::BadArguments {
-            op,
-            reason: format!(
-                "expects encoded images (binary, or the Hub's struct<bytes: binary, path: string>), got {other}"
-            ),
-        }),
-    }
-}
-
-/// Whether an image column of `input` may have null rows (a struct's, or its `bytes`).
-pub(crate) fn images_nullable(input: &Field) -> bool {
-    match input.data_type() {
-        DataType::Struct(fields) => {
-            input.is_nullable() || fields.iter().any(|f| f.name() == "bytes" && f.is_nullable())
-        }
-        _ => input.is_nullable(),
-    }
-}
-
-/// The rows of an image column as byte slices (any binary layout, or the Hub's image
-/// struct). A struct row whose `bytes` are null but whose `path` is set is refused: images
-/// are read from the Parquet file, never from paths it names.
-pub(crate) fn for_each_image(
-    op: &'static str,
-    input: &ArrayRef,
-    mut f: impl FnMut(usize, Option<&[u8]>) -> Result<()>,
-) -> Result<()> {
-    match input.data_type() {
-        DataType::Struct(_) => for_each_struct_image(op, input.as_struct(), &mut f),
-        _ => for_each_binary(op, input, &mut f),
-    }
-}
-
-/// What is done with each row of an image column: its index and its bytes (`None`: null).
-type EachImage<'a> = dyn FnMut(usize, Option<&[u8]>) -> Result<()> + 'a;
-
-/// The rows of a binary column (any layout) as byte slices.
-fn for_each_binary(op: &'static str, input: &ArrayRef, f: &mut EachImage<'_>) -> Result<()> {
-    match input.data_type() {
-        DataType::Binary => input
-            .as_binary::<i32>()
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, v)| f(i, v)),
-        DataType::LargeBinary => input
-            .as_binary::<i64>()
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, v)| f(i, v)),
-        DataType::BinaryView => input
-            .as_binary_view()
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, v)| f(i, v)),
-        other => Err(OpError::BadArguments {
-            op,
-            reason: format!("expects encoded images (binary), got {other}"),
-        }),
-    }
-}
-
-/// [`for_each_image`] over the Hub's `struct<bytes, path>`.
-fn for_each_struct_image(
-    op: &'static str,
-    images: &arrow::array::StructArray,
-    f: &mut EachImage<'_>,
-) -> Result<()> {
-    let bytes = images
-        .column_by_name("bytes")
-        .ok_or_else(|| OpError::BadArguments {
-            op,
-            reason: "an image struct needs a `bytes` field".into(),
-        })?;
-    let paths = images
-        .column_by_name("path")
-        .and_then(|p| arrow::compute::cast(p, &DataType::Utf8).ok());
-    let nulls = images.logical_nulls();
-    for_each_binary(op, bytes, &mut |row, value| {
-        if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
-            return f(row, None);
-        }
-        let path = paths
-            .as_ref()
-            .map(|p| p.as_string::<i32>())
-            .filter(|p| p.is_valid(row))
-            .map(|p| p.value(row));
-        match (value, path) {
-            (Some(v), _) => f(row, Some(v)),
-            (None, None) => f(row, None),
-            (None, Some(path)) => Err(OpError::BadValue {
-                op,
-                row,
-                reason: format!(
-                    "the image's bytes are null and its path is `{path}`: images stored by path \
-                     are not read; embed the bytes in the Parquet file (datasets embeds them \
-                     when it writes Parquet with `embed_external_files`)"
-                ),
-            }),
-        }
-    })
-}
 
 /// Largest pixel buffer a scaled JPEG decode may allocate (the full decode's limit is the
 /// `image` crate's default, 512 MiB).
@@ -291,7 +177,7 @@ pub(crate) fn images_to_pixels(
     let size = (w * h * 3) as usize;
     let mut values = Vec::with_capacity(input.len() * size);
     let mut valid = Vec::with_capacity(input.len());
-    for_each_image(op, input, |row, bytes| {
+    for_each_encoded(op, input, Media::Image, |row, bytes| {
         valid.push(bytes.is_some());
         match bytes {
             Some(bytes) => pixels(row, bytes, &mut values),
@@ -332,9 +218,9 @@ impl Op for DecodeResize {
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
-        binary_input(self.name(), input)?;
+        encoded_input(self.name(), input, Media::Image)?;
         let (w, h) = Self::size(params)?;
-        Ok(pixels_field(output, (h, w), images_nullable(input)))
+        Ok(pixels_field(output, (h, w), encoded_nullable(input)))
     }
 
     fn apply_field(
@@ -396,9 +282,9 @@ impl Op for DecodeCenterCrop {
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
-        binary_input(self.name(), input)?;
+        encoded_input(self.name(), input, Media::Image)?;
         let (_, h, w) = Self::params(params)?;
-        Ok(pixels_field(output, (h, w), images_nullable(input)))
+        Ok(pixels_field(output, (h, w), encoded_nullable(input)))
     }
 
     fn apply_field(
@@ -453,15 +339,15 @@ impl Op for Thumbnail {
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
-        binary_input(self.name(), input)?;
+        encoded_input(self.name(), input, Media::Image)?;
         Self::params(params)?;
-        Ok(Field::new(output, DataType::Binary, images_nullable(input)))
+        Ok(Field::new(output, DataType::Binary, encoded_nullable(input)))
     }
 
     /// A JPEG of at most `max_side`² pixels: bounded by its raw RGB size plus headers
     /// (JPEG at quality 100 on noise stays below that).
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
-        binary_input(self.name(), input)?;
+        encoded_input(self.name(), input, Media::Image)?;
         let (side, _) = Self::params(params)?;
         Ok(Some(u64::from(side) * u64::from(side) * 3 + 4096))
     }
@@ -477,7 +363,7 @@ impl Op for Thumbnail {
         let mut out = BinaryBuilder::with_capacity(input.len(), input.len() * 2048);
         let mut resizer = Resizer::new();
         let mut buf = Vec::new();
-        for_each_image(self.name(), input, |row, bytes| {
+        for_each_encoded(self.name(), input, Media::Image, |row, bytes| {
             let Some(bytes) = bytes else {
                 out.append_null();
                 return Ok(());

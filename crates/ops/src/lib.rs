@@ -29,6 +29,11 @@
 //! | `tokenize(text, max_len[, tokenizer])` | max tokens, tokenizer name (default: the dataset's) | token ids, truncated: `List<UInt16>` when the vocabulary fits 16 bits, else `List<UInt32>` | deterministic, reducing |
 //! | `pad_tokens(tokens, len[, pad_id])` | length, pad id (0) | `FixedSizeList<UInt32, len>` | deterministic |
 //! | `random_mask(tokens, p, id)` | probability, mask id | token lists, each id masked with probability `p` | random: trainer only |
+//! | `decode_audio(audio, sample_rate[, channels])` | rate, channels (1: the mean) | `float32` PCM in [-1, 1]: `List` `[samples]`, or `[channels, samples]` | deterministic |
+//! | `log_mel(audio\|pcm, sample_rate, n_mels[, n_fft, hop_length, max_seconds][, dtype])` | rate, mel bands, window (400), hop (160), seconds (30), `'float32'`/`'float16'`/`'bfloat16'` | Whisper's log-mel `[n_mels, frames]` | deterministic |
+//! | `audio_seconds(audio)` | | `Float64` duration from the container's header | deterministic, reducing |
+//! | `random_audio_crop(pcm, seconds)` | seconds | `[samples]` (or `[channels, samples]`) at a random start, zero-padded | random: trainer only |
+//! | `spec_augment(mel, freq_masks, freq_width, time_masks, time_width)` | counts and widest masks | features with SpecAugment's masks at 0 | random: trainer only |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
 //! with an error naming the row: silently dropping or zero-filling training data is worse
@@ -54,15 +59,20 @@
 //! |---|---|
 //! | the batch executor: looks ops up in the registry | `call` |
 //! | the registry: names the kernels | `registry` |
+//! | audio ops (they draw with the tensor kernels' row generator and dtypes) | `audio_ops` |
 //! | tensor kernels (they decode and crop with the image kernels' helpers) | `tensor_ops` |
-//! | kernels | `image_ops`, `tabular`, `text` |
+//! | kernels | `image_ops`, `tabular`, `text`, `audio`, `mel`, `media` |
 //! | the contract | `op` |
 //! | shared resources (tokenizers) | `resources` |
 //!
 //! This root only documents and re-exports.
 
+mod audio;
+mod audio_ops;
 mod call;
 mod image_ops;
+mod media;
+mod mel;
 mod op;
 mod registry;
 mod resources;
@@ -70,6 +80,9 @@ mod tabular;
 mod tensor_ops;
 mod text;
 
+pub use audio_ops::{
+    AudioSeconds, DecodeAudio, LogMelOp, RandomAudioCrop, SAMPLE_RATE_METADATA_KEY, SpecAugment,
+};
 pub use call::{
     Call, CallRun, Calls, apply_calls, call_seed, input_array, input_column, input_path, mix, resolve_input,
 };

@@ -1,5 +1,6 @@
 //! The registered ops, by name.
 
+use crate::audio_ops::{AudioSeconds, DecodeAudio, LogMelOp, RandomAudioCrop, SpecAugment};
 use crate::image_ops::{DecodeCenterCrop, DecodeResize, Thumbnail};
 use crate::op::Op;
 use crate::tabular::{Cast, HashBucket};
@@ -9,7 +10,7 @@ use crate::tensor_ops::{
 };
 use crate::text::{PadTokens, Tokenize};
 
-static OPS: [&dyn Op; 16] = [
+static OPS: [&dyn Op; 21] = [
     &DecodeResize,
     &DecodeCenterCrop,
     &Thumbnail,
@@ -26,6 +27,11 @@ static OPS: [&dyn Op; 16] = [
     &Tokenize,
     &PadTokens,
     &RandomMask,
+    &DecodeAudio,
+    &LogMelOp,
+    &AudioSeconds,
+    &RandomAudioCrop,
+    &SpecAugment,
 ];
 
 /// Every registered op.

@@ -304,8 +304,8 @@ impl Op for RandomResizedCrop {
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let p = ResizedCrop::params(params)?;
-        let nullable = match crate::image_ops::binary_input(self.name(), input) {
-            Ok(()) => crate::image_ops::images_nullable(input),
+        let nullable = match crate::media::encoded_input(self.name(), input, crate::media::Media::Image) {
+            Ok(()) => crate::media::encoded_nullable(input),
             Err(_) => {
                 let (_, _, c) = shape_of(self.name(), input)?;
                 if c != 3 {
@@ -351,7 +351,7 @@ impl Op for RandomResizedCrop {
             out.copy_from_slice(&pixels);
             Ok(())
         };
-        if crate::image_ops::binary_input(self.name(), field).is_ok() {
+        if crate::media::encoded_input(self.name(), field, crate::media::Media::Image).is_ok() {
             return crate::image_ops::images_to_pixels(
                 self.name(),
                 input,
@@ -653,14 +653,14 @@ impl Affine<'_> {
 /// their `UInt16` bits, the field tagged `pushdown.dtype = bfloat16`, and clients give them
 /// back as bfloat16 (`torch.bfloat16` in `pushdown.torch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FloatType {
+pub(crate) enum FloatType {
     F32,
     F16,
     Bf16,
 }
 
 impl FloatType {
-    fn named(value: &Value) -> Option<Self> {
+    pub(crate) fn named(value: &Value) -> Option<Self> {
         let Value::Text(t) = value else { return None };
         match t.to_ascii_lowercase().as_str() {
             "float32" | "float" => Some(Self::F32),
@@ -670,7 +670,7 @@ impl FloatType {
         }
     }
 
-    fn arrow(self) -> DataType {
+    pub(crate) fn arrow(self) -> DataType {
         match self {
             Self::F32 => DataType::Float32,
             Self::F16 => DataType::Float16,
@@ -678,7 +678,7 @@ impl FloatType {
         }
     }
 
-    fn tag(self, field: Field) -> Field {
+    pub(crate) fn tag(self, field: Field) -> Field {
         if self != Self::Bf16 {
             return field;
         }
@@ -728,7 +728,7 @@ impl Op for ToChw {
 }
 
 /// The generator of one row of a random op: a function of (seed, row) alone.
-fn row_rng(seed: u64, row: usize) -> ChaCha8Rng {
+pub(crate) fn row_rng(seed: u64, row: usize) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(row as u64);
     rng
