@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets=(ticket command messages flight_sql parameters prepared_handle sql pipeline loader_state
-         parquet client_ipc tokens views)
+         parquet client_ipc tokens views audio)
 if [[ $# -ge 1 ]]; then targets=("$1"); fi
 seconds=${2:-60}
 

@@ -10,10 +10,14 @@
 //! * the selectivity: the rows that pass the predicate over all rows, counted by the engine
 //!   over the whole dataset — it reads only the predicate's columns and skips row groups
 //!   their statistics rule out (a sample of the first rows would say 0 for `day = 3` on data
-//!   sorted by day);
+//!   sorted by day). A predicate too costly to count everywhere within
+//!   [`COUNT_BUDGET`] (one that reads every clip's header, `audio_seconds(audio) < 20`, over
+//!   a large dataset) is counted over the first [`SELECTIVITY_SAMPLE_ROWS`] rows instead;
 //! * each op: timed on one thread over the first `rows` rows that *pass* the predicate (the
-//!   rows it would really see); its input and output sizes are the Arrow buffers' bytes per
-//!   row: what would cross the network before IPC compression;
+//!   rows it would really see), fewer where they hold over [`OP_SAMPLE_BYTES`] (audio clips:
+//!   a few dozen, so a profile of a decoding op takes seconds, not minutes); its input and
+//!   output sizes are the Arrow buffers' bytes per row: what would cross the network before
+//!   IPC compression;
 //! * the plan: the share of rows the row groups' statistics leave to scan, and the shards
 //!   (endpoints) the server deals the fragment into.
 
@@ -36,6 +40,14 @@ use crate::query::Engine;
 use crate::udf::OpLimits;
 
 const KEEP: &str = "__pushdown_keep";
+
+/// How long the selectivity may take counted over the whole dataset.
+const COUNT_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+/// The rows a selectivity is counted over when the whole dataset would take too long.
+const SELECTIVITY_SAMPLE_ROWS: usize = 1024;
+/// The most source bytes the ops are timed over (but at least [`MIN_OP_SAMPLE_ROWS`] rows).
+const OP_SAMPLE_BYTES: usize = 8 << 20;
+const MIN_OP_SAMPLE_ROWS: usize = 8;
 
 fn bytes(a: &ArrayRef) -> f64 {
     a.to_data()
@@ -289,8 +301,15 @@ async fn passing_sample(
     dataset: &Dataset,
 ) -> Result<(f64, RecordBatch)> {
     // The rows the ops would see: the first `rows` that pass the predicate.
-    let passing = table.clone().filter(keep)?;
-    let selectivity = passing.clone().count().await? as f64 / dataset.num_rows().max(1) as f64;
+    let passing = table.clone().filter(keep.clone())?;
+    let selectivity = match tokio::time::timeout(COUNT_BUDGET, passing.clone().count()).await {
+        Ok(count) => count? as f64 / dataset.num_rows().max(1) as f64,
+        Err(_) => {
+            let first = table.clone().limit(0, Some(SELECTIVITY_SAMPLE_ROWS))?;
+            let read = first.clone().count().await?;
+            first.filter(keep)?.count().await? as f64 / read.max(1) as f64
+        }
+    };
     let kept_batches = passing
         .select(source.iter().map(ident).collect::<Vec<_>>())?
         .limit(0, Some(rows.max(1)))?
@@ -309,7 +328,16 @@ async fn passing_sample(
     };
     let kept =
         concat_batches(&kept_schema, &kept_batches).map_err(|e| ServerError::Internal(e.to_string()))?;
-    Ok((selectivity, kept))
+    Ok((selectivity, within_bytes(kept)))
+}
+
+/// The first rows of `kept` holding about [`OP_SAMPLE_BYTES`] (at least
+/// [`MIN_OP_SAMPLE_ROWS`]): the rows of large values (clips, images) an op is timed over.
+fn within_bytes(kept: RecordBatch) -> RecordBatch {
+    let rows = kept.num_rows();
+    let total: f64 = kept.columns().iter().map(bytes).sum();
+    let fit = (OP_SAMPLE_BYTES as f64 / (total / rows.max(1) as f64).max(1.0)) as usize;
+    kept.slice(0, rows.min(fit.max(MIN_OP_SAMPLE_ROWS)))
 }
 
 /// Arrow bytes per row of each column of `kept` (of `n` rows), and what the stream codecs

@@ -153,3 +153,30 @@ pub fn views(data: &[u8]) {
     };
     let _ = Views::from_toml(text);
 }
+
+/// Any bytes as an audio clip: its duration, its PCM and its log-mel features, each a value
+/// or an error naming the row. A decoder's panic (outside bytes reach symphonia and
+/// opus-decoder) is the ops' own error for the row, contained where it happens.
+pub fn audio(data: &[u8]) {
+    use pushdown_ops::Value;
+    let input: arrow::array::ArrayRef = Arc::new(BinaryArray::from_iter_values([data]));
+    let calls: [(&str, Vec<Value>); 3] = [
+        ("audio_seconds", vec![]),
+        ("decode_audio", vec![Value::Int(16_000), Value::Int(2)]),
+        (
+            "log_mel",
+            vec![
+                Value::Int(16_000),
+                Value::Int(80),
+                Value::Int(400),
+                Value::Int(160),
+                Value::Int(1),
+            ],
+        ),
+    ];
+    for (name, params) in calls {
+        if let Some(op) = pushdown_ops::lookup(name) {
+            let _ = op.apply(&input, &params);
+        }
+    }
+}

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
 pub use client::{client_ipc, loader_state};
-pub use engine::{parquet, sql, tokens, views};
+pub use engine::{audio, parquet, sql, tokens, views};
 pub use messages::{
     command, flight_sql, join_messages, messages, parameters, pipeline, prepared_handle, split_messages,
     ticket,
@@ -49,6 +49,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("client_ipc", client_ipc),
     ("tokens", tokens),
     ("views", views),
+    ("audio", audio),
 ];
 
 static CONTAINED: AtomicU64 = AtomicU64::new(0);

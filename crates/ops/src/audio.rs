@@ -100,6 +100,27 @@ fn opus_pre_skip(track: &Track) -> u64 {
 /// size, FLAC's STREAMINFO, MP3's Xing/Info frame count, Ogg's last granule position), else
 /// by walking its packets' durations without decoding them.
 pub(crate) fn duration(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64> {
+    contained(op, row, || header_duration(op, row, bytes))
+}
+
+/// `f`, with a panic of the decoders it calls (outside input reaches them) answered as the
+/// row's error: the clip is damaged in a way a decoder did not expect, the same on every try.
+fn contained<T>(op: &'static str, row: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(bad(
+            op,
+            row,
+            format!("the audio decoder failed on this clip (it panicked: {message})"),
+        ))
+    })
+}
+
+fn header_duration(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64> {
     let Opened { mut format, track } = open(op, row, bytes)?;
     let params = &track.codec_params;
     let rate = params
@@ -130,6 +151,10 @@ pub(crate) fn duration(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64
 /// exceed `max_frames` per channel once decoded, and a clip shorter than its header says
 /// (truncated).
 pub(crate) fn decode(op: &'static str, row: usize, bytes: &[u8], max_seconds: f64) -> Result<Pcm> {
+    contained(op, row, || decode_bounded(op, row, bytes, max_seconds))
+}
+
+fn decode_bounded(op: &'static str, row: usize, bytes: &[u8], max_seconds: f64) -> Result<Pcm> {
     let opened = open(op, row, bytes)?;
     let params = &opened.track.codec_params;
     let rate = params

@@ -21,7 +21,7 @@ use rand::Rng;
 use crate::audio::{MAX_PCM_BYTES, Pcm, Resamplers, decode, duration, mix};
 use crate::media::{Media, encoded_input, encoded_nullable, for_each_encoded};
 use crate::mel::LogMel;
-use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
+use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, fixed_width, int_param};
 use crate::tensor_ops::{FloatType, row_rng};
 
 /// Field metadata carrying the sample rate of a PCM column, so later ops (`log_mel`,
@@ -401,6 +401,17 @@ impl Op for LogMelOp {
 
     fn signature(&self) -> &'static str {
         "log_mel(audio|pcm, sample_rate, n_mels[, n_fft, hop_length, max_seconds][, dtype])"
+    }
+
+    /// The features' bytes; from encoded audio, also the PCM each row decodes to first (up to
+    /// [`MAX_PCM_BYTES`]): a server's memory budget counts the decoder's, and its batches
+    /// of clips stay small enough to come out every few seconds.
+    fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
+        let features = fixed_width(self.output_field(input, params, "output")?.data_type());
+        Ok(match encoded_input(self.name(), input, Media::Audio) {
+            Ok(()) => features.map(|f| f.max(MAX_PCM_BYTES)),
+            Err(_) => features,
+        })
     }
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
