@@ -256,7 +256,7 @@ impl Op for DecodeAudio {
         Ok(pcm_field(output, rate, channels, encoded_nullable(input)))
     }
 
-    /// A clip decodes to at most [`MAX_PCM_BYTES`] (longer ones are refused by row).
+    /// A clip decodes to at most `MAX_PCM_BYTES` (16 MiB) (longer ones are refused by row).
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         self.output_field(input, params, "output")?;
         Ok(Some(MAX_PCM_BYTES))
@@ -404,7 +404,7 @@ impl Op for LogMelOp {
     }
 
     /// The features' bytes; from encoded audio, also the PCM each row decodes to first (up to
-    /// [`MAX_PCM_BYTES`]): a server's memory budget counts the decoder's, and its batches
+    /// `MAX_PCM_BYTES` (16 MiB)): a server's memory budget counts the decoder's, and its batches
     /// of clips stay small enough to come out every few seconds.
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         let features = fixed_width(self.output_field(input, params, "output")?.data_type());
