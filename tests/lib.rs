@@ -91,6 +91,15 @@ impl Fixture {
         .await
     }
 
+    /// A speech dataset (`speech`: WAV clips of 0.5–10 s at 8–48 kHz in the Hub's `Audio`
+    /// struct, one clip per page) of `rows` rows, in 16-row row groups and 64-row files.
+    pub async fn speech(rows: usize) -> Self {
+        Self::new(small_shards(), |root| {
+            write_speech(root, rows);
+        })
+        .await
+    }
+
     /// Runs a request to the end (one stream at a time, so batches come in endpoint order).
     pub async fn collect(&self, request: &ScanRequest) -> Result<(Vec<RecordBatch>, StreamTotals), String> {
         collect_with(
@@ -161,6 +170,13 @@ pub fn write_images(root: &Path, rows: usize) -> u64 {
     options.row_group_rows = Some(64);
     options.rows_per_file = Some(256);
     generate(&options, &root.join("images")).expect("images").bytes
+}
+
+pub fn write_speech(root: &Path, rows: usize) -> u64 {
+    let mut options = GenOptions::new(Kind::Speech, rows);
+    options.row_group_rows = Some(16);
+    options.rows_per_file = Some(64);
+    generate(&options, &root.join("speech")).expect("speech").bytes
 }
 
 pub async fn collect_with(

@@ -7,6 +7,7 @@
 //! | `images` | `id` i64, `image` binary (JPEG, 192–320 px sides), `label` i32 0..999, `caption` utf8, `width` i32, `height` i32, `split` utf8 | 128 rows | 1024 rows |
 //! | `clicks` | `label` i32, `i1..i13` i32 (nullable), `c1..c26` utf8 (8 hex chars, skewed), `day` i32 | 16 Ki rows | 128 Ki rows |
 //! | `text` | `id` i64, `lang` utf8, `quality` f32 0..1, `body` utf8 (100–3000 Zipfian pseudo-words; `tokenizer.json` beside the files) | 4 Ki rows | 32 Ki rows |
+//! | `speech` | `id` i64, `audio` struct<bytes: binary (WAV, 0.5–10 s, 8–48 kHz, mono or stereo), path: utf8> (the Hub's `Audio`), `speaker` i32 0..99, `text` utf8 | 64 rows | 512 rows |
 //! | `lineitem` | TPC-H `lineitem` (16 columns: keys, decimal(15,2) quantities and prices, dates, flags, comments) from `tpchgen`, at the scale factor that gives about `rows` rows | 128 Ki rows | 1 Mi rows |
 //!
 //! Every row is a function of (seed, row id) alone, so files are generated in parallel and
@@ -15,20 +16,25 @@
 //! statistics (page index) and bloom filters on the low-cardinality string columns, as a
 //! data-platform team would write them. Images are the exception a team tuning for selective
 //! reads would make: each JPEG is a page of its own, stored uncompressed and without a
-//! dictionary, so a reader that filters on `label` reads only the images it keeps.
+//! dictionary, so a reader that filters on `label` reads only the images it keeps; the speech
+//! clips are laid out the same way.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use arrow::array::{ArrayRef, BinaryBuilder, Float32Builder, Int32Builder, Int64Builder, StringBuilder};
+use arrow::array::{
+    ArrayRef, BinaryBuilder, Float32Builder, Int32Builder, Int64Builder, StringBuilder, StructArray,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -40,6 +46,7 @@ pub enum Kind {
     Clicks,
     Text,
     Lineitem,
+    Speech,
 }
 
 impl Kind {
@@ -49,6 +56,7 @@ impl Kind {
             Kind::Clicks => "clicks",
             Kind::Text => "text",
             Kind::Lineitem => "lineitem",
+            Kind::Speech => "speech",
         }
     }
 
@@ -59,6 +67,7 @@ impl Kind {
             Kind::Clicks => (16 * 1024, 128 * 1024),
             Kind::Text => (4 * 1024, 32 * 1024),
             Kind::Lineitem => (128 * 1024, 1024 * 1024),
+            Kind::Speech => (64, 512),
         }
     }
 
@@ -86,6 +95,12 @@ impl Kind {
                 Field::new("quality", DataType::Float32, false),
                 Field::new("body", DataType::Utf8, false),
             ],
+            Kind::Speech => vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("audio", audio_type(), true),
+                Field::new("speaker", DataType::Int32, false),
+                Field::new("text", DataType::Utf8, false),
+            ],
             // tpchgen-arrow's schema with plain Utf8 strings (as most writers store them).
             Kind::Lineitem => {
                 let money = || DataType::Decimal128(15, 2);
@@ -109,9 +124,31 @@ impl Kind {
                 ]
             }
         };
-        Arc::new(Schema::new(fields))
+        let schema = Schema::new(fields);
+        match self {
+            // The Hub's feature description, so `datasets` reads `audio` back as `Audio`.
+            Kind::Speech => Arc::new(schema.with_metadata(HashMap::from([(
+                "huggingface".to_owned(),
+                SPEECH_FEATURES.to_owned(),
+            )]))),
+            _ => Arc::new(schema),
+        }
     }
 }
+
+/// The Hub's `Audio` column: the encoded file and its name.
+fn audio_type() -> DataType {
+    DataType::Struct(
+        vec![
+            Field::new("bytes", DataType::Binary, true),
+            Field::new("path", DataType::Utf8, true),
+        ]
+        .into(),
+    )
+}
+
+/// The `huggingface` schema metadata `datasets` writes for the speech columns.
+const SPEECH_FEATURES: &str = r#"{"info": {"features": {"id": {"dtype": "int64", "_type": "Value"}, "audio": {"_type": "Audio"}, "speaker": {"dtype": "int32", "_type": "Value"}, "text": {"dtype": "string", "_type": "Value"}}}}"#;
 
 /// A terminal progress bar wired into `options`: generation advances it.
 #[cfg(feature = "progress")]
@@ -259,6 +296,7 @@ fn writer_properties(kind: Kind, rg_rows: usize) -> Result<WriterProperties> {
         Kind::Clicks => (1..=26).map(|i| format!("c{i}")).collect(),
         Kind::Text => vec!["lang".into()],
         Kind::Lineitem => vec!["l_shipmode".into()],
+        Kind::Speech => vec![],
     };
     for column in bloom {
         props = props
@@ -283,6 +321,18 @@ fn writer_properties(kind: Kind, rg_rows: usize) -> Result<WriterProperties> {
             .set_column_dictionary_enabled("image".into(), false)
             .set_column_dictionary_enabled("id".into(), false)
             .set_column_statistics_enabled("image".into(), EnabledStatistics::None);
+    }
+    if kind == Kind::Speech {
+        // The clips as the images: one per page, uncompressed (WAV barely shrinks), no
+        // dictionary, no statistics, so a filtered read fetches only the clips it keeps.
+        let clips = ColumnPath::new(vec!["audio".into(), "bytes".into()]);
+        props = props
+            .set_write_batch_size(1)
+            .set_column_data_page_size_limit(clips.clone(), 1)
+            .set_column_compression(clips.clone(), Compression::UNCOMPRESSED)
+            .set_column_dictionary_enabled(clips.clone(), false)
+            .set_column_dictionary_enabled("id".into(), false)
+            .set_column_statistics_enabled(clips, EnabledStatistics::None);
     }
     Ok(props.build())
 }
@@ -362,6 +412,7 @@ pub fn batch(
         Kind::Images => images(seed, ids)?,
         Kind::Clicks => clicks(seed, ids, total_rows),
         Kind::Text => text(seed, ids),
+        Kind::Speech => speech(seed, ids)?,
         Kind::Lineitem => anyhow::bail!("lineitem is generated by TPC-H parts, not by row ids"),
     };
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
@@ -602,4 +653,95 @@ fn text(seed: u64, ids: std::ops::Range<usize>) -> Vec<ArrayRef> {
         Arc::new(quality.finish()),
         Arc::new(body.finish()),
     ]
+}
+
+/// Sample rates of the speech clips, as speech corpora mix them (most at 16 kHz).
+const RATES: [u32; 8] = [16_000, 16_000, 16_000, 8_000, 22_050, 44_100, 48_000, 24_000];
+
+fn speech(seed: u64, ids: std::ops::Range<usize>) -> Result<Vec<ArrayRef>> {
+    let n = ids.len();
+    let mut id = Int64Builder::with_capacity(n);
+    let mut bytes = BinaryBuilder::new();
+    let mut path = StringBuilder::new();
+    let mut speaker = Int32Builder::with_capacity(n);
+    let mut text = StringBuilder::new();
+    for row in ids {
+        let mut rng = row_rng(seed, row);
+        id.append_value(row as i64);
+        bytes.append_value(voice_wav(&mut rng)?);
+        path.append_value(format!("clip-{row:06}.wav"));
+        speaker.append_value(rng.random_range(0..100));
+        let mut s = String::new();
+        for w in 0..rng.random_range(3..30) {
+            if w > 0 {
+                s.push(' ');
+            }
+            word(zipf_word(rng.random()), &mut s);
+        }
+        text.append_value(s);
+    }
+    let DataType::Struct(fields) = audio_type() else {
+        unreachable!("the audio column is a struct")
+    };
+    let audio = StructArray::try_new(
+        fields,
+        vec![Arc::new(bytes.finish()), Arc::new(path.finish())],
+        None,
+    )?;
+    Ok(vec![
+        Arc::new(id.finish()),
+        Arc::new(audio),
+        Arc::new(speaker.finish()),
+        Arc::new(text.finish()),
+    ])
+}
+
+/// A voice-like clip as a WAV file (`hound`): a gliding fundamental with up to 12 harmonics below
+/// 4 kHz, syllable-rate loudness, breath noise and pauses; 0.5–10 s (most short), at one of
+/// [`RATES`], mono or (one in five) stereo, 16-bit PCM or (one in eight) 32-bit float.
+fn voice_wav(rng: &mut ChaCha8Rng) -> Result<Vec<u8>> {
+    let rate = RATES[rng.random_range(0..RATES.len())];
+    let channels: u16 = if rng.random_bool(0.2) { 2 } else { 1 };
+    let float = rng.random_bool(0.125);
+    let seconds = 0.5 + 9.5 * rng.random::<f64>().powi(2);
+    let frames = (seconds * f64::from(rate)) as usize;
+    let f0 = rng.random_range(90.0..250.0);
+    let glide = rng.random_range(-0.3..0.3);
+    let syllables = rng.random_range(2.5..6.0);
+    let harmonics = (((4000.0f64.min(f64::from(rate) / 2.0 - 200.0)) / f0) as usize).min(12);
+    let spec = hound::WavSpec {
+        channels,
+        sample_rate: rate,
+        bits_per_sample: if float { 32 } else { 16 },
+        sample_format: if float {
+            hound::SampleFormat::Float
+        } else {
+            hound::SampleFormat::Int
+        },
+    };
+    let mut out = Cursor::new(Vec::with_capacity(frames * usize::from(channels) * 4 + 64));
+    let mut writer = hound::WavWriter::new(&mut out, spec)?;
+    let mut phase = 0.0f64;
+    for i in 0..frames {
+        let t = i as f64 / f64::from(rate);
+        let f = f0 * (1.0 + glide * t / seconds);
+        phase += std::f64::consts::TAU * f / f64::from(rate);
+        let envelope = (std::f64::consts::PI * syllables * t).sin().abs().powf(0.7);
+        let mut voice = 0.0;
+        for h in 1..=harmonics.max(1) {
+            voice += (phase * h as f64).sin() / h as f64;
+        }
+        let breath: f64 = rng.random_range(-0.02..0.02);
+        let sample = (0.3 * envelope * voice + breath).clamp(-1.0, 1.0);
+        for c in 0..channels {
+            let s = if c == 0 { sample } else { 0.8 * sample };
+            if float {
+                writer.write_sample(s as f32)?;
+            } else {
+                writer.write_sample((s * 32767.0) as i16)?;
+            }
+        }
+    }
+    writer.finalize()?;
+    Ok(out.into_inner())
 }

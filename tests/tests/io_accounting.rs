@@ -155,6 +155,75 @@ async fn a_selective_filter_reads_only_the_images_it_keeps() {
     );
 }
 
+/// A filter on clips' durations fetches the clips it keeps and only the ends of the others
+/// (where their containers state their length), once: a second scan reads nothing of a
+/// dropped clip. The rows are those of the duration computed from whole clips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_filter_reads_only_the_clips_it_keeps() {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float64Type, Int64Type};
+    let fx = Fixture::speech(96).await;
+    // Every clip's id, size and duration (from the whole clip, read locally).
+    let clips = fx
+        .local("SELECT id, audio['bytes'] FROM speech ORDER BY id")
+        .await;
+    let durations = fx
+        .sql("SELECT id, audio_seconds(audio) FROM speech")
+        .await
+        .expect("durations");
+    fx.bytes_read();
+    let size: Vec<u64> = clips
+        .iter()
+        .flat_map(|b| {
+            b.column(1)
+                .as_binary::<i32>()
+                .iter()
+                .map(|c| c.map_or(0, <[u8]>::len) as u64)
+        })
+        .collect();
+    let mut seconds = vec![0.0; size.len()];
+    for b in &durations {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        for (id, d) in ids
+            .values()
+            .iter()
+            .zip(b.column(1).as_primitive::<Float64Type>().values())
+        {
+            seconds[*id as usize] = *d;
+        }
+    }
+    let sql = "SELECT id, audio['bytes'] AS clip FROM speech WHERE audio_seconds(audio) BETWEEN 2 AND 4.5";
+    let expected: Vec<i64> = (0..size.len())
+        .filter(|&i| (2.0..=4.5).contains(&seconds[i]))
+        .map(|i| i as i64)
+        .collect();
+    let kept: u64 = expected.iter().map(|&i| size[i as usize]).sum();
+    let dropped: u64 = size.iter().sum::<u64>() - kept;
+    // The first scan reads every clip's ends (16 KiB from each side) to learn its duration.
+    let ends: u64 = size.iter().map(|s| (*s).min(32 << 10)).sum();
+    assert!(
+        (4..60).contains(&expected.len()) && dropped > 4 * ends,
+        "{} of 96 kept; dropped clips {dropped} bytes, their ends {ends}",
+        expected.len()
+    );
+    // Footers' offset indexes and the other columns' pages.
+    let slack = 256 << 10;
+    for (scan, allowed) in [("first", kept + ends + slack), ("second", kept + slack)] {
+        let batches = fx.sql(sql).await.expect(sql);
+        let mut got: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, expected, "{scan} scan");
+        let read = fx.bytes_read();
+        assert!(
+            read <= allowed,
+            "{scan} scan read {read} bytes; kept clips {kept}, dropped {dropped} (their ends {ends})"
+        );
+    }
+}
+
 /// Every counter of the servers' accounting comes from DataFusion's scan metrics: a whole
 /// query (an aggregate, one stream) prunes row groups while it runs, and its late filter
 /// decodes rows it then drops. An upgrade that renames a metric zeroes one of these.

@@ -90,10 +90,13 @@ async fn every_op_is_identical_on_server_and_client() {
     let tokens = "tokenize(body, 300)";
     same_on_both_sides_of(&fx, "text", tokens, "pad_tokens", &[64.into()]).await;
     same_on_both_sides_of(&fx, "text", tokens, "pad_tokens", &[512.into(), 2.into()]).await;
-    // Every deterministic op of the registry is covered above.
+    // Every deterministic op of the registry is covered above or in the speech test.
     for op in pushdown_ops::registry().iter().filter(|op| op.is_deterministic()) {
         assert!(
             [
+                "decode_audio",
+                "log_mel",
+                "audio_seconds",
                 "decode_resize",
                 "decode_center_crop",
                 "to_chw",
@@ -121,6 +124,41 @@ async fn every_op_is_identical_on_server_and_client() {
             err.contains("random_") && err.contains("runs in the trainer"),
             "{err}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_ops_are_identical_on_server_and_client() {
+    let fx = Fixture::speech(12).await;
+    let on_both = |column: &'static str, call: &'static str, params: Vec<Value>| {
+        let fx = &fx;
+        async move { same_on_both_sides_of(fx, "speech", column, call, &params).await }
+    };
+    on_both("audio", "audio_seconds", vec![]).await;
+    on_both("audio", "decode_audio", vec![16000.into()]).await;
+    on_both("audio", "decode_audio", vec![22050.into(), 2.into()]).await;
+    on_both("audio", "log_mel", vec![16000.into(), 80.into()]).await;
+    let pcm = "decode_audio(audio, 16000)";
+    on_both(
+        pcm,
+        "log_mel",
+        vec![
+            16000.into(),
+            128.into(),
+            400.into(),
+            160.into(),
+            10.into(),
+            "float16".into(),
+        ],
+    )
+    .await;
+    // The trainer's random audio ops are refused in SQL by name.
+    for sql in [
+        "SELECT random_audio_crop(decode_audio(audio, 16000), 2) FROM speech",
+        "SELECT spec_augment(log_mel(audio, 16000, 80), 2, 10, 2, 20) FROM speech",
+    ] {
+        let err = fx.sql(sql).await.expect_err("random ops run in the trainer only");
+        assert!(err.contains("runs in the trainer"), "{err}");
     }
 }
 

@@ -22,7 +22,7 @@
 //! | what a query is made of: views, UDFs, shard tables, conjunctions, prepared statements | `views`, `udf`, `table`, `conjunction`, `prepared` |
 //! | the SQL allow-list | `allow` |
 //! | limits | `config` |
-//! | the fragment cache | `cache` |
+//! | the fragment cache, clips' durations | `cache`, `durations` |
 //! | access, tokenizers, storage | `auth`, `tokenizers`, `store` |
 //! | the catalog | `catalog` |
 //! | accounting, scheduling, who reduced alone, startup settings, file layout, a footer's schema depth, errors | `metrics`, `scaling`, `runtime`, `pool`, `company`, `startup`, `layout`, `footer_schema`, `error` |
@@ -38,6 +38,7 @@ mod catalog;
 mod company;
 mod config;
 mod conjunction;
+mod durations;
 mod error;
 mod footer_schema;
 mod layout;

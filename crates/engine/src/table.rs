@@ -23,6 +23,7 @@
 //! keep 25–41% of rows with string columns, slower on a plain projection, so scans without a
 //! filter are left alone (see `benches/RESULTS.md`, "Scan: the server against DuckDB").
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -49,6 +50,7 @@ use datafusion::physical_plan::empty::EmptyExec;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 
 use crate::catalog::DataFile;
+use crate::durations::{DurationIndex, duration_bounds};
 
 /// Files of one dataset, each with an optional row-group range.
 #[derive(Debug)]
@@ -61,6 +63,8 @@ pub struct ShardTable {
     /// a Parquet row selection on the row groups it cuts, the others not read.
     rows: Option<Range<u64>>,
     options: TableParquetOptions,
+    /// Clips' durations, to skip the rows a filter on `audio_seconds` drops.
+    durations: Option<Arc<DurationIndex>>,
 }
 
 impl ShardTable {
@@ -82,7 +86,15 @@ impl ShardTable {
             files,
             rows: None,
             options,
+            durations: None,
         }
+    }
+
+    /// The same table skipping, under a filter on `audio_seconds(column)`, the rows whose
+    /// clips `durations` shows to fall outside it ([`crate::durations`]).
+    pub fn with_durations(mut self, durations: Arc<DurationIndex>) -> Self {
+        self.durations = Some(durations);
+        self
     }
 
     /// The same table reading only the rows `rows` of each file (counted from the file's
@@ -120,46 +132,109 @@ impl ShardTable {
         );
         Self {
             rows: self.rows.clone(),
+            durations: self.durations.clone(),
             ..table
         }
     }
 
     /// The files whose path columns may pass `filters` (all of them when there are none),
-    /// with their row-group access plans and path values.
-    fn partitioned_files(&self, state: &dyn Session, filters: &[Expr]) -> Vec<PartitionedFile> {
+    /// with their row-group access plans and path values; `keep`, per file, the rows of the
+    /// row groups a filter on clips' durations cuts ([`Self::duration_masks`]).
+    fn partitioned_files(
+        &self,
+        state: &dyn Session,
+        filters: &[Expr],
+        keep: &[HashMap<usize, Vec<bool>>],
+    ) -> Vec<PartitionedFile> {
         let partitions = self.schema.table_partition_cols();
-        let keep = crate::layout::PartitionFilter::new(state, partitions, filters);
+        let admitted = crate::layout::PartitionFilter::new(state, partitions, filters);
         self.files
             .iter()
-            .filter(|(file, _)| keep.admits(&file.partition))
-            .map(|(file, row_groups)| {
+            .zip(keep.iter().map(Some).chain(std::iter::repeat(None)))
+            .filter(|((file, _), _)| admitted.admits(&file.partition))
+            .map(|((file, row_groups), keep)| {
                 let values = file
                     .partition
                     .iter()
                     .map(|v| ScalarValue::Utf8(v.clone()))
                     .collect();
                 let pf = PartitionedFile::new_from_meta(file.meta.clone()).with_partition_values(values);
-                match (row_groups, &self.rows) {
-                    (None, None) => pf,
-                    (row_groups, rows) => {
+                let keep = keep.filter(|k| !k.is_empty());
+                match (row_groups, &self.rows, keep) {
+                    (None, None, None) => pf,
+                    (row_groups, rows, keep) => {
                         let all = 0..file.num_row_groups() as u32;
                         pf.with_extension(access_plan(
                             file,
                             row_groups.clone().unwrap_or(all),
                             rows.as_ref(),
+                            keep,
                         ))
                     }
                 }
             })
             .collect()
     }
+
+    /// Per file, the rows a filter on `audio_seconds` of a column certainly drops, from the
+    /// clips' durations (empty without such a filter or an index).
+    async fn duration_masks(&self, state: &dyn Session, filters: &[Expr]) -> Vec<HashMap<usize, Vec<bool>>> {
+        let Some(index) = &self.durations else {
+            return vec![];
+        };
+        let bounds = duration_bounds(filters);
+        if bounds.is_empty() {
+            return vec![];
+        }
+        let Ok(store) = state.runtime_env().object_store(&self.store_url) else {
+            return vec![];
+        };
+        let mut masks = Vec::with_capacity(self.files.len());
+        for (file, row_groups) in &self.files {
+            let all = 0..file.num_row_groups() as u32;
+            let row_groups = row_groups.clone().unwrap_or(all);
+            // Only the row groups the rows asked for touch.
+            let row_groups = match &self.rows {
+                Some(rows) => groups_holding(file, row_groups, rows),
+                None => row_groups,
+            };
+            masks.push(index.keep(&store, file, &bounds, row_groups).await);
+        }
+        masks
+    }
+}
+
+/// The row groups of `row_groups` in `file` that hold any of `rows` (counted from the file's
+/// first row), as a range (empty, at the range's start, when none do).
+pub(crate) fn groups_holding(file: &DataFile, row_groups: Range<u32>, rows: &Range<u64>) -> Range<u32> {
+    let mut first = 0u64;
+    let (mut start, mut end) = (None, row_groups.start);
+    for i in 0..row_groups.end {
+        let len = file.row_group_rows(i as usize);
+        let group = first..first + len;
+        first += len;
+        if i >= row_groups.start && group.start < rows.end && rows.start < group.end {
+            start.get_or_insert(i);
+            end = i + 1;
+        }
+    }
+    match start {
+        Some(start) => start..end,
+        None => row_groups.start..row_groups.start,
+    }
 }
 
 /// What of `file` to decode: the row groups in `row_groups`, and of them only the rows in
-/// `rows` (counted from the file's first row; all when `None`). A row group wholly outside
-/// `rows` is not read; one it cuts is read as a row selection, which skips the pages the
-/// page index shows to hold none of its rows.
-fn access_plan(file: &DataFile, row_groups: Range<u32>, rows: Option<&Range<u64>>) -> ParquetAccessPlan {
+/// `rows` (counted from the file's first row; all when `None`) that `keep` keeps (per row
+/// group, a mask over its rows; a row group it lacks keeps all). A row group with no row
+/// left is not read; one cut is read as a row selection, which skips the pages the page
+/// index shows to hold none of its rows.
+fn access_plan(
+    file: &DataFile,
+    row_groups: Range<u32>,
+    rows: Option<&Range<u64>>,
+    keep: Option<&HashMap<usize, Vec<bool>>>,
+) -> ParquetAccessPlan {
     let n = file.num_row_groups();
     let mut access = ParquetAccessPlan::new_none(n);
     let mut first = 0u64;
@@ -170,23 +245,34 @@ fn access_plan(file: &DataFile, row_groups: Range<u32>, rows: Option<&Range<u64>
         if !row_groups.contains(&(i as u32)) {
             continue;
         }
-        let Some(rows) = rows else {
-            access.scan(i);
-            continue;
+        let (from, to) = match rows {
+            Some(rows) => (rows.start.max(group.start), rows.end.min(group.end)),
+            None => (group.start, group.end),
         };
-        let (from, to) = (rows.start.max(group.start), rows.end.min(group.end));
         if from >= to {
+            continue;
+        }
+        let mask = keep.and_then(|k| k.get(&i)).filter(|m| m.len() as u64 == len);
+        // Runs of rows read and skipped, over the row group's rows.
+        let selected = |r: u64| (from..to).contains(&r) && mask.is_none_or(|m| m[(r - group.start) as usize]);
+        let mut selectors: Vec<RowSelector> = Vec::new();
+        for r in group.clone() {
+            let take = selected(r);
+            match selectors.last_mut() {
+                Some(last) if last.skip != take => last.row_count += 1,
+                _ => selectors.push(if take {
+                    RowSelector::select(1)
+                } else {
+                    RowSelector::skip(1)
+                }),
+            }
+        }
+        if selectors.iter().all(|s| s.skip) {
             continue;
         }
         // A selection narrows a row group scanned (it leaves a skipped one skipped).
         access.scan(i);
-        if from > group.start || to < group.end {
-            let selectors = [
-                RowSelector::skip((from - group.start) as usize),
-                RowSelector::select((to - from) as usize),
-                RowSelector::skip((group.end - to) as usize),
-            ];
-            let selectors: Vec<_> = selectors.into_iter().filter(|s| s.row_count > 0).collect();
+        if selectors.len() > 1 {
             access.scan_selection(i, RowSelection::from(selectors));
         }
     }
@@ -210,7 +296,8 @@ impl TableProvider for ShardTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let files = self.partitioned_files(state, filters);
+        let keep = self.duration_masks(state, filters).await;
+        let files = self.partitioned_files(state, filters, &keep);
         if files.is_empty() {
             let table = self.schema.table_schema();
             let schema = match projection {

@@ -18,7 +18,7 @@ use symphonia::core::audio::SampleBuffer;
 use symphonia::core::codecs::{CODEC_TYPE_NULL, CODEC_TYPE_OPUS, DecoderOptions};
 use symphonia::core::errors::Error as SymphoniaError;
 use symphonia::core::formats::{FormatOptions, FormatReader, Track};
-use symphonia::core::io::MediaSourceStream;
+use symphonia::core::io::{MediaSource, MediaSourceStream};
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
@@ -58,7 +58,11 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
     if bytes.is_empty() {
         return Err(bad(op, row, "the audio value is empty (zero bytes)".into()));
     }
-    let source = MediaSourceStream::new(Box::new(Cursor::new(bytes.to_vec())), Default::default());
+    open_source(op, row, Box::new(Cursor::new(bytes.to_vec())), bytes)
+}
+
+fn open_source(op: &'static str, row: usize, media: Box<dyn MediaSource>, bytes: &[u8]) -> Result<Opened> {
+    let source = MediaSourceStream::new(media, Default::default());
     let options = FormatOptions {
         enable_gapless: true,
         ..Default::default()
@@ -121,7 +125,88 @@ fn contained<T>(op: &'static str, row: usize, f: impl FnOnce() -> Result<T>) -> 
 }
 
 fn header_duration(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64> {
-    let Opened { mut format, track } = open(op, row, bytes)?;
+    duration_of(op, row, open(op, row, bytes)?)
+}
+
+/// The duration of a clip of `len` bytes from its first bytes `head` and last bytes `tail`
+/// alone, the same number `audio_seconds` reads from the whole clip; `None` where the
+/// container needs bytes in between (an MP3 without a Xing/Info frame, an Ogg stream whose
+/// last page is longer than `tail`, a header beyond `head`) or is not audio decoded here.
+/// The server's duration index reads clips' ends with it, to prune rows by duration without
+/// fetching the clips.
+pub fn audio_seconds_from_ends(head: &[u8], tail: &[u8], len: u64) -> Option<f64> {
+    let tail = &tail[tail
+        .len()
+        .saturating_sub(usize::try_from(len).unwrap_or(usize::MAX))..];
+    if head.is_empty() || head.len() as u64 > len {
+        return None;
+    }
+    let ends = Ends {
+        head: head.to_vec(),
+        tail: tail.to_vec(),
+        len,
+        pos: 0,
+    };
+    let op = "audio_seconds";
+    contained(op, 0, || {
+        duration_of(op, 0, open_source(op, 0, Box::new(ends), head)?)
+    })
+    .ok()
+}
+
+/// A clip's first and last bytes as a media source: a read in between fails, so a reader
+/// that needs those bytes fails instead of reading made-up ones.
+struct Ends {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    len: u64,
+    pos: u64,
+}
+
+impl std::io::Read for Ends {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let tail_start = self.len - self.tail.len() as u64;
+        let (from, start) = if self.pos >= self.len {
+            return Ok(0);
+        } else if self.pos < self.head.len() as u64 {
+            (&self.head, self.pos)
+        } else if self.pos >= tail_start {
+            (&self.tail, self.pos - tail_start)
+        } else {
+            return Err(std::io::Error::other("the clip's middle bytes were not read"));
+        };
+        let start = start as usize;
+        let n = buf.len().min(from.len() - start);
+        buf[..n].copy_from_slice(&from[start..start + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for Ends {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let pos = match to {
+            std::io::SeekFrom::Start(p) => Some(p),
+            std::io::SeekFrom::End(d) => self.len.checked_add_signed(d),
+            std::io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| std::io::Error::other("seek before the clip's start"))?;
+        Ok(self.pos)
+    }
+}
+
+impl MediaSource for Ends {
+    fn is_seekable(&self) -> bool {
+        true
+    }
+
+    fn byte_len(&self) -> Option<u64> {
+        Some(self.len)
+    }
+}
+
+fn duration_of(op: &'static str, row: usize, opened: Opened) -> Result<f64> {
+    let Opened { mut format, track } = opened;
     let params = &track.codec_params;
     let rate = params
         .sample_rate

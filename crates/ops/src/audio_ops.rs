@@ -749,6 +749,7 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Float32Type};
 
     use super::*;
+    use crate::audio::audio_seconds_from_ends;
 
     /// A canonical 16-bit PCM WAV file of `planes` at `rate` (the tests' own fixture; the
     /// oracle tests read files ffmpeg, sox and espeak-ng wrote).
@@ -907,6 +908,50 @@ mod tests {
         let out = out.as_primitive::<arrow::datatypes::Float64Type>();
         assert!((out.value(0) - 1.5).abs() < 1e-9, "{}", out.value(0));
         assert!(out.is_null(1));
+    }
+
+    #[test]
+    fn durations_from_a_clips_ends_are_the_headers_or_none() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/audio");
+        let mut read = 0;
+        for entry in std::fs::read_dir(&dir).expect("ffmpeg's seed clips") {
+            let path = entry.expect("entry").path();
+            let bytes = std::fs::read(&path).expect("clip");
+            let whole = crate::audio::duration("audio_seconds", 0, &bytes).expect("a valid clip");
+            let len = bytes.len() as u64;
+            for (head, tail) in [(64, 0), (256, 64), (1024, 1024), (4096, 512), (bytes.len(), 0)] {
+                let head = &bytes[..head.min(bytes.len())];
+                let tail = &bytes[bytes.len() - tail.min(bytes.len())..];
+                let ends = audio_seconds_from_ends(head, tail, len);
+                // Never a different number: the same or, where bytes in between are needed, none.
+                assert!(
+                    ends.is_none_or(|d| d == whole),
+                    "{}: {ends:?} vs {whole}",
+                    path.display()
+                );
+                read += usize::from(ends.is_some());
+            }
+            let name = path.to_string_lossy();
+            if name.ends_with(".wav") {
+                let ends = audio_seconds_from_ends(&bytes[..256], &[], len);
+                assert_eq!(ends, Some(whole), "{name}: its header is in its first 256 bytes");
+            }
+            if name.ends_with(".flac") {
+                // After ffmpeg's 8 KiB of padding comes the first frame, which the reader checks.
+                let ends = audio_seconds_from_ends(&bytes[..256], &[], len);
+                assert_eq!(ends, None, "{name}");
+            }
+            // The whole clip as its head is the clip.
+            assert_eq!(audio_seconds_from_ends(&bytes, &[], len), Some(whole), "{name}");
+        }
+        assert!(read > 9, "{read}");
+        // A clip whose middle is needed and missing is no duration, never a wrong one.
+        let long = wav(16_000, &[vec![0.1; 16_000]]);
+        assert_eq!(
+            audio_seconds_from_ends(&long[..8], &long[long.len() - 8..], long.len() as u64),
+            None
+        );
+        assert_eq!(audio_seconds_from_ends(&[], &[], 0), None);
     }
 
     #[test]

@@ -80,6 +80,7 @@ mod tabular;
 mod tensor_ops;
 mod text;
 
+pub use audio::audio_seconds_from_ends;
 pub use audio_ops::{
     AudioSeconds, DecodeAudio, LogMelOp, RandomAudioCrop, SAMPLE_RATE_METADATA_KEY, SpecAugment,
 };

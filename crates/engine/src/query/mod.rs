@@ -53,6 +53,7 @@ use crate::ServerConfig;
 use crate::allow::{CATALOG, CheckedQuery, SCHEMA, SQL_RECURSION_LIMIT};
 use crate::auth::Grant;
 use crate::catalog::{Catalog, Dataset, METADATA_SIZE_HINT, lookup};
+use crate::durations::DurationIndex;
 use crate::error::{Result, ServerError};
 use crate::table::ShardTable;
 use crate::tokenizers::TokenizerCatalog;
@@ -205,6 +206,8 @@ pub struct Engine {
     parser: std::sync::OnceLock<datafusion::execution::SessionState>,
     /// Tokenizers no dataset ships: given by trainers, or the server's folder of them.
     tokenizers: Arc<TokenizerCatalog>,
+    /// Clips' durations read so far, shared by every scan ([`crate::durations`]).
+    durations: Arc<DurationIndex>,
 }
 
 impl Engine {
@@ -224,6 +227,7 @@ impl Engine {
             config,
             parser: std::sync::OnceLock::new(),
             tokenizers,
+            durations: Arc::default(),
         }
     }
 
@@ -313,13 +317,16 @@ impl Engine {
     }
 
     pub fn full_table(&self, dataset: &Dataset, pushdown: bool) -> Arc<ShardTable> {
-        Arc::new(ShardTable::new(
-            Arc::clone(&dataset.file_schema),
-            dataset.partitions.clone(),
-            self.store_url.clone(),
-            dataset.files.iter().map(|f| (f.clone(), None)).collect(),
-            self.parquet_options(pushdown),
-        ))
+        Arc::new(
+            ShardTable::new(
+                Arc::clone(&dataset.file_schema),
+                dataset.partitions.clone(),
+                self.store_url.clone(),
+                dataset.files.iter().map(|f| (f.clone(), None)).collect(),
+                self.parquet_options(pushdown),
+            )
+            .with_durations(Arc::clone(&self.durations)),
+        )
     }
 
     /// The datasets `grant` may read, as the catalog lists them now: all a query over its

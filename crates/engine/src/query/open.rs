@@ -15,7 +15,7 @@ use crate::allow::CheckedQuery;
 use crate::auth::Grant;
 use crate::catalog::{DataFile, Dataset, lookup};
 use crate::error::{Result, ServerError};
-use crate::table::ShardTable;
+use crate::table::{ShardTable, groups_holding};
 use crate::udf::OpLimits;
 
 use super::plan::{one_to_one, part_filter, row_wise_table};
@@ -248,7 +248,8 @@ impl Engine {
             self.store_url.clone(),
             parts.into_iter().map(|r| (file.clone(), Some(r))).collect(),
             self.parquet_options(pushdown),
-        );
+        )
+        .with_durations(Arc::clone(&self.durations));
         let table = match rows {
             Some(rows) => table.with_rows(rows),
             None => table,
@@ -402,26 +403,6 @@ pub(super) struct ShardFrame<'a> {
     pub(super) file: &'a DataFile,
     pub(super) rows: Option<Range<u64>>,
     pub(super) parallelism: usize,
-}
-
-/// The row groups of `row_groups` in `file` that hold any of `rows` (counted from the file's
-/// first row), as a range (empty, at the range's start, when none do).
-pub(super) fn groups_holding(file: &DataFile, row_groups: Range<u32>, rows: &Range<u64>) -> Range<u32> {
-    let mut first = 0u64;
-    let (mut start, mut end) = (None, row_groups.start);
-    for i in 0..row_groups.end {
-        let len = file.row_group_rows(i as usize);
-        let group = first..first + len;
-        first += len;
-        if i >= row_groups.start && group.start < rows.end && rows.start < group.end {
-            start.get_or_insert(i);
-            end = i + 1;
-        }
-    }
-    match start {
-        Some(start) => start..end,
-        None => row_groups.start..row_groups.start,
-    }
 }
 
 /// What a shard's output is computed from, for its cache key.
