@@ -26,7 +26,7 @@
 //! | Flight SQL, decoded once and matched by command | `flight_sql` |
 //! | what every handler shares (authentication, accounting, contained panics, planning); a `DoGet` stream's stages after the engine's ticket stream (the encoding sink, the trailer, the outcome) | `context`, `doget` |
 //! | the node and the front end's own admission and link memory | `state` |
-//! | IPC encoding and the codec governor; errors to gRPC statuses; the metrics endpoint | `codec`, `status`, `http` |
+//! | IPC encoding and the codec governor; errors to gRPC statuses; the metrics endpoint; sockets that linger when closed | `codec`, `status`, `http`, `linger` |
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,6 +46,7 @@ mod flight_sql;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod http;
+mod linger;
 mod server;
 mod service;
 mod state;

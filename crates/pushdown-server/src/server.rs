@@ -13,6 +13,7 @@ use pushdown_engine::{
 use pushdown_task::Task;
 use tokio::net::TcpListener;
 
+use crate::linger::Lingering;
 use crate::service::PushdownService;
 use crate::state::State;
 
@@ -224,7 +225,11 @@ impl Server {
         // No Nagle: a stream's last frames and trailers (and every small response) would wait
         // for the peer's delayed ACK, ~40 ms per request. The builder's `tcp_nodelay` covers
         // only listeners tonic binds itself, so it is set on the accepted sockets here.
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // Each socket lingers once its connection is done (see `linger`).
+        let incoming = futures::TryStreamExt::map_ok(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            Lingering::new,
+        );
         // grpc.health.v1 for probes and load balancers: SERVING for the whole server ("") and
         // for Flight once the catalog is open (it is, by the time a Server exists).
         let (health, health_service) = tonic_health::server::health_reporter();
