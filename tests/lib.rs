@@ -179,6 +179,56 @@ pub fn write_speech(root: &Path, rows: usize) -> u64 {
     generate(&options, &root.join("speech")).expect("speech").bytes
 }
 
+/// The `videos` dataset: `rows` H.264 MP4 clips that ffmpeg encodes from its own test
+/// pattern (`testsrc2`: moving shapes and a frame counter), 1–3 s at 10–30 fps, 96–160 px
+/// wide, in a binary `video` column beside an `id`; one file, 4-row row groups.
+pub fn write_videos(root: &Path, rows: usize) {
+    use arrow::array::BinaryArray;
+    let dir = root.join("videos");
+    std::fs::create_dir_all(&dir).expect("videos dir");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let clips: Vec<Vec<u8>> = (0..rows)
+        .map(|r| {
+            let path = scratch.path().join(format!("{r}.mp4"));
+            let source = format!(
+                "testsrc2=size={}x{}:rate={}:duration={}",
+                96 + 32 * (r % 3),
+                72 + 16 * (r % 2),
+                [10, 24, 30][r % 3],
+                1 + r % 3
+            );
+            let status = std::process::Command::new("ffmpeg")
+                .args([
+                    "-v", "error", "-f", "lavfi", "-i", &source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
+                ])
+                .arg(&path)
+                .status()
+                .expect("ffmpeg (scripts/setup-media.sh installs it)");
+            assert!(status.success(), "ffmpeg {source}");
+            std::fs::read(&path).expect("clip")
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("video", DataType::Binary, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+            Arc::new(BinaryArray::from_iter_values(&clips)),
+        ],
+    )
+    .expect("videos batch");
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(4))
+        .build();
+    let file = std::fs::File::create(dir.join("part-0.parquet")).expect("create");
+    let mut writer = ArrowWriter::try_new(file, schema, Some(props)).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
+}
+
 pub async fn collect_with(
     client: &PushdownClient,
     request: &ScanRequest,

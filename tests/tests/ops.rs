@@ -97,6 +97,9 @@ async fn every_op_is_identical_on_server_and_client() {
                 "decode_audio",
                 "log_mel",
                 "audio_seconds",
+                "decode_frames",
+                "video_info",
+                "video_seconds",
                 "decode_resize",
                 "decode_center_crop",
                 "to_chw",
@@ -160,6 +163,40 @@ async fn audio_ops_are_identical_on_server_and_client() {
         let err = fx.sql(sql).await.expect_err("random ops run in the trainer only");
         assert!(err.contains("runs in the trainer"), "{err}");
     }
+}
+
+/// Video ops, where this build has FFmpeg: the same on both sides; where it has not:
+/// refused by name, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn video_ops_are_identical_on_server_and_client_or_refused_by_name() {
+    let fx = Fixture::new(pushdown_tests::small_shards(), |root| {
+        pushdown_tests::write_videos(root, 6);
+    })
+    .await;
+    if !pushdown_ops::VIDEO {
+        for sql in [
+            "SELECT decode_frames(video, 4, 16, 16) FROM videos",
+            "SELECT id FROM videos WHERE video_seconds(video) > 1",
+        ] {
+            let err = fx.sql(sql).await.expect_err("no FFmpeg in this build");
+            assert!(err.contains("no video support"), "{err}");
+        }
+        return;
+    }
+    let on_both = |call: &'static str, params: Vec<Value>| {
+        let fx = &fx;
+        async move { same_on_both_sides_of(fx, "videos", "video", call, &params).await }
+    };
+    on_both("decode_frames", vec![4.into(), 32.into(), 48.into()]).await;
+    on_both("video_info", vec![]).await;
+    on_both("video_seconds", vec![]).await;
+    // A filter on the container's metadata runs at the server.
+    let long = fx
+        .sql("SELECT id FROM videos WHERE video_info(video)['seconds'] > 1.5 AND video_seconds(video) < 2.5")
+        .await
+        .expect("filter");
+    let ids: Vec<String> = rows(&long);
+    assert_eq!(ids, ["1", "4"], "the 2 s clips");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

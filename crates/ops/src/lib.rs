@@ -34,6 +34,9 @@
 //! | `audio_seconds(audio)` | | `Float64` duration from the container's header | deterministic, reducing |
 //! | `random_audio_crop(pcm, seconds)` | seconds | `[samples]` (or `[channels, samples]`) at a random start, zero-padded | random: trainer only |
 //! | `spec_augment(mel, freq_masks, freq_width, time_masks, time_width)` | counts and widest masks | features with SpecAugment's masks at 0 | random: trainer only |
+//! | `decode_frames(video, num_frames, height, width)` | frames, size | `[T, H, W, 3]` `uint8`: the frames shown at the centres of `T` equal segments, resized to cover and center-cropped | deterministic, reducing (feature `video`) |
+//! | `video_info(video)` | | struct of `seconds`, `fps`, `width`, `height`, `codec`, `frames` from the container | deterministic, reducing (feature `video`) |
+//! | `video_seconds(video)` | | `Float64` duration from the container | deterministic, reducing (feature `video`) |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
 //! with an error naming the row: silently dropping or zero-filling training data is worse
@@ -59,9 +62,9 @@
 //! |---|---|
 //! | the batch executor: looks ops up in the registry | `call` |
 //! | the registry: names the kernels | `registry` |
-//! | audio ops (they draw with the tensor kernels' row generator and dtypes) | `audio_ops` |
+//! | audio ops (they draw with the tensor kernels' row generator and dtypes); video ops | `audio_ops`, `video_ops` |
 //! | tensor kernels (they decode and crop with the image kernels' helpers) | `tensor_ops` |
-//! | kernels | `image_ops`, `tabular`, `text`, `audio`, `mel`, `media` |
+//! | kernels (video: with the `video` feature, FFmpeg's libraries) | `image_ops`, `tabular`, `text`, `audio`, `mel`, `media`, `video` |
 //! | the contract | `op` |
 //! | shared resources (tokenizers) | `resources` |
 //!
@@ -79,6 +82,9 @@ mod resources;
 mod tabular;
 mod tensor_ops;
 mod text;
+#[cfg(feature = "video")]
+mod video;
+mod video_ops;
 
 pub use audio::audio_seconds_from_ends;
 pub use audio_ops::{
@@ -102,6 +108,7 @@ pub use text::{
 };
 /// The tokenizer type of the `tokenizers` crate, as ops use it.
 pub use tokenizers::Tokenizer as TokenizerModel;
+pub use video_ops::{DecodeFrames, VIDEO, VideoInfoOp, VideoSeconds};
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! Encoded media columns (images, audio): binary in any Arrow layout, or the Hugging Face
+//! Encoded media columns (images, audio, video): binary in any Arrow layout, or the Hugging Face
 //! `datasets` struct (`struct<bytes: binary, path: string>`, its `Image` and `Audio`
 //! features), whose `bytes` are the file. Bytes are read from the Parquet file, never from
 //! the paths it names.
@@ -13,6 +13,7 @@ use crate::op::{OpError, Result};
 pub(crate) enum Media {
     Image,
     Audio,
+    Video,
 }
 
 impl Media {
@@ -20,6 +21,7 @@ impl Media {
         match self {
             Media::Image => "images",
             Media::Audio => "audio",
+            Media::Video => "videos",
         }
     }
 
@@ -27,6 +29,7 @@ impl Media {
         match self {
             Media::Image => "image",
             Media::Audio => "audio",
+            Media::Video => "video",
         }
     }
 }

@@ -9,8 +9,9 @@ use crate::tensor_ops::{
     ToChw,
 };
 use crate::text::{PadTokens, Tokenize};
+use crate::video_ops::{DecodeFrames, VideoInfoOp, VideoSeconds};
 
-static OPS: [&dyn Op; 21] = [
+static OPS: [&dyn Op; 24] = [
     &DecodeResize,
     &DecodeCenterCrop,
     &Thumbnail,
@@ -32,6 +33,9 @@ static OPS: [&dyn Op; 21] = [
     &AudioSeconds,
     &RandomAudioCrop,
     &SpecAugment,
+    &DecodeFrames,
+    &VideoInfoOp,
+    &VideoSeconds,
 ];
 
 /// Every registered op.

@@ -1,0 +1,382 @@
+//! Video kernels over encoded files, by FFmpeg's libraries (the system's libav*, through
+//! `ffmpeg-next`): the container's stream metadata, and frames chosen by presentation
+//! timestamp, decoded from the nearest preceding keyframe.
+//!
+//! A clip is handed to FFmpeg as an unnamed temporary file (`/proc/self/fd/N`): its demuxers
+//! seek in it as in any file, and no custom I/O callback (unsafe code) is needed.
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::Once;
+
+use fast_image_resize::Resizer;
+use ffmpeg::format::Pixel;
+use ffmpeg::software::scaling::{Context as Scaler, Flags};
+use ffmpeg::util::frame::video::Video as Frame;
+use ffmpeg_next as ffmpeg;
+use image::RgbImage;
+
+use crate::image_ops::{crop, resize};
+use crate::media::first_bytes;
+use crate::op::{OpError, Result};
+
+/// The most pixels a frame may have (8K UHD): a larger one is the row's error, before its
+/// frames are converted.
+const MAX_PIXELS: u64 = 7680 * 4320;
+/// A target further than this ahead of the last decoded frame is reached by seeking to the
+/// keyframe before it, not by decoding the frames in between.
+const SEEK_AHEAD_SECONDS: f64 = 2.0;
+/// Microseconds: FFmpeg's `AV_TIME_BASE`.
+const TIME_BASE: f64 = 1e6;
+
+fn bad(op: &'static str, row: usize, reason: String) -> OpError {
+    OpError::BadValue { op, row, reason }
+}
+
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // Initialisation only registers codecs; a failure shows as the first open's error.
+        let _ = ffmpeg::init();
+        // Damaged input is each row's error, not lines on the server's stderr.
+        ffmpeg::util::log::set_level(ffmpeg::util::log::Level::Fatal);
+    });
+}
+
+/// A clip's stream metadata, from its container (no frame decoded).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct VideoInfo {
+    pub seconds: f64,
+    pub fps: f64,
+    pub width: u32,
+    pub height: u32,
+    pub codec: &'static str,
+    pub frames: i64,
+}
+
+/// A clip opened, with its video stream's index and what decoding it needs.
+struct Opened {
+    input: ffmpeg::format::context::Input,
+    stream: usize,
+    time_base: f64,
+    /// The stream's first timestamp and length, in its time base.
+    start: i64,
+    duration: i64,
+    parameters: ffmpeg::codec::Parameters,
+    fps: f64,
+    frames: i64,
+    /// The file FFmpeg reads: open as long as the clip is.
+    _file: std::fs::File,
+}
+
+fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
+    init();
+    if bytes.is_empty() {
+        return Err(bad(op, row, "the video value is empty (zero bytes)".into()));
+    }
+    let io = |e: std::io::Error| bad(op, row, format!("cannot stage the clip for FFmpeg: {e}"));
+    let mut file = tempfile::tempfile().map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let mut input = ffmpeg::format::input(&path).map_err(|e| {
+        bad(
+            op,
+            row,
+            format!(
+                "cannot read the video: {e} (not a container FFmpeg reads, or damaged); its first bytes are {}",
+                first_bytes(bytes)
+            ),
+        )
+    })?;
+    let stream = input
+        .streams()
+        .best(ffmpeg::media::Type::Video)
+        .ok_or_else(|| bad(op, row, "the file holds no video stream".into()))?;
+    let time_base = f64::from(stream.time_base());
+    let start = match stream.start_time() {
+        ffmpeg::ffi::AV_NOPTS_VALUE => 0,
+        t => t,
+    };
+    let stated = match stream.duration() {
+        d if d > 0 => d,
+        _ if input.duration() > 0 && time_base > 0.0 => {
+            (input.duration() as f64 / TIME_BASE / time_base).round() as i64
+        }
+        _ => 0,
+    };
+    let rate = |r: ffmpeg::Rational| (r.denominator() != 0).then(|| f64::from(r)).filter(|f| *f > 0.0);
+    let fps = rate(stream.avg_frame_rate())
+        .or_else(|| rate(stream.rate()))
+        .unwrap_or(0.0);
+    let (index, parameters, frames) = (stream.index(), stream.parameters(), stream.frames());
+    let duration = if stated > 0 {
+        stated
+    } else {
+        // A stream written to a pipe (Matroska, WebM) states no duration: the packets'
+        // timestamps give it, read without decoding; then the clip is opened afresh.
+        let end = packets_end(&mut input, index);
+        input = ffmpeg::format::input(&path)
+            .map_err(|e| bad(op, row, format!("cannot read the video again: {e}")))?;
+        end.map_or(0, |end| end - start)
+    };
+    Ok(Opened {
+        stream: index,
+        time_base,
+        start,
+        duration,
+        parameters,
+        fps,
+        frames,
+        input,
+        _file: file,
+    })
+}
+
+/// Where the stream's last packet ends (its timestamp plus its duration), from demuxing.
+fn packets_end(input: &mut ffmpeg::format::context::Input, stream: usize) -> Option<i64> {
+    let mut end = None;
+    let mut packet = ffmpeg::Packet::empty();
+    while packet.read(input).is_ok() {
+        if packet.stream() == stream
+            && let Some(pts) = packet.pts()
+        {
+            end = end.max(Some(pts + packet.duration().max(0)));
+        }
+    }
+    end
+}
+
+fn decoder(op: &'static str, row: usize, opened: &Opened) -> Result<ffmpeg::decoder::Video> {
+    ffmpeg::codec::context::Context::from_parameters(opened.parameters.clone())
+        .and_then(|c| c.decoder().video())
+        .map_err(|e| bad(op, row, format!("no decoder for the video stream: {e}")))
+}
+
+/// The clip's metadata.
+pub(crate) fn info(op: &'static str, row: usize, bytes: &[u8]) -> Result<VideoInfo> {
+    let opened = open(op, row, bytes)?;
+    let decoder = decoder(op, row, &opened)?;
+    Ok(VideoInfo {
+        seconds: opened.duration as f64 * opened.time_base,
+        fps: opened.fps,
+        width: decoder.width(),
+        height: decoder.height(),
+        codec: decoder.id().name(),
+        frames: opened.frames,
+    })
+}
+
+/// The presentation timestamps (in the stream's time base) of `n` frames evenly spread over
+/// a clip: the centres of `n` equal segments from `start` over `duration`.
+fn targets(start: i64, duration: i64, n: usize) -> Vec<i64> {
+    (0..n as i128)
+        .map(|i| (start as i128 + (2 * i + 1) * duration as i128 / (2 * n as i128)) as i64)
+        .collect()
+}
+
+/// `n` frames of the clip, each the frame shown at its target time (the last with a
+/// presentation timestamp at or before it), resized with the aspect kept to just cover
+/// `h × w` and center-cropped: `n·h·w·3` bytes of RGB.
+pub(crate) fn frames(
+    op: &'static str,
+    row: usize,
+    bytes: &[u8],
+    n: usize,
+    (h, w): (u32, u32),
+    resizer: &mut Resizer,
+) -> Result<Vec<u8>> {
+    let mut opened = open(op, row, bytes)?;
+    if opened.duration <= 0 {
+        return Err(bad(op, row, "the video states no duration".into()));
+    }
+    let mut decoder = decoder(op, row, &opened)?;
+    if u64::from(decoder.width()) * u64::from(decoder.height()) > MAX_PIXELS {
+        return Err(bad(
+            op,
+            row,
+            format!(
+                "frames of {}×{} are over the {MAX_PIXELS} pixels a frame may have",
+                decoder.width(),
+                decoder.height()
+            ),
+        ));
+    }
+    let targets = targets(opened.start, opened.duration, n);
+    let mut picker = Picker {
+        op,
+        row,
+        targets: &targets,
+        next: 0,
+        shown: None,
+        out: Vec::with_capacity(n * (h * w * 3) as usize),
+        size: (h, w),
+        resizer,
+    };
+    let seek_ahead = (SEEK_AHEAD_SECONDS / opened.time_base) as i64;
+    let mut last = i64::MIN;
+    let mut packet = ffmpeg::Packet::empty();
+    while picker.next < n {
+        let target = targets[picker.next];
+        let reached = if last == i64::MIN { opened.start } else { last };
+        if target.saturating_sub(reached) > seek_ahead {
+            let at = (target as f64 * opened.time_base * TIME_BASE) as i64;
+            if opened.input.seek(at, ..at + 1).is_ok() {
+                decoder.flush();
+                // Frames before the target are decoded again from the keyframe; the one
+                // shown at the target is among them.
+                picker.shown = None;
+                last = target;
+            }
+        }
+        match packet.read(&mut opened.input) {
+            Ok(()) if packet.stream() != opened.stream => continue,
+            Ok(()) => {
+                // A damaged packet is skipped as players skip it; a clip that yields no
+                // frame for its targets is the row's error below.
+                if decoder.send_packet(&packet).is_ok() {
+                    picker.drain(&mut decoder, &mut last)?;
+                }
+            }
+            Err(ffmpeg::Error::Eof) => break,
+            Err(e) => return Err(bad(op, row, format!("cannot read the video's packets: {e}"))),
+        }
+    }
+    let _ = decoder.send_eof();
+    picker.drain(&mut decoder, &mut last)?;
+    picker.finish(opened.time_base, opened.fps)
+}
+
+/// Chooses, among decoded frames in presentation order, the one shown at each target.
+struct Picker<'a> {
+    op: &'static str,
+    row: usize,
+    targets: &'a [i64],
+    next: usize,
+    /// The last frame decoded (its timestamp and its pixels once converted).
+    shown: Option<(i64, Frame, Option<Vec<u8>>)>,
+    out: Vec<u8>,
+    size: (u32, u32),
+    resizer: &'a mut Resizer,
+}
+
+impl Picker<'_> {
+    fn drain(&mut self, decoder: &mut ffmpeg::decoder::Video, last: &mut i64) -> Result<()> {
+        let mut frame = Frame::empty();
+        while decoder.receive_frame(&mut frame).is_ok() {
+            let Some(pts) = frame.timestamp().or_else(|| frame.pts()) else {
+                continue;
+            };
+            *last = (*last).max(pts);
+            // Targets before this frame are shown by the one before it (or by this one,
+            // where the clip starts after them).
+            while self.next < self.targets.len() && pts > self.targets[self.next] {
+                if self.shown.is_none() {
+                    self.shown = Some((pts, frame.clone(), None));
+                }
+                self.emit()?;
+            }
+            if self.next == self.targets.len() {
+                return Ok(());
+            }
+            self.shown = Some((pts, frame.clone(), None));
+        }
+        Ok(())
+    }
+
+    /// The shown frame as the next target's pixels.
+    fn emit(&mut self) -> Result<()> {
+        let (op, row, size) = (self.op, self.row, self.size);
+        let Some((_, frame, pixels)) = &mut self.shown else {
+            return Err(bad(op, row, "no frame decoded before the target time".into()));
+        };
+        if pixels.is_none() {
+            *pixels = Some(cover_crop(op, row, frame, size, self.resizer)?);
+        }
+        self.out.extend_from_slice(pixels.as_deref().unwrap_or_default());
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Targets past the last frame are shown by it, unless the clip ends well before them
+    /// (truncated: its header promised more).
+    fn finish(mut self, time_base: f64, fps: f64) -> Result<Vec<u8>> {
+        let (op, row) = (self.op, self.row);
+        let Some((pts, ..)) = &self.shown else {
+            return Err(bad(
+                op,
+                row,
+                "no frame could be decoded (damaged or truncated)".into(),
+            ));
+        };
+        let slack = if fps > 0.0 { 3.0 / fps } else { 0.5 };
+        if let Some(&target) = self.targets.get(self.next) {
+            let behind = (target - pts) as f64 * time_base;
+            if behind > slack.max(0.25) {
+                return Err(bad(
+                    op,
+                    row,
+                    format!(
+                        "the video stops at {:.2} s, before {:.2} s its header promises (truncated?)",
+                        *pts as f64 * time_base,
+                        target as f64 * time_base
+                    ),
+                ));
+            }
+        }
+        while self.next < self.targets.len() {
+            self.emit()?;
+        }
+        Ok(self.out)
+    }
+}
+
+/// The frame as RGB, resized (bilinear, as the image ops) with its aspect kept to just cover
+/// `h × w`, then center-cropped to it.
+fn cover_crop(
+    op: &'static str,
+    row: usize,
+    frame: &Frame,
+    (h, w): (u32, u32),
+    resizer: &mut Resizer,
+) -> Result<Vec<u8>> {
+    let (fw, fh) = (frame.width(), frame.height());
+    let failed = |e: ffmpeg::Error| bad(op, row, format!("cannot convert the frame to RGB: {e}"));
+    let mut scaler =
+        Scaler::get(frame.format(), fw, fh, Pixel::RGB24, fw, fh, Flags::BILINEAR).map_err(failed)?;
+    let mut rgb = Frame::empty();
+    scaler.run(frame, &mut rgb).map_err(failed)?;
+    let stride = rgb.stride(0);
+    let data = rgb.data(0);
+    let row_bytes = fw as usize * 3;
+    let mut packed = Vec::with_capacity(row_bytes * fh as usize);
+    for y in 0..fh as usize {
+        packed.extend_from_slice(&data[y * stride..y * stride + row_bytes]);
+    }
+    let img =
+        RgbImage::from_raw(fw, fh, packed).ok_or_else(|| bad(op, row, "a frame of no pixels".into()))?;
+    let scale = (f64::from(h) / f64::from(fh)).max(f64::from(w) / f64::from(fw));
+    let rw = ((f64::from(fw) * scale).round() as u32).max(w);
+    let rh = ((f64::from(fh) * scale).round() as u32).max(h);
+    let pixels = resize(op, resizer, &img, rw, rh)?;
+    let corner = |side: u32, crop: u32| (f64::from(side - crop) / 2.0).round_ties_even() as usize;
+    let mut out = vec![0; (h * w * 3) as usize];
+    crop(
+        &pixels,
+        (rh as usize, rw as usize, 3),
+        (corner(rh, h), corner(rw, w)),
+        (h as usize, w as usize),
+        &mut out,
+    );
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_the_centres_of_equal_segments() {
+        assert_eq!(targets(0, 100, 4), [12, 37, 62, 87]);
+        assert_eq!(targets(1000, 10, 1), [1005]);
+    }
+}
