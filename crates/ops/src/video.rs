@@ -185,6 +185,18 @@ pub(crate) fn frames(
     (h, w): (u32, u32),
     resizer: &mut Resizer,
 ) -> Result<Vec<u8>> {
+    picked(op, row, bytes, n, (h, w), resizer).map(|(pixels, _)| pixels)
+}
+
+/// [`frames`], and how many frames were decoded to find them.
+fn picked(
+    op: &'static str,
+    row: usize,
+    bytes: &[u8],
+    n: usize,
+    (h, w): (u32, u32),
+    resizer: &mut Resizer,
+) -> Result<(Vec<u8>, usize)> {
     let mut opened = open(op, row, bytes)?;
     if opened.duration <= 0 {
         return Err(bad(op, row, "the video states no duration".into()));
@@ -209,6 +221,7 @@ pub(crate) fn frames(
         next: 0,
         shown: None,
         out: Vec::with_capacity(n * (h * w * 3) as usize),
+        decoded: 0,
         size: (h, w),
         resizer,
     };
@@ -255,6 +268,8 @@ struct Picker<'a> {
     /// The last frame decoded (its timestamp and its pixels once converted).
     shown: Option<(i64, Frame, Option<Vec<u8>>)>,
     out: Vec<u8>,
+    /// Frames decoded so far.
+    decoded: usize,
     size: (u32, u32),
     resizer: &'a mut Resizer,
 }
@@ -263,6 +278,7 @@ impl Picker<'_> {
     fn drain(&mut self, decoder: &mut ffmpeg::decoder::Video, last: &mut i64) -> Result<()> {
         let mut frame = Frame::empty();
         while decoder.receive_frame(&mut frame).is_ok() {
+            self.decoded += 1;
             let Some(pts) = frame.timestamp().or_else(|| frame.pts()) else {
                 continue;
             };
@@ -299,7 +315,7 @@ impl Picker<'_> {
 
     /// Targets past the last frame are shown by it, unless the clip ends well before them
     /// (truncated: its header promised more).
-    fn finish(mut self, time_base: f64, fps: f64) -> Result<Vec<u8>> {
+    fn finish(mut self, time_base: f64, fps: f64) -> Result<(Vec<u8>, usize)> {
         let (op, row) = (self.op, self.row);
         let Some((pts, ..)) = &self.shown else {
             return Err(bad(
@@ -326,7 +342,7 @@ impl Picker<'_> {
         while self.next < self.targets.len() {
             self.emit()?;
         }
-        Ok(self.out)
+        Ok((self.out, self.decoded))
     }
 }
 
@@ -373,6 +389,44 @@ fn cover_crop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A minute at 10 fps, a keyframe each second, frame `k` at grey level `4·⌊k/10⌋`: four
+    /// frames of it are found by seeking, decoding a few seconds around each, not 600
+    /// frames.
+    #[test]
+    fn far_targets_are_reached_by_seeking() {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let dir = tempfile::tempdir().expect("scratch");
+        let path = dir.path().join("long.mp4");
+        let mut ffmpeg = Command::new("ffmpeg")
+            .args([
+                "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "64x48", "-r", "10", "-i", "-",
+            ])
+            .args(["-c:v", "libx264", "-g", "10", "-pix_fmt", "yuv420p"])
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("ffmpeg (scripts/setup-media.sh installs it)");
+        let mut stdin = ffmpeg.stdin.take().expect("stdin");
+        for k in 0..600 {
+            stdin
+                .write_all(&vec![(4 * (k / 10)) as u8; 64 * 48 * 3])
+                .expect("frame");
+        }
+        drop(stdin);
+        assert!(ffmpeg.wait().expect("ffmpeg").success());
+        let clip = std::fs::read(&path).expect("clip");
+        let (pixels, decoded) =
+            picked("decode_frames", 0, &clip, 4, (8, 8), &mut Resizer::new()).expect("frames");
+        // Centres at 7.5, 22.5, 37.5 and 52.5 s: seconds 7, 22, 37 and 52.
+        for (i, second) in [7u8, 22, 37, 52].into_iter().enumerate() {
+            let frame = &pixels[i * 192..(i + 1) * 192];
+            let mean = frame.iter().map(|&p| f64::from(p)).sum::<f64>() / 192.0;
+            assert!((mean - f64::from(4 * second)).abs() < 3.0, "frame {i}: {mean}");
+        }
+        assert!(decoded < 100, "{decoded} of 600 frames decoded");
+    }
 
     #[test]
     fn targets_are_the_centres_of_equal_segments() {
