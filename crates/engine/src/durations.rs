@@ -256,11 +256,18 @@ impl DurationIndex {
             return Ok(None);
         };
         let rows = file.row_group_rows(rg) as usize;
+        // One row per page, each page inside the file (the offset index is outside input).
+        let within = |p: &PageLocation| {
+            u64::try_from(p.offset)
+                .ok()
+                .and_then(|o| o.checked_add(u64::try_from(p.compressed_page_size).ok()?))
+                .is_some_and(|end| end <= file.meta.size)
+        };
         let one_per_page = pages.len() == rows
             && pages
                 .iter()
                 .enumerate()
-                .all(|(i, p)| p.first_row_index == i as i64 && p.compressed_page_size > 0);
+                .all(|(i, p)| p.first_row_index == i as i64 && p.compressed_page_size > 0 && within(p));
         if !one_per_page {
             return Ok(None);
         }

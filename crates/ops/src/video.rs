@@ -117,7 +117,7 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
         let end = packets_end(&mut input, index);
         input = ffmpeg::format::input(&path)
             .map_err(|e| bad(op, row, format!("cannot read the video again: {e}")))?;
-        end.map_or(0, |end| end - start)
+        end.map_or(0, |end| end.saturating_sub(start))
     };
     Ok(Opened {
         stream: index,
@@ -140,7 +140,7 @@ fn packets_end(input: &mut ffmpeg::format::context::Input, stream: usize) -> Opt
         if packet.stream() == stream
             && let Some(pts) = packet.pts()
         {
-            end = end.max(Some(pts + packet.duration().max(0)));
+            end = end.max(Some(pts.saturating_add(packet.duration().max(0))));
         }
     }
     end
@@ -233,7 +233,7 @@ fn picked(
         let reached = if last == i64::MIN { opened.start } else { last };
         if target.saturating_sub(reached) > seek_ahead {
             let at = (target as f64 * opened.time_base * TIME_BASE) as i64;
-            if opened.input.seek(at, ..at + 1).is_ok() {
+            if opened.input.seek(at, ..at.saturating_add(1)).is_ok() {
                 decoder.flush();
                 // Frames before the target are decoded again from the keyframe; the one
                 // shown at the target is among them.
@@ -326,7 +326,7 @@ impl Picker<'_> {
         };
         let slack = if fps > 0.0 { 3.0 / fps } else { 0.5 };
         if let Some(&target) = self.targets.get(self.next) {
-            let behind = (target - pts) as f64 * time_base;
+            let behind = target.saturating_sub(*pts) as f64 * time_base;
             if behind > slack.max(0.25) {
                 return Err(bad(
                     op,

@@ -54,6 +54,13 @@ impl DecodeFrames {
         let n = int_param(op, params, 0, "num_frames", 1..=MAX_FRAMES, None)?;
         let h = int_param(op, params, 1, "height", 1..=MAX_SIDE, None)?;
         let w = int_param(op, params, 2, "width", 1..=MAX_SIDE, None)?;
+        // One value of an Arrow fixed-size list holds at most i32::MAX items.
+        if n * h * w * 3 > i64::from(i32::MAX) {
+            return Err(OpError::BadArguments {
+                op,
+                reason: format!("{n} frames of {h}×{w} are over the 2 GiB one value may hold"),
+            });
+        }
         Ok((n as usize, h as u32, w as u32))
     }
 }
@@ -73,7 +80,7 @@ impl Op for DecodeFrames {
         let item = Arc::new(Field::new("item", DataType::UInt8, false));
         Ok(Field::new(
             output,
-            DataType::FixedSizeList(item, (n as u32 * h * w * 3) as i32),
+            DataType::FixedSizeList(item, (n * (h * w * 3) as usize) as i32),
             encoded_nullable(input),
         )
         .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{n},{h},{w},3"))].into()))
@@ -383,6 +390,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn frames_too_large_for_one_value_are_refused() {
+        let field = Field::new("v", DataType::Binary, true);
+        let params = [Value::Int(1024), Value::Int(4096), Value::Int(4096)];
+        let err = DecodeFrames
+            .output_field(&field, &params, "f")
+            .expect_err("51 GB a row");
+        assert!(err.to_string().contains("over the 2 GiB"), "{err}");
     }
 
     #[test]
