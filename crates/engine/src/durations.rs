@@ -256,19 +256,7 @@ impl DurationIndex {
             return Ok(None);
         };
         let rows = file.row_group_rows(rg) as usize;
-        // One row per page, each page inside the file (the offset index is outside input).
-        let within = |p: &PageLocation| {
-            u64::try_from(p.offset)
-                .ok()
-                .and_then(|o| o.checked_add(u64::try_from(p.compressed_page_size).ok()?))
-                .is_some_and(|end| end <= file.meta.size)
-        };
-        let one_per_page = pages.len() == rows
-            && pages
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.first_row_index == i as i64 && p.compressed_page_size > 0 && within(p));
-        if !one_per_page {
+        if !one_clip_per_page(&pages, rows, file.meta.size) {
             return Ok(None);
         }
         let path = &file.meta.location;
@@ -366,6 +354,22 @@ fn clip_leaf(metadata: &ParquetMetaData, column: &str) -> Option<usize> {
         c.physical_type() == PhysicalType::BYTE_ARRAY
             && (parts == [column] || (parts.len() == 2 && parts[0] == column && parts[1] == "bytes"))
     })
+}
+
+/// Whether `pages` hold one row each, `rows` in all, every page inside a file of `size`
+/// bytes (the offset index is outside input).
+fn one_clip_per_page(pages: &[PageLocation], rows: usize, size: u64) -> bool {
+    let within = |p: &PageLocation| {
+        u64::try_from(p.offset)
+            .ok()
+            .and_then(|o| o.checked_add(u64::try_from(p.compressed_page_size).ok()?))
+            .is_some_and(|end| end <= size)
+    };
+    pages.len() == rows
+        && pages
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.first_row_index == i as i64 && p.compressed_page_size > 0 && within(p))
 }
 
 /// The ranges of a page to read: its head and tail, or all of it when they would overlap.
