@@ -253,20 +253,33 @@ fn access_plan(
             continue;
         }
         let mask = keep.and_then(|k| k.get(&i)).filter(|m| m.len() as u64 == len);
-        // Runs of rows read and skipped, over the row group's rows.
-        let selected = |r: u64| (from..to).contains(&r) && mask.is_none_or(|m| m[(r - group.start) as usize]);
-        let mut selectors: Vec<RowSelector> = Vec::new();
-        for r in group.clone() {
-            let take = selected(r);
-            match selectors.last_mut() {
-                Some(last) if last.skip != take => last.row_count += 1,
-                _ => selectors.push(if take {
-                    RowSelector::select(1)
-                } else {
-                    RowSelector::skip(1)
-                }),
+        // Runs of rows read and skipped, over the row group's rows: the range's three, or
+        // (a row group a duration filter cuts, one clip per row) a run per change of the mask.
+        let selectors: Vec<RowSelector> = match mask {
+            None => [
+                RowSelector::skip((from - group.start) as usize),
+                RowSelector::select((to - from) as usize),
+                RowSelector::skip((group.end - to) as usize),
+            ]
+            .into_iter()
+            .filter(|s| s.row_count > 0)
+            .collect(),
+            Some(mask) => {
+                let mut runs: Vec<RowSelector> = Vec::new();
+                for r in group.clone() {
+                    let take = (from..to).contains(&r) && mask[(r - group.start) as usize];
+                    match runs.last_mut() {
+                        Some(last) if last.skip != take => last.row_count += 1,
+                        _ => runs.push(if take {
+                            RowSelector::select(1)
+                        } else {
+                            RowSelector::skip(1)
+                        }),
+                    }
+                }
+                runs
             }
-        }
+        };
         if selectors.iter().all(|s| s.skip) {
             continue;
         }

@@ -152,6 +152,12 @@ fn decoder(op: &'static str, row: usize, opened: &Opened) -> Result<ffmpeg::deco
         .map_err(|e| bad(op, row, format!("no decoder for the video stream: {e}")))
 }
 
+/// The clip's duration in seconds, from its container alone.
+pub(crate) fn seconds(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64> {
+    let opened = open(op, row, bytes)?;
+    Ok(opened.duration as f64 * opened.time_base)
+}
+
 /// The clip's metadata.
 pub(crate) fn info(op: &'static str, row: usize, bytes: &[u8]) -> Result<VideoInfo> {
     let opened = open(op, row, bytes)?;

@@ -198,7 +198,7 @@ mod kernels {
 
     use crate::media::{Media, for_each_encoded};
     use crate::op::{OpError, Result};
-    use crate::video::{frames, info};
+    use crate::video::{frames, info, seconds};
 
     pub(super) fn decode_frames(
         op: &'static str,
@@ -262,7 +262,7 @@ mod kernels {
         let mut out = Float64Builder::new();
         for_each_encoded(op, input, Media::Video, |row, bytes| {
             match bytes {
-                Some(bytes) => out.append_value(info(op, row, bytes)?.seconds),
+                Some(bytes) => out.append_value(seconds(op, row, bytes)?),
                 None => out.append_null(),
             }
             Ok(())
