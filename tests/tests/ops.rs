@@ -98,6 +98,7 @@ async fn every_op_is_identical_on_server_and_client() {
                 "log_mel",
                 "audio_seconds",
                 "decode_frames",
+                "video_frames",
                 "video_info",
                 "video_seconds",
                 "decode_resize",
@@ -173,6 +174,13 @@ async fn video_ops_are_identical_on_server_and_client_or_refused_by_name() {
         pushdown_tests::write_videos(root, 6);
     })
     .await;
+    // The server lists the video ops exactly when it runs them (planners keep them in the
+    // trainer otherwise: crates/client's plan tests).
+    let listed = fx.client.server_ops().await.expect("the ops action");
+    for op in ["decode_frames", "video_frames", "video_info", "video_seconds"] {
+        assert_eq!(listed.contains(op), pushdown_ops::VIDEO, "{op}");
+    }
+    assert!(listed.contains("decode_resize") && listed.contains("random_clip"));
     if !pushdown_ops::VIDEO {
         for sql in [
             "SELECT decode_frames(video, 4, 16, 16) FROM videos",
@@ -188,6 +196,8 @@ async fn video_ops_are_identical_on_server_and_client_or_refused_by_name() {
         async move { same_on_both_sides_of(fx, "videos", "video", call, &params).await }
     };
     on_both("decode_frames", vec![4.into(), 32.into(), 48.into()]).await;
+    on_both("video_frames", vec![4.into(), 16.into(), 24.into()]).await;
+    on_both("video_frames", vec![2.5.into(), 8.into(), 8.into(), 3.into()]).await;
     on_both("video_info", vec![]).await;
     on_both("video_seconds", vec![]).await;
     // A filter on the container's metadata runs at the server.
@@ -197,6 +207,15 @@ async fn video_ops_are_identical_on_server_and_client_or_refused_by_name() {
         .expect("filter");
     let ids: Vec<String> = rows(&long);
     assert_eq!(ids, ["1", "4"], "the 2 s clips");
+    // The trainer's random clip choice is refused in SQL by name.
+    let err = fx
+        .sql("SELECT random_clip(decode_frames(video, 8, 8, 8), 4, 1) FROM videos")
+        .await
+        .expect_err("random ops run in the trainer only");
+    assert!(
+        err.contains("random_clip") && err.contains("runs in the trainer"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -443,6 +443,31 @@ impl PushdownClient {
         .await
     }
 
+    /// The ops every server of the fleet runs (their `ops` action), or `None` where one cannot
+    /// say (a server older than the action, or none answering): then every op is taken as
+    /// running there, and a call a server cannot run fails naming what it lacks.
+    pub async fn server_ops(&self) -> Option<BTreeSet<String>> {
+        let answers = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| async move {
+            let action = Action::new(ActionKind::Ops.name(), bytes::Bytes::new());
+            let answer = tokio::time::timeout(Duration::from_secs(10), node.action(action)).await;
+            match answer {
+                Ok(Ok(results)) => results.first().map(|r| {
+                    String::from_utf8_lossy(&r.body)
+                        .lines()
+                        .map(str::to_owned)
+                        .collect::<BTreeSet<_>>()
+                }),
+                _ => None,
+            }
+        }))
+        .await;
+        answers
+            .into_iter()
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .reduce(|a, b| a.intersection(&b).cloned().collect())
+    }
+
     /// Runs the server's `profile` action on the fragment of `request`.
     pub async fn profile(&self, request: &ScanRequest) -> Result<pushdown_protocol::Profile> {
         let request = self.with_given_tokenizer(request).await?;

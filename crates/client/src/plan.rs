@@ -1,6 +1,6 @@
 //! Planning a pipeline against a server's measurements of it.
 
-use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile};
+use pushdown_planner::{CostedPlan, Environment, Pipeline, plan_with_profile_limited};
 use pushdown_protocol::{LinkKnown, Profile, Query, ScanRequest};
 
 use crate::client::PushdownClient;
@@ -181,7 +181,8 @@ pub async fn costed_plan_for_ranks(
     link: Link,
     ranks: usize,
 ) -> Result<CostedPlan> {
-    let static_plan = pushdown_planner::plan(pipeline, schema)?;
+    let (limit, unrunnable) = server_op_limit(client, pipeline).await;
+    let static_plan = pushdown_planner::plan_limited(pipeline, schema, limit)?;
     let profile = if static_plan.fragment.ops.is_empty() {
         Profile::default()
     } else {
@@ -196,7 +197,57 @@ pub async fn costed_plan_for_ranks(
     };
     let client_ns_per_row = trainer_ns_per_row(pipeline, schema).unwrap_or(0.0);
     let (profile, env) = for_one_rank(profile, link, client.urls().len(), ranks, client_ns_per_row);
-    Ok(plan_with_profile(pipeline, schema, &profile, &env)?)
+    let mut costed = plan_with_profile_limited(pipeline, schema, &profile, &env, limit)?;
+    if let Some(op) = unrunnable {
+        note_unrunnable(&mut costed.plan, &op);
+    }
+    Ok(costed)
+}
+
+/// How many of `pipeline`'s map steps, in order, the servers can run: those before the first
+/// op the servers do not list (their `ops` action), and that op's name. Every step where the
+/// servers cannot say.
+pub async fn server_op_limit(client: &PushdownClient, pipeline: &Pipeline) -> (usize, Option<String>) {
+    if !pipeline
+        .steps()
+        .iter()
+        .any(|s| matches!(s, pushdown_planner::Step::Map(_)))
+    {
+        return (usize::MAX, None);
+    }
+    match client.server_ops().await {
+        Some(ops) => op_limit(pipeline, &ops),
+        None => (usize::MAX, None),
+    }
+}
+
+/// [`server_op_limit`] for servers that run `ops`.
+fn op_limit(pipeline: &Pipeline, ops: &std::collections::BTreeSet<String>) -> (usize, Option<String>) {
+    let maps: Vec<&str> = pipeline
+        .steps()
+        .iter()
+        .filter_map(|s| match s {
+            pushdown_planner::Step::Map(m) => Some(m.call.as_str()),
+            _ => None,
+        })
+        .collect();
+    match maps.iter().position(|call| !ops.contains(*call)) {
+        Some(at) => (at, Some(maps[at].to_owned())),
+        None => (usize::MAX, None),
+    }
+}
+
+/// Says why `op`, which the servers cannot run, was kept in the trainer.
+pub fn note_unrunnable(plan: &mut pushdown_planner::Plan, op: &str) {
+    let step = plan.client_steps.iter().find_map(|s| match s {
+        pushdown_planner::Step::Map(m) if m.call == op => Some(s.to_string()),
+        _ => None,
+    });
+    if let Some(placement) = step.and_then(|step| plan.placements.iter_mut().find(|p| p.step == step)) {
+        placement.reason = format!(
+            "kept in the trainer: the servers cannot run `{op}` (their `ops` action does not list it)"
+        );
+    }
 }
 
 /// What one of `ranks` trainers plans with, reading from `servers`: its share of the shards
@@ -406,5 +457,52 @@ mod tests {
             .select(["pixels", "label"])
             .batch(8);
         assert_eq!(trainer_ns_per_row(&plain, &schema), Some(0.0));
+    }
+
+    /// Servers without an op keep it, and every map after it, in the trainer, saying why.
+    #[test]
+    fn ops_the_servers_lack_stay_in_the_trainer() {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("video", DataType::Binary, true),
+        ]);
+        let pipeline = Pipeline::new("videos")
+            .filter("id > 3")
+            .map("video_seconds", "video", Vec::<i64>::new(), "seconds")
+            .map("decode_frames", "video", [8i64, 32, 32], "frames")
+            .map("to_chw", "frames", Vec::<i64>::new(), "frames")
+            .select(["frames", "seconds"]);
+        let every: std::collections::BTreeSet<String> = pushdown_ops::registry()
+            .iter()
+            .map(|op| op.name().to_owned())
+            .collect();
+        assert_eq!(op_limit(&pipeline, &every), (usize::MAX, None));
+        let mut no_video = every.clone();
+        no_video.retain(|name| !name.starts_with("video_") && name != "decode_frames");
+        assert_eq!(
+            op_limit(&pipeline, &no_video),
+            (0, Some("video_seconds".to_owned()))
+        );
+        let mut no_frames = every;
+        no_frames.remove("decode_frames");
+        let (limit, op) = op_limit(&pipeline, &no_frames);
+        assert_eq!(limit, 1);
+        let mut plan = pushdown_planner::plan_limited(&pipeline, &schema, limit).expect("plan");
+        note_unrunnable(&mut plan, op.as_deref().expect("an op"));
+        // The filter and video_seconds run at the server; decode_frames and after in the trainer.
+        assert_eq!(plan.fragment.ops.len(), 1);
+        assert_eq!(plan.fragment.predicate.as_deref(), Some("(id > 3)"));
+        let reason = plan
+            .placements
+            .iter()
+            .find(|p| p.step.contains("decode_frames"))
+            .map(|p| (p.side, p.reason.clone()))
+            .expect("placed");
+        assert_eq!(reason.0, pushdown_planner::Side::Client);
+        assert!(
+            reason.1.contains("servers cannot run `decode_frames`"),
+            "{}",
+            reason.1
+        );
     }
 }

@@ -35,8 +35,10 @@
 //! | `random_audio_crop(pcm, seconds)` | seconds | `[samples]` (or `[channels, samples]`) at a random start, zero-padded | random: trainer only |
 //! | `spec_augment(mel, freq_masks, freq_width, time_masks, time_width)` | counts and widest masks | features with SpecAugment's masks at 0 | random: trainer only |
 //! | `decode_frames(video, num_frames, height, width)` | frames, size | `[T, H, W, 3]` `uint8`: the frames shown at the centres of `T` equal segments, resized to cover and center-cropped | deterministic, reducing (feature `video`) |
-//! | `video_info(video)` | | struct of `seconds`, `fps`, `width`, `height`, `codec`, `frames` from the container | deterministic, reducing (feature `video`) |
+//! | `video_frames(video, fps, height, width[, max_frames])` | rate, size, cap (128) | list of `[H, W, 3]` `uint8` frames, one every `1/fps` s, sized as `decode_frames`' | deterministic, reducing (feature `video`) |
+//! | `video_info(video)` | | struct of `seconds`, `fps`, `width`, `height`, `codec`, `frames`, `rotation` from the container | deterministic, reducing (feature `video`) |
 //! | `video_seconds(video)` | | `Float64` duration from the container | deterministic, reducing (feature `video`) |
+//! | `random_clip(frames, num_frames, stride)` | length, stride | `[T, H, W, C]`: consecutive frames `stride` apart from a random start | random, trainer only |
 //!
 //! Nulls map to nulls. A value an op cannot process (an undecodable image) fails the call
 //! with an error naming the row: silently dropping or zero-filling training data is worse
@@ -108,7 +110,7 @@ pub use text::{
 };
 /// The tokenizer type of the `tokenizers` crate, as ops use it.
 pub use tokenizers::Tokenizer as TokenizerModel;
-pub use video_ops::{DecodeFrames, VIDEO, VideoInfoOp, VideoSeconds};
+pub use video_ops::{DecodeFrames, RandomClip, VIDEO, VideoFrames, VideoInfoOp, VideoSeconds};
 
 #[cfg(test)]
 mod tests;

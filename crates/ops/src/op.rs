@@ -128,6 +128,14 @@ pub trait Op: Send + Sync + fmt::Debug {
         true
     }
 
+    /// Whether this build runs the op: false where it lacks a library the op needs (the
+    /// video ops without FFmpeg's); such an op keeps its name and refuses every call, and a
+    /// server lists only the ops it runs (the `ops` action), so a planner places the rest in
+    /// the trainer.
+    fn runs_here(&self) -> bool {
+        true
+    }
+
     /// What a call with `params` needs beyond its input and literals (a tokenizer): callers
     /// provide it through [`Context::resources`] without knowing which ops need what.
     fn needs(&self, _params: &[Value]) -> Vec<Need> {

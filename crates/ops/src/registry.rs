@@ -9,9 +9,9 @@ use crate::tensor_ops::{
     ToChw,
 };
 use crate::text::{PadTokens, Tokenize};
-use crate::video_ops::{DecodeFrames, VideoInfoOp, VideoSeconds};
+use crate::video_ops::{DecodeFrames, RandomClip, VideoFrames, VideoInfoOp, VideoSeconds};
 
-static OPS: [&dyn Op; 24] = [
+static OPS: [&dyn Op; 26] = [
     &DecodeResize,
     &DecodeCenterCrop,
     &Thumbnail,
@@ -34,8 +34,10 @@ static OPS: [&dyn Op; 24] = [
     &RandomAudioCrop,
     &SpecAugment,
     &DecodeFrames,
+    &VideoFrames,
     &VideoInfoOp,
     &VideoSeconds,
+    &RandomClip,
 ];
 
 /// Every registered op.

@@ -1,6 +1,11 @@
 //! Ops over pixel tensors (`FixedSizeList<UInt8>` rows with a `pushdown.shape` of
-//! `height,width,channels`, as `decode_resize` produces): center crop, grayscale, normalize,
-//! and the random augmentations that only ever run in the trainer.
+//! `height,width,channels`, as `decode_resize` produces, or `frames,height,width,channels`, a
+//! clip as `decode_frames` produces): center crop, grayscale, normalize, and the random
+//! augmentations that only ever run in the trainer.
+//!
+//! A clip is transformed frame by frame, and a random op draws once per row: every frame of a
+//! clip gets the same crop window, flip and jitter (torchvision's video transforms do the
+//! same), so motion stays coherent.
 
 use std::sync::Arc;
 
@@ -16,12 +21,21 @@ use crate::image_ops::crop;
 use crate::op::{DTYPE_METADATA_KEY, SHAPE_METADATA_KEY};
 use crate::op::{Op, OpError, Result, Value, expect_params, floats_param, int_param};
 
-/// `(height, width, channels)` of a pixel-tensor field.
+/// `(height, width, channels)` of a pixel-tensor field: of each frame, for a clip.
 pub fn shape_of(op: &'static str, field: &Field) -> Result<(usize, usize, usize)> {
+    dims_of(op, field).map(|(_, shape)| shape)
+}
+
+/// Frames in each row of a pixel-tensor field: `T` of a clip (`T,H,W,C`), 1 for an image.
+pub fn frames_of(op: &'static str, field: &Field) -> Result<usize> {
+    dims_of(op, field).map(|(frames, _)| frames)
+}
+
+fn dims_of(op: &'static str, field: &Field) -> Result<(usize, (usize, usize, usize))> {
     let bad = || OpError::BadArguments {
         op,
         reason: format!(
-            "expects pixel tensors (FixedSizeList<UInt8> with `{SHAPE_METADATA_KEY}` metadata, e.g. from decode_resize), got {} `{}`",
+            "expects pixel tensors (FixedSizeList<UInt8> with `{SHAPE_METADATA_KEY}` metadata, e.g. from decode_resize or decode_frames), got {} `{}`",
             field.data_type(),
             field.name()
         ),
@@ -40,25 +54,40 @@ pub fn shape_of(op: &'static str, field: &Field) -> Result<(usize, usize, usize)
         .map(|d| d.trim().parse().map_err(|_| bad()))
         .collect::<Result<_>>()?;
     match dims[..] {
-        [h, w, c] if h * w * c == *len as usize => Ok((h, w, c)),
+        [h, w, c] if h * w * c == *len as usize => Ok((1, (h, w, c))),
+        [t, h, w, c] if t * h * w * c == *len as usize && t > 0 => Ok((t, (h, w, c))),
         _ => Err(bad()),
     }
 }
 
-fn tensor_field(output: &str, item: DataType, (h, w, c): (usize, usize, usize), nullable: bool) -> Field {
+/// A tensor field of `frames` frames of `(h, w, c)` each (`frames` 1: an image, `h,w,c`).
+fn tensor_field(
+    output: &str,
+    item: DataType,
+    frames: usize,
+    (h, w, c): (usize, usize, usize),
+    nullable: bool,
+) -> Field {
     let item = Arc::new(Field::new("item", item, false));
+    let shape = match frames {
+        1 => format!("{h},{w},{c}"),
+        t => format!("{t},{h},{w},{c}"),
+    };
     Field::new(
         output,
-        DataType::FixedSizeList(item, (h * w * c) as i32),
+        DataType::FixedSizeList(item, (frames * h * w * c) as i32),
         nullable,
     )
-    .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},{c}"))].into())
+    .with_metadata([(SHAPE_METADATA_KEY.to_string(), shape)].into())
 }
 
-/// Applies `f(row, pixels_in, pixels_out)` to every row, building a u8 tensor column.
+/// Applies `f(row, frame_in, frame_out)` to every frame of every row (`frames` per row, of
+/// `out_len` values out each), building a u8 tensor column. A row's frames share its `row`,
+/// so a random op's draw is the same for each.
 fn map_u8(
     op: &'static str,
     input: &ArrayRef,
+    frames: usize,
     out_len: usize,
     mut f: impl FnMut(usize, &[u8], &mut [u8]),
 ) -> Result<ArrayRef> {
@@ -76,18 +105,23 @@ fn map_u8(
             reason: "expects u8 pixels".into(),
         })?;
     let size = list.value_length() as usize;
-    let mut out = vec![0u8; list.len() * out_len];
+    let frame = size / frames.max(1);
+    let row_out = out_len * frames;
+    let mut out = vec![0u8; list.len() * row_out];
     for row in 0..list.len() {
         if list.is_valid(row) {
             let start = (list.offset() + row) * size;
             let src = &values.values()[start..start + size];
-            f(row, src, &mut out[row * out_len..(row + 1) * out_len]);
+            let dst = &mut out[row * row_out..(row + 1) * row_out];
+            for (from, to) in src.chunks_exact(frame).zip(dst.chunks_exact_mut(out_len)) {
+                f(row, from, to);
+            }
         }
     }
     let item = Arc::new(Field::new("item", DataType::UInt8, false));
     FixedSizeListArray::try_new(
         item,
-        out_len as i32,
+        row_out as i32,
         Arc::new(UInt8Array::from(out)),
         list.nulls().cloned(),
     )
@@ -121,6 +155,7 @@ impl Op for CenterCrop {
         Ok(tensor_field(
             output,
             DataType::UInt8,
+            frames_of(self.name(), input)?,
             (ch, cw, shape.2),
             input.is_nullable(),
         ))
@@ -130,7 +165,8 @@ impl Op for CenterCrop {
         let shape = shape_of(self.name(), field)?;
         let (ch, cw) = crop_size(self.name(), params, shape)?;
         let origin = ((shape.0 - ch) / 2, (shape.1 - cw) / 2);
-        map_u8(self.name(), input, ch * cw * shape.2, |_, src, out| {
+        let frames = frames_of(self.name(), field)?;
+        map_u8(self.name(), input, frames, ch * cw * shape.2, |_, src, out| {
             crop(src, shape, origin, (ch, cw), out)
         })
     }
@@ -161,7 +197,8 @@ impl Op for RandomCrop {
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
         let shape = shape_of(self.name(), field)?;
         let (ch, cw) = crop_size(self.name(), params, shape)?;
-        map_u8(self.name(), input, ch * cw * shape.2, |row, src, out| {
+        let frames = frames_of(self.name(), field)?;
+        map_u8(self.name(), input, frames, ch * cw * shape.2, |row, src, out| {
             let mut rng = row_rng(seed, row);
             let origin = (
                 rng.random_range(0..=shape.0 - ch),
@@ -304,22 +341,24 @@ impl Op for RandomResizedCrop {
 
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let p = ResizedCrop::params(params)?;
-        let nullable = match crate::media::encoded_input(self.name(), input, crate::media::Media::Image) {
-            Ok(()) => crate::media::encoded_nullable(input),
-            Err(_) => {
-                let (_, _, c) = shape_of(self.name(), input)?;
-                if c != 3 {
-                    return Err(OpError::BadArguments {
-                        op: self.name(),
-                        reason: format!("expects RGB pixels (3 channels), got {c}"),
-                    });
+        let (nullable, frames) =
+            match crate::media::encoded_input(self.name(), input, crate::media::Media::Image) {
+                Ok(()) => (crate::media::encoded_nullable(input), 1),
+                Err(_) => {
+                    let (_, _, c) = shape_of(self.name(), input)?;
+                    if c != 3 {
+                        return Err(OpError::BadArguments {
+                            op: self.name(),
+                            reason: format!("expects RGB pixels (3 channels), got {c}"),
+                        });
+                    }
+                    (input.is_nullable(), frames_of(self.name(), input)?)
                 }
-                input.is_nullable()
-            }
-        };
+            };
         Ok(tensor_field(
             output,
             DataType::UInt8,
+            frames,
             (p.height as usize, p.width as usize, 3),
             nullable,
         ))
@@ -372,8 +411,9 @@ impl Op for RandomResizedCrop {
             });
         }
         let mut failed = None;
-        let out = map_u8(self.name(), input, out_len, |row, src, out| {
-            // The row itself (h·w·3 values): read in place, not copied.
+        let frames = frames_of(self.name(), field)?;
+        let out = map_u8(self.name(), input, frames, out_len, |row, src, out| {
+            // The frame itself (h·w·3 values): read in place, not copied.
             let done = one(row, src, (h as u32, w as u32), out);
             if let Err(e) = done {
                 failed.get_or_insert(e);
@@ -419,14 +459,22 @@ impl Op for RandomFlip {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let shape = shape_of(self.name(), input)?;
         probability(self.name(), params)?;
-        Ok(tensor_field(output, DataType::UInt8, shape, input.is_nullable()))
+        let frames = frames_of(self.name(), input)?;
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            frames,
+            shape,
+            input.is_nullable(),
+        ))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
         let (h, w, c) = shape_of(self.name(), field)?;
         debug_assert!(h > 0 && w > 0 && c > 0);
         let p = probability(self.name(), params)?;
-        map_u8(self.name(), input, h * w * c, |row, src, out| {
+        let frames = frames_of(self.name(), field)?;
+        map_u8(self.name(), input, frames, h * w * c, |row, src, out| {
             if row_rng(seed, row).random_bool(p) {
                 for (from, to) in src.chunks_exact(w * c).zip(out.chunks_exact_mut(w * c)) {
                     for (s, o) in from.chunks_exact(c).zip(to.chunks_exact_mut(c).rev()) {
@@ -465,6 +513,7 @@ impl Op for Grayscale {
         Ok(tensor_field(
             output,
             DataType::UInt8,
+            frames_of(self.name(), input)?,
             (h, w, 1),
             input.is_nullable(),
         ))
@@ -473,7 +522,8 @@ impl Op for Grayscale {
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
         self.output_field(field, params, "check")?;
         let (h, w, _) = shape_of(self.name(), field)?;
-        map_u8(self.name(), input, h * w, |_, src, out| {
+        let frames = frames_of(self.name(), field)?;
+        map_u8(self.name(), input, frames, h * w, |_, src, out| {
             for (o, px) in out.iter_mut().zip(src.chunks_exact(3)) {
                 let y = 0.299 * f32::from(px[0]) + 0.587 * f32::from(px[1]) + 0.114 * f32::from(px[2]);
                 *o = y.round().clamp(0.0, 255.0) as u8;
@@ -574,6 +624,7 @@ impl Op for Normalize {
         Ok(dtype.tag(tensor_field(
             output,
             dtype.arrow(),
+            frames_of(self.name(), input)?,
             layout.shape(shape),
             input.is_nullable(),
         )))
@@ -594,6 +645,7 @@ impl Op for Normalize {
             scale: &scale,
             shift: &shift,
             layout,
+            frames: frames_of(self.name(), field)?,
             shape,
         };
         let values: ArrayRef = match dtype {
@@ -618,12 +670,14 @@ struct Affine<'a> {
     scale: &'a [f32],
     shift: &'a [f32],
     layout: Layout,
+    /// Frames per row, each of `shape`.
+    frames: usize,
     shape: (usize, usize, usize),
 }
 
 impl Affine<'_> {
-    /// Every row of `src` (`h·w·c` values each; null rows left zero) as `T`, `convert` inlined
-    /// into the loop over values.
+    /// Every row of `src` (`frames·h·w·c` values each; null rows left zero) as `T`, each frame
+    /// in `layout`, `convert` inlined into the loop over values.
     fn apply<T: Copy + Default>(
         &self,
         src: &[u8],
@@ -631,16 +685,19 @@ impl Affine<'_> {
         convert: impl Fn(f32) -> T,
     ) -> Vec<T> {
         let (h, w, c) = self.shape;
-        let size = (h * w * c).max(1);
+        let frame = (h * w * c).max(1);
+        let size = frame * self.frames;
         let mut out = vec![T::default(); src.len()];
         for (row, (from, to)) in src.chunks_exact(size).zip(out.chunks_exact_mut(size)).enumerate() {
             if nulls.is_some_and(|n| n.is_null(row)) {
                 continue;
             }
-            for (i, px) in from.chunks_exact(c).enumerate() {
-                for (k, &v) in px.iter().enumerate() {
-                    to[self.layout.place(self.shape, i, k)] =
-                        convert(f32::from(v) * self.scale[k] + self.shift[k]);
+            for (from, to) in from.chunks_exact(frame).zip(to.chunks_exact_mut(frame)) {
+                for (i, px) in from.chunks_exact(c).enumerate() {
+                    for (k, &v) in px.iter().enumerate() {
+                        to[self.layout.place(self.shape, i, k)] =
+                            convert(f32::from(v) * self.scale[k] + self.shift[k]);
+                    }
                 }
             }
         }
@@ -708,6 +765,7 @@ impl Op for ToChw {
         Ok(tensor_field(
             output,
             DataType::UInt8,
+            frames_of(self.name(), input)?,
             Layout::Chw.shape(shape),
             input.is_nullable(),
         ))
@@ -717,13 +775,20 @@ impl Op for ToChw {
         expect_params(self.name(), params, 0, 0)?;
         let shape = shape_of(self.name(), field)?;
         let c = shape.2;
-        map_u8(self.name(), input, shape.0 * shape.1 * c, |_, src, out| {
-            for (i, px) in src.chunks_exact(c).enumerate() {
-                for (k, &v) in px.iter().enumerate() {
-                    out[Layout::Chw.place(shape, i, k)] = v;
+        let frames = frames_of(self.name(), field)?;
+        map_u8(
+            self.name(),
+            input,
+            frames,
+            shape.0 * shape.1 * c,
+            |_, src, out| {
+                for (i, px) in src.chunks_exact(c).enumerate() {
+                    for (k, &v) in px.iter().enumerate() {
+                        out[Layout::Chw.place(shape, i, k)] = v;
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 }
 
@@ -768,13 +833,21 @@ impl Op for ColorJitter {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let shape = shape_of(self.name(), input)?;
         strength(self.name(), params)?;
-        Ok(tensor_field(output, DataType::UInt8, shape, input.is_nullable()))
+        let frames = frames_of(self.name(), input)?;
+        Ok(tensor_field(
+            output,
+            DataType::UInt8,
+            frames,
+            shape,
+            input.is_nullable(),
+        ))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
         let (h, w, c) = shape_of(self.name(), field)?;
         let s = strength(self.name(), params)?;
-        map_u8(self.name(), input, h * w * c, |row, src, out| {
+        let frames = frames_of(self.name(), field)?;
+        map_u8(self.name(), input, frames, h * w * c, |row, src, out| {
             let mut rng = row_rng(seed, row);
             let (brightness, contrast) = if s > 0.0 {
                 (

@@ -972,3 +972,129 @@ fn normalize_gives_half_precision_values_rounded_from_float32() {
         assert!((back - f).abs() <= f.abs() / 128.0, "{back} from {f}");
     }
 }
+
+/// A clip tensor `[T, H, W, 3]` whose frame `t` is frame 0 plus `40·t`: the same picture
+/// brighter each frame.
+fn clip_tensor(frames: usize, (h, w): (usize, usize), rows: usize) -> (ArrayRef, Field) {
+    let frame: Vec<u8> = (0..h * w * 3).map(|i| (i * 7 % 40) as u8).collect();
+    let values: Vec<u8> = (0..rows)
+        .flat_map(|_| (0..frames).flat_map(|t| frame.iter().map(move |&v| v + 40 * t as u8)))
+        .collect();
+    let size = (frames * h * w * 3) as i32;
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    let array = arrow::array::FixedSizeListArray::try_new(
+        Arc::clone(&item),
+        size,
+        Arc::new(arrow::array::UInt8Array::from(values)),
+        None,
+    )
+    .expect("clip");
+    let field = Field::new("clip", DataType::FixedSizeList(item, size), true)
+        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{frames},{h},{w},3"))].into());
+    (Arc::new(array), field)
+}
+
+/// Every frame of a row gets the same crop window and flip: frame `t` of the output is
+/// frame 0's plus `40·t`, for every op, seed and row; deterministic ops keep the frames and
+/// normalize/to_chw put channels first per frame (`[T, C, H, W]`).
+#[test]
+fn random_image_ops_draw_once_per_clip() {
+    let (input, field) = clip_tensor(4, (6, 8), 5);
+    let calls: [(&str, Vec<Value>); 5] = [
+        ("random_crop", vec![Value::Int(5), Value::Int(3)]),
+        ("random_resized_crop", vec![Value::Int(4), Value::Int(4)]),
+        ("random_flip", vec![Value::Float(0.5)]),
+        ("center_crop", vec![Value::Int(4), Value::Int(4)]),
+        ("to_chw", vec![]),
+    ];
+    for (name, params) in calls {
+        let op = lookup(name).expect("op");
+        let out_field = op.output_field(&field, &params, "x").expect("field");
+        let shape: Vec<usize> = out_field.metadata()[SHAPE_METADATA_KEY]
+            .split(',')
+            .map(|d| d.parse().expect("dim"))
+            .collect();
+        assert_eq!((shape.len(), shape[0]), (4, 4), "{name}: {shape:?}");
+        let frame = shape[1..].iter().product::<usize>();
+        for seed in 0..4 {
+            let out = op.apply_field(&input, &field, &params, seed).expect("apply");
+            let out = out.as_fixed_size_list();
+            for row in 0..5 {
+                let v = out.value(row);
+                let v = v.as_primitive::<UInt8Type>().values();
+                for t in 1..4 {
+                    for i in 0..frame {
+                        // Resizing blends neighbours: a brighter picture stays 40·t brighter
+                        // up to rounding.
+                        let d = i32::from(v[t * frame + i]) - i32::from(v[i]) - 40 * t as i32;
+                        assert!(d.abs() <= 1, "{name} seed {seed} row {row} frame {t}: {d}");
+                    }
+                }
+            }
+        }
+    }
+    let normalize = lookup("normalize").expect("op");
+    let params = [Value::Float(0.5), Value::Float(0.25), Value::Text("chw".into())];
+    let out_field = normalize.output_field(&field, &params, "x").expect("field");
+    assert_eq!(out_field.metadata()[SHAPE_METADATA_KEY], "4,3,6,8");
+    let out = normalize
+        .apply_field(&input, &field, &params, 0)
+        .expect("normalize");
+    let chw = lookup("to_chw")
+        .expect("op")
+        .apply_field(&input, &field, &[], 0)
+        .expect("chw");
+    let (out, chw) = (out.as_fixed_size_list(), chw.as_fixed_size_list());
+    let (out, chw) = (out.value(4), chw.value(4));
+    for (x, &p) in out
+        .as_primitive::<arrow::datatypes::Float32Type>()
+        .values()
+        .iter()
+        .zip(chw.as_primitive::<UInt8Type>().values())
+    {
+        assert!((x - (f32::from(p) / 255.0 - 0.5) / 0.25).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn random_clip_takes_strided_frames_from_a_drawn_start() {
+    let (input, field) = clip_tensor(6, (1, 1), 3);
+    let op = lookup("random_clip").expect("op");
+    assert!(!op.is_deterministic());
+    let params = [Value::Int(2), Value::Int(3)];
+    assert_eq!(
+        op.output_field(&field, &params, "c").expect("field").metadata()[SHAPE_METADATA_KEY],
+        "2,1,1,3"
+    );
+    let mut starts = std::collections::BTreeSet::new();
+    for seed in 0..32 {
+        let out = op.apply_field(&input, &field, &params, seed).expect("clip");
+        let out = out.as_fixed_size_list();
+        for row in 0..3 {
+            let v = out.value(row);
+            let v = v.as_primitive::<UInt8Type>().values();
+            // Frame t's first value is 40·t: a span of 4 frames starts at 0, 1 or 2.
+            let (a, b) = (usize::from(v[0] / 40), usize::from(v[3] / 40));
+            assert!(a <= 2 && b == a + 3, "seed {seed} row {row}: {a}, {b}");
+            starts.insert(a);
+        }
+    }
+    assert_eq!(starts.len(), 3, "{starts:?}");
+    // A clip shorter than the span: from its first frame, the last repeated.
+    let long = [Value::Int(3), Value::Int(4)];
+    let out = op.apply_field(&input, &field, &long, 7).expect("clip");
+    let v = out.as_fixed_size_list().value(0);
+    let firsts: Vec<u8> = v
+        .as_primitive::<UInt8Type>()
+        .values()
+        .chunks(3)
+        .map(|f| f[0] / 40)
+        .collect();
+    assert_eq!(firsts, [0, 4, 5]);
+    // Refused in SQL's sense: random ops never run at the server (their planner test
+    // covers every random op); bad arguments are named.
+    let err = op
+        .output_field(&field, &[Value::Int(0), Value::Int(1)], "c")
+        .expect_err("0 frames");
+    assert!(err.to_string().contains("num_frames"), "{err}");
+}

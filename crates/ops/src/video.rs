@@ -52,6 +52,9 @@ pub(crate) struct VideoInfo {
     pub height: u32,
     pub codec: &'static str,
     pub frames: i64,
+    /// Degrees clockwise the frames are turned to be shown (0, 90, 180 or 270): the
+    /// container's display matrix, as players apply it.
+    pub rotation: u32,
 }
 
 /// A clip opened, with its video stream's index and what decoding it needs.
@@ -65,6 +68,8 @@ struct Opened {
     parameters: ffmpeg::codec::Parameters,
     fps: f64,
     frames: i64,
+    /// Degrees clockwise to show the frames upright ([`VideoInfo::rotation`]).
+    rotation: u32,
     /// The file FFmpeg reads: open as long as the clip is.
     _file: std::fs::File,
 }
@@ -109,6 +114,10 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
         .or_else(|| rate(stream.rate()))
         .unwrap_or(0.0);
     let (index, parameters, frames) = (stream.index(), stream.parameters(), stream.frames());
+    let rotation = stream
+        .side_data()
+        .find(|d| d.kind() == ffmpeg::codec::packet::side_data::Type::DisplayMatrix)
+        .map_or(0, |d| clockwise_degrees(d.data()));
     let duration = if stated > 0 {
         stated
     } else {
@@ -127,9 +136,30 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
         parameters,
         fps,
         frames,
+        rotation,
         input,
         _file: file,
     })
+}
+
+/// The clockwise turn (0, 90, 180 or 270 degrees) a display matrix (nine native-endian
+/// `i32`s, 16.16 fixed point but the last column) applies, as FFmpeg's players read it:
+/// `-av_display_rotation_get`, rounded to the nearest right angle. A matrix that is not a
+/// rotation (degenerate, or cut short) turns nothing.
+fn clockwise_degrees(matrix: &[u8]) -> u32 {
+    let at = |i: usize| {
+        matrix
+            .get(4 * i..4 * i + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0.0, |b| f64::from(i32::from_ne_bytes(b)) / 65536.0)
+    };
+    let (a, b, c, d) = (at(0), at(1), at(3), at(4));
+    let (scale_x, scale_y) = (a.hypot(c), b.hypot(d));
+    if scale_x == 0.0 || scale_y == 0.0 {
+        return 0;
+    }
+    let degrees = (b / scale_y).atan2(a / scale_x).to_degrees();
+    ((degrees / 90.0).round() as i64).rem_euclid(4) as u32 * 90
 }
 
 /// Where the stream's last packet ends (its timestamp plus its duration), from demuxing.
@@ -169,6 +199,7 @@ pub(crate) fn info(op: &'static str, row: usize, bytes: &[u8]) -> Result<VideoIn
         height: decoder.height(),
         codec: decoder.id().name(),
         frames: opened.frames,
+        rotation: opened.rotation,
     })
 }
 
@@ -180,18 +211,38 @@ fn targets(start: i64, duration: i64, n: usize) -> Vec<i64> {
         .collect()
 }
 
-/// `n` frames of the clip, each the frame shown at its target time (the last with a
-/// presentation timestamp at or before it), resized with the aspect kept to just cover
-/// `h × w` and center-cropped: `n·h·w·3` bytes of RGB.
+/// The presentation timestamps of frames at `fps` from the clip's start (`start + k/fps`
+/// seconds), before its end: at most `max`.
+fn rate_targets(start: i64, duration: i64, time_base: f64, fps: f64, max: usize) -> Vec<i64> {
+    let step = 1.0 / (fps * time_base);
+    (0..max)
+        .map(|k| start.saturating_add((k as f64 * step).round() as i64))
+        .take_while(|&t| t < start.saturating_add(duration))
+        .collect()
+}
+
+/// Which frames of a clip to take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Sampling {
+    /// `n` frames, at the centres of `n` equal segments of the clip.
+    Uniform(usize),
+    /// A frame every `1/fps` seconds from the start, at most `max` of them.
+    Rate { fps: f64, max: usize },
+}
+
+/// The clip's frames as `sampling` chooses them, each the frame shown at its target time (the
+/// last with a presentation timestamp at or before it), turned upright as the container says
+/// to show it, resized with the aspect kept to just cover `h × w` and center-cropped: `h·w·3`
+/// bytes of RGB a frame, and how many frames.
 pub(crate) fn frames(
     op: &'static str,
     row: usize,
     bytes: &[u8],
-    n: usize,
+    sampling: Sampling,
     (h, w): (u32, u32),
     resizer: &mut Resizer,
-) -> Result<Vec<u8>> {
-    picked(op, row, bytes, n, (h, w), resizer).map(|(pixels, _)| pixels)
+) -> Result<(Vec<u8>, usize)> {
+    picked(op, row, bytes, sampling, (h, w), resizer).map(|(pixels, n, _)| (pixels, n))
 }
 
 /// [`frames`], and how many frames were decoded to find them.
@@ -199,10 +250,10 @@ fn picked(
     op: &'static str,
     row: usize,
     bytes: &[u8],
-    n: usize,
+    sampling: Sampling,
     (h, w): (u32, u32),
     resizer: &mut Resizer,
-) -> Result<(Vec<u8>, usize)> {
+) -> Result<(Vec<u8>, usize, usize)> {
     let mut opened = open(op, row, bytes)?;
     if opened.duration <= 0 {
         return Err(bad(op, row, "the video states no duration".into()));
@@ -219,7 +270,13 @@ fn picked(
             ),
         ));
     }
-    let targets = targets(opened.start, opened.duration, n);
+    let targets = match sampling {
+        Sampling::Uniform(n) => targets(opened.start, opened.duration, n),
+        Sampling::Rate { fps, max } => {
+            rate_targets(opened.start, opened.duration, opened.time_base, fps, max)
+        }
+    };
+    let n = targets.len();
     let mut picker = Picker {
         op,
         row,
@@ -229,6 +286,7 @@ fn picked(
         out: Vec::with_capacity(n * (h * w * 3) as usize),
         decoded: 0,
         size: (h, w),
+        rotation: opened.rotation,
         resizer,
     };
     let seek_ahead = (SEEK_AHEAD_SECONDS / opened.time_base) as i64;
@@ -277,6 +335,8 @@ struct Picker<'a> {
     /// Frames decoded so far.
     decoded: usize,
     size: (u32, u32),
+    /// Degrees clockwise to turn each frame.
+    rotation: u32,
     resizer: &'a mut Resizer,
 }
 
@@ -312,7 +372,7 @@ impl Picker<'_> {
             return Err(bad(op, row, "no frame decoded before the target time".into()));
         };
         if pixels.is_none() {
-            *pixels = Some(cover_crop(op, row, frame, size, self.resizer)?);
+            *pixels = Some(cover_crop(op, row, frame, self.rotation, size, self.resizer)?);
         }
         self.out.extend_from_slice(pixels.as_deref().unwrap_or_default());
         self.next += 1;
@@ -321,7 +381,7 @@ impl Picker<'_> {
 
     /// Targets past the last frame are shown by it, unless the clip ends well before them
     /// (truncated: its header promised more).
-    fn finish(mut self, time_base: f64, fps: f64) -> Result<(Vec<u8>, usize)> {
+    fn finish(mut self, time_base: f64, fps: f64) -> Result<(Vec<u8>, usize, usize)> {
         let (op, row) = (self.op, self.row);
         let Some((pts, ..)) = &self.shown else {
             return Err(bad(
@@ -348,16 +408,17 @@ impl Picker<'_> {
         while self.next < self.targets.len() {
             self.emit()?;
         }
-        Ok((self.out, self.decoded))
+        Ok((self.out, self.targets.len(), self.decoded))
     }
 }
 
-/// The frame as RGB, resized (bilinear, as the image ops) with its aspect kept to just cover
-/// `h × w`, then center-cropped to it.
+/// The frame as RGB, turned `rotation` degrees clockwise, resized (bilinear, as the image
+/// ops) with its aspect kept to just cover `h × w`, then center-cropped to it.
 fn cover_crop(
     op: &'static str,
     row: usize,
     frame: &Frame,
+    rotation: u32,
     (h, w): (u32, u32),
     resizer: &mut Resizer,
 ) -> Result<Vec<u8>> {
@@ -376,6 +437,13 @@ fn cover_crop(
     }
     let img =
         RgbImage::from_raw(fw, fh, packed).ok_or_else(|| bad(op, row, "a frame of no pixels".into()))?;
+    let img = match rotation {
+        90 => image::imageops::rotate90(&img),
+        180 => image::imageops::rotate180(&img),
+        270 => image::imageops::rotate270(&img),
+        _ => img,
+    };
+    let (fw, fh) = img.dimensions();
     let scale = (f64::from(h) / f64::from(fh)).max(f64::from(w) / f64::from(fw));
     let rw = ((f64::from(fw) * scale).round() as u32).max(w);
     let rh = ((f64::from(fh) * scale).round() as u32).max(h);
@@ -423,8 +491,15 @@ mod tests {
         drop(stdin);
         assert!(ffmpeg.wait().expect("ffmpeg").success());
         let clip = std::fs::read(&path).expect("clip");
-        let (pixels, decoded) =
-            picked("decode_frames", 0, &clip, 4, (8, 8), &mut Resizer::new()).expect("frames");
+        let (pixels, _, decoded) = picked(
+            "decode_frames",
+            0,
+            &clip,
+            Sampling::Uniform(4),
+            (8, 8),
+            &mut Resizer::new(),
+        )
+        .expect("frames");
         // Centres at 7.5, 22.5, 37.5 and 52.5 s: seconds 7, 22, 37 and 52.
         for (i, second) in [7u8, 22, 37, 52].into_iter().enumerate() {
             let frame = &pixels[i * 192..(i + 1) * 192];
@@ -438,5 +513,52 @@ mod tests {
     fn targets_are_the_centres_of_equal_segments() {
         assert_eq!(targets(0, 100, 4), [12, 37, 62, 87]);
         assert_eq!(targets(1000, 10, 1), [1005]);
+    }
+
+    #[test]
+    fn rate_targets_step_from_the_start_until_the_end_or_the_cap() {
+        // 2.5 s in a 1/1000 time base at 2 fps: 0, 0.5, …, 2.0 s.
+        assert_eq!(
+            rate_targets(100, 2500, 1e-3, 2.0, 100),
+            [100, 600, 1100, 1600, 2100]
+        );
+        assert_eq!(rate_targets(0, 2500, 1e-3, 2.0, 3), [0, 500, 1000]);
+        // 30000/1001 fps in a 1/30000 time base: every 1001 ticks.
+        assert_eq!(
+            rate_targets(0, 3003, 1.0 / 30000.0, 30000.0 / 1001.0, 10),
+            [0, 1001, 2002]
+        );
+    }
+
+    /// A display matrix whose `av_display_rotation_get` (PyAV's `frame.rotation`) is `ccw`
+    /// degrees counter-clockwise: a clockwise turn of `-ccw`. FFmpeg 5.1's `ffmpeg -i` turns
+    /// a clip tagged `rotate=90` (`m[1] = -1.0, m[3] = 1.0`, get = 90) counter-clockwise.
+    #[test]
+    fn display_matrices_give_the_clockwise_turn() {
+        let matrix = |ccw: f64| {
+            let (s, c) = ccw.to_radians().sin_cos();
+            let fixed = |x: f64| ((x * 65536.0).round() as i32).to_ne_bytes();
+            let mut m = Vec::new();
+            for v in [
+                fixed(c),
+                fixed(-s),
+                [0; 4],
+                fixed(s),
+                fixed(c),
+                [0; 4],
+                [0; 4],
+                [0; 4],
+                (1i32 << 30).to_ne_bytes(),
+            ] {
+                m.extend_from_slice(&v);
+            }
+            m
+        };
+        assert_eq!(clockwise_degrees(&matrix(0.0)), 0);
+        assert_eq!(clockwise_degrees(&matrix(-90.0)), 90);
+        assert_eq!(clockwise_degrees(&matrix(90.0)), 270);
+        assert_eq!(clockwise_degrees(&matrix(180.0)), 180);
+        assert_eq!(clockwise_degrees(&[0; 36]), 0);
+        assert_eq!(clockwise_degrees(&[1, 2]), 0);
     }
 }

@@ -141,7 +141,19 @@ pub fn plan_with_profile(
     profile: &Profile,
     env: &Environment,
 ) -> Result<CostedPlan, PlanError> {
-    let full = plan_limited(pipeline, schema, usize::MAX)?;
+    plan_with_profile_limited(pipeline, schema, profile, env, usize::MAX)
+}
+
+/// [`plan_with_profile`] among placements of at most `max_server_ops` ops on the server (the
+/// ops before the first one the servers cannot run; `profile` measured on those).
+pub fn plan_with_profile_limited(
+    pipeline: &Pipeline,
+    schema: &Schema,
+    profile: &Profile,
+    env: &Environment,
+    max_server_ops: usize,
+) -> Result<CostedPlan, PlanError> {
+    let full = plan_limited(pipeline, schema, max_server_ops)?;
     let eligible = full.fragment.ops.len();
     let none = plan_limited(pipeline, schema, 0)?;
     let unreduced = wire(&none, 0, profile);

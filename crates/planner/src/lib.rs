@@ -57,7 +57,9 @@ mod expr;
 mod pipeline;
 mod split;
 
-pub use cost::{CostedPlan, Environment, Estimate, OpCost, parse_bandwidth, plan_with_profile};
+pub use cost::{
+    CostedPlan, Environment, Estimate, OpCost, parse_bandwidth, plan_with_profile, plan_with_profile_limited,
+};
 pub use error::PlanError;
 pub use expr::columns_read;
 pub use pipeline::{BucketStep, MapStep, PackStep, Pipeline, Step};

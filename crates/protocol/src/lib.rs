@@ -486,10 +486,11 @@ pub enum ActionKind {
     Refresh,
     Report,
     Scaling,
+    Ops,
 }
 
 impl ActionKind {
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Health,
         Self::Explain,
         Self::Profile,
@@ -500,6 +501,7 @@ impl ActionKind {
         Self::Refresh,
         Self::Report,
         Self::Scaling,
+        Self::Ops,
     ];
 
     /// The `DoAction` type string.
@@ -515,6 +517,7 @@ impl ActionKind {
             Self::Refresh => "refresh",
             Self::Report => "report",
             Self::Scaling => "scaling",
+            Self::Ops => "ops",
         }
     }
 
@@ -556,6 +559,10 @@ impl ActionKind {
             Self::Scaling => {
                 "No body. Returns a pushdown.v1.ScalingSignal: this server's busy fraction, the \
                  reporting clients' wait, and how many servers would remove their stall"
+            }
+            Self::Ops => {
+                "No body. Returns the names of the ops this server runs, one per line (a build \
+                 without FFmpeg lists no video op): a planner keeps the others in the trainer"
             }
         }
     }

@@ -172,7 +172,11 @@ impl PushdownService {
         // answer its probes and hear its clients' reports.
         if matches!(
             kind,
-            ActionKind::Health | ActionKind::Report | ActionKind::Scaling | ActionKind::HasTokenizer
+            ActionKind::Health
+                | ActionKind::Report
+                | ActionKind::Scaling
+                | ActionKind::HasTokenizer
+                | ActionKind::Ops
         ) {
             return self.run_action(kind, action, grant).await;
         }
@@ -197,6 +201,7 @@ impl PushdownService {
             ActionKind::Health => Ok(Self::health()),
             ActionKind::Report => self.report(&action.body),
             ActionKind::Scaling => Ok(self.scaling()),
+            ActionKind::Ops => Ok(Self::ops()),
             ActionKind::Explain => self.explain(&action.body, grant).await,
             ActionKind::Profile => self.profile(&action.body, grant).await,
             ActionKind::Count => self.count(&action.body, grant).await,
@@ -223,6 +228,16 @@ impl PushdownService {
     /// `health`: the server answers.
     fn health() -> Vec<arrow_flight::Result> {
         vec![arrow_flight::Result::new("ok")]
+    }
+
+    /// `ops`: the ops this build runs, one name per line.
+    fn ops() -> Vec<arrow_flight::Result> {
+        let names: Vec<&str> = pushdown_ops::registry()
+            .iter()
+            .filter(|op| op.runs_here())
+            .map(|op| op.name())
+            .collect();
+        vec![arrow_flight::Result::new(names.join("\n"))]
     }
 
     /// `report`: a client's report, recorded for the scaling signal.

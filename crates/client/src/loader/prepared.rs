@@ -14,7 +14,7 @@ use crate::completion::{Completion, CompletionTotals, ShardPlacement};
 use crate::connect::plan_estimate;
 use crate::error::{ClientError, Result};
 use crate::order::{Echo, Fnv, Order, default_partitions, per_rank_fingerprint, sources};
-use crate::plan::{Link, costed_plan_for_ranks};
+use crate::plan::{Link, costed_plan_for_ranks, note_unrunnable, server_op_limit};
 use crate::steps::RowSteps;
 use pushdown_planner::Plan;
 use pushdown_protocol::PlanEstimate;
@@ -322,9 +322,19 @@ pub(super) async fn place_pipeline(
     options: &LoaderOptions,
 ) -> Result<(Plan, Profiled, ShardPlacement)> {
     let cores = options.link.trainer_cores().ceil() as usize;
+    // Ops the servers cannot run (a build without FFmpeg: the video ops) stay in the trainer,
+    // with every step after them.
+    let (limit, unrunnable) = match options.push {
+        Push::Costed => (usize::MAX, None),
+        _ => server_op_limit(client, pipeline).await,
+    };
     let forced = |first: usize, server_fraction: f64, adaptive: bool| -> Result<_> {
+        let mut plan = pushdown_planner::plan_limited(pipeline, schema, first.min(limit))?;
+        if let Some(op) = &unrunnable {
+            note_unrunnable(&mut plan, op);
+        }
         Ok((
-            pushdown_planner::plan_limited(pipeline, schema, first)?,
+            plan,
             Profiled::No,
             ShardPlacement {
                 server_fraction,
