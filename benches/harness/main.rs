@@ -30,6 +30,7 @@ mod shared;
 mod soak;
 mod split;
 mod text;
+mod video;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -143,6 +144,14 @@ enum Command {
     /// bins) against soundfile + soxr + `WhisperFeatureExtractor` in DataLoader-style
     /// workers (clips/s, trainer CPU per 1,000 clips, bytes per clip).
     Audio {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// Video: 16 frames at 224×224 decoded next to the data from 720p H.264 clips
+    /// (`decode_frames`) against PyAV + PIL in DataLoader-style workers (clips/s, trainer CPU
+    /// per 1,000 clips, bytes per clip, the server's peak RSS). Needs a build with
+    /// `--features pushdown-ops/video`.
+    Video {
         #[command(flatten)]
         options: Options,
     },
@@ -373,6 +382,7 @@ fn main() -> Result<()> {
         Command::Order { options } => ("order", options.resolve()),
         Command::Text { options } => ("text", options.resolve()),
         Command::Audio { options } => ("audio", options.resolve()),
+        Command::Video { options } => ("video", options.resolve()),
     };
     // The trainer side gets CPU 1; servers are started on CPU 0 (the 2-core suites) or in
     // the far-CPU order (`cpus::far_cpu`).
@@ -389,6 +399,15 @@ fn main() -> Result<()> {
                 if options.quick { " --quick" } else { "" }
             );
             let body = audio::suite(&options, &command).await?;
+            println!("{body}");
+            return write_section(&options.results, suite, &body);
+        }
+        if suite == "video" {
+            let command = format!(
+                "cargo run --release -p pushdown-benches --features pushdown-ops/video --bin harness -- video{}",
+                if options.quick { " --quick" } else { "" }
+            );
+            let body = video::suite(&options, &command).await?;
             println!("{body}");
             return write_section(&options.results, suite, &body);
         }

@@ -443,28 +443,31 @@ impl PushdownClient {
         .await
     }
 
-    /// The ops every server of the fleet runs (their `ops` action), or `None` where one cannot
-    /// say (a server older than the action, or none answering): then every op is taken as
-    /// running there, and a call a server cannot run fails naming what it lacks.
+    /// The ops the servers of the fleet run (their `ops` action; the ops every answering server
+    /// lists), or `None` where none can say (every server older than the action, or none
+    /// answering): then every op is taken as running there, and a server that cannot run a
+    /// call refuses it by name. An empty answer is no answer.
     pub async fn server_ops(&self) -> Option<BTreeSet<String>> {
         let answers = futures::future::join_all(self.fleet.nodes().into_iter().map(|node| async move {
             let action = Action::new(ActionKind::Ops.name(), bytes::Bytes::new());
             let answer = tokio::time::timeout(Duration::from_secs(10), node.action(action)).await;
-            match answer {
-                Ok(Ok(results)) => results.first().map(|r| {
+            let Ok(Ok(results)) = answer else { return None };
+            let ops: BTreeSet<String> = results
+                .iter()
+                .flat_map(|r| {
                     String::from_utf8_lossy(&r.body)
                         .lines()
                         .map(str::to_owned)
-                        .collect::<BTreeSet<_>>()
-                }),
-                _ => None,
-            }
+                        .collect::<Vec<_>>()
+                })
+                .filter(|name| !name.is_empty())
+                .collect();
+            (!ops.is_empty()).then_some(ops)
         }))
         .await;
         answers
             .into_iter()
-            .collect::<Option<Vec<_>>>()?
-            .into_iter()
+            .flatten()
             .reduce(|a, b| a.intersection(&b).cloned().collect())
     }
 

@@ -195,7 +195,7 @@ pub async fn costed_plan_for_ranks(
         }
         profile
     };
-    let client_ns_per_row = trainer_ns_per_row(pipeline, schema).unwrap_or(0.0);
+    let client_ns_per_row = trainer_ns_per_row(pipeline, schema, limit).unwrap_or(0.0);
     let (profile, env) = for_one_rank(profile, link, client.urls().len(), ranks, client_ns_per_row);
     let mut costed = plan_with_profile_limited(pipeline, schema, &profile, &env, limit)?;
     if let Some(op) = unrunnable {
@@ -237,9 +237,10 @@ fn op_limit(pipeline: &Pipeline, ops: &std::collections::BTreeSet<String>) -> (u
     }
 }
 
-/// Says why `op`, which the servers cannot run, was kept in the trainer.
+/// Says why `op`, which the servers cannot run, was kept in the trainer: where it is what
+/// ended the server's part (not where a random step or a forced count had already).
 pub fn note_unrunnable(plan: &mut pushdown_planner::Plan, op: &str) {
-    let step = plan.client_steps.iter().find_map(|s| match s {
+    let step = plan.client_steps.first().and_then(|s| match s {
         pushdown_planner::Step::Map(m) if m.call == op => Some(s.to_string()),
         _ => None,
     });
@@ -281,11 +282,16 @@ const TIMED_ROWS: usize = 256;
 /// This process's own work per delivered row on the pipeline's row-wise steps that run here
 /// whatever the placement (random ops and selects after the fragment), timed on rows of the
 /// fragment's output shape (zeros: the kernels here cost the same whatever the values); the
-/// best of three. `None` when it cannot be timed (a step needs a dataset's resources, a type
-/// has no zero value).
-pub fn trainer_ns_per_row(pipeline: &Pipeline, schema: &arrow::datatypes::Schema) -> Option<f64> {
+/// best of three; the fragment is at most `max_server_ops` ops (what the servers can run).
+/// `None` when it cannot be timed (a step needs a dataset's resources, a type has no zero
+/// value, a kernel refuses zeros).
+pub fn trainer_ns_per_row(
+    pipeline: &Pipeline,
+    schema: &arrow::datatypes::Schema,
+    max_server_ops: usize,
+) -> Option<f64> {
     use std::sync::Arc;
-    let full = pushdown_planner::plan_limited(pipeline, schema, usize::MAX).ok()?;
+    let full = pushdown_planner::plan_limited(pipeline, schema, max_server_ops).ok()?;
     let bound = pushdown_ops::Calls::bind(
         &full.fragment.ops,
         Arc::new(schema.clone()),
@@ -449,14 +455,14 @@ mod tests {
             .map("random_crop", "pixels", [56i64, 56], "pixels")
             .map("random_flip", "pixels", [0.5f64], "pixels")
             .batch(8);
-        let ns = trainer_ns_per_row(&augmented, &schema).expect("timed");
+        let ns = trainer_ns_per_row(&augmented, &schema, usize::MAX).expect("timed");
         assert!(ns > 0.0, "{ns}");
         // Nothing left to the trainer but batching: nothing to time.
         let plain = Pipeline::new("images")
             .map("decode_resize", "image", [64i64, 64], "pixels")
             .select(["pixels", "label"])
             .batch(8);
-        assert_eq!(trainer_ns_per_row(&plain, &schema), Some(0.0));
+        assert_eq!(trainer_ns_per_row(&plain, &schema, usize::MAX), Some(0.0));
     }
 
     /// Servers without an op keep it, and every map after it, in the trainer, saying why.

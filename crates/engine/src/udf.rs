@@ -269,6 +269,12 @@ impl ScalarUDFImpl for OpUdf {
                  the deterministic ops",
             ));
         }
+        if !self.op.runs_here() {
+            return Err(self.error(
+                "this server's build does not run it (this build has no video support: FFmpeg's \
+                 libraries were not built in); a pipeline's planner keeps it in the trainer",
+            ));
+        }
         let Some(input) = args.arg_fields.first() else {
             return Err(self.error("missing the input column"));
         };

@@ -53,32 +53,48 @@ fn dims_of(op: &'static str, field: &Field) -> Result<(usize, (usize, usize, usi
         .split(',')
         .map(|d| d.trim().parse().map_err(|_| bad()))
         .collect::<Result<_>>()?;
+    // Every side at least 1 and the product the list's length, without overflow: a shape
+    // from a file's metadata must not make a zero-sized frame or a wrapped size.
+    let fits = tensor_len(op, &dims).is_ok_and(|n| n == *len);
     match dims[..] {
-        [h, w, c] if h * w * c == *len as usize => Ok((1, (h, w, c))),
-        [t, h, w, c] if t * h * w * c == *len as usize && t > 0 => Ok((t, (h, w, c))),
+        [h, w, c] if fits => Ok((1, (h, w, c))),
+        [t, h, w, c] if fits => Ok((t, (h, w, c))),
         _ => Err(bad()),
     }
 }
 
-/// A tensor field of `frames` frames of `(h, w, c)` each (`frames` 1: an image, `h,w,c`).
+/// The values in a tensor of `dims`: every side at least 1, the product at most `i32::MAX`
+/// (what one Arrow fixed-size list value holds).
+pub(crate) fn tensor_len(op: &'static str, dims: &[usize]) -> Result<i32> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| (d > 0).then(|| n.checked_mul(d)).flatten())
+        .and_then(|n| i32::try_from(n).ok())
+        .ok_or_else(|| OpError::BadArguments {
+            op,
+            reason: format!(
+                "a tensor of shape {dims:?} has an empty side or is over the 2 GiB one value may hold"
+            ),
+        })
+}
+
+/// A tensor field of `frames` frames of `(h, w, c)` each (`frames` 1: an image, `h,w,c`), for
+/// `op`'s output.
 fn tensor_field(
+    op: &'static str,
     output: &str,
     item: DataType,
     frames: usize,
     (h, w, c): (usize, usize, usize),
     nullable: bool,
-) -> Field {
+) -> Result<Field> {
+    let len = tensor_len(op, &[frames, h, w, c])?;
     let item = Arc::new(Field::new("item", item, false));
     let shape = match frames {
         1 => format!("{h},{w},{c}"),
         t => format!("{t},{h},{w},{c}"),
     };
-    Field::new(
-        output,
-        DataType::FixedSizeList(item, (frames * h * w * c) as i32),
-        nullable,
-    )
-    .with_metadata([(SHAPE_METADATA_KEY.to_string(), shape)].into())
+    Ok(Field::new(output, DataType::FixedSizeList(item, len), nullable)
+        .with_metadata([(SHAPE_METADATA_KEY.to_string(), shape)].into()))
 }
 
 /// Applies `f(row, frame_in, frame_out)` to every frame of every row (`frames` per row, of
@@ -152,13 +168,14 @@ impl Op for CenterCrop {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let shape = shape_of(self.name(), input)?;
         let (ch, cw) = crop_size(self.name(), params, shape)?;
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames_of(self.name(), input)?,
             (ch, cw, shape.2),
             input.is_nullable(),
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
@@ -355,13 +372,14 @@ impl Op for RandomResizedCrop {
                     (input.is_nullable(), frames_of(self.name(), input)?)
                 }
             };
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames,
             (p.height as usize, p.width as usize, 3),
             nullable,
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
@@ -460,13 +478,14 @@ impl Op for RandomFlip {
         let shape = shape_of(self.name(), input)?;
         probability(self.name(), params)?;
         let frames = frames_of(self.name(), input)?;
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames,
             shape,
             input.is_nullable(),
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {
@@ -510,13 +529,14 @@ impl Op for Grayscale {
                 reason: format!("expects RGB pixels, got {c} channels"),
             });
         }
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames_of(self.name(), input)?,
             (h, w, 1),
             input.is_nullable(),
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
@@ -622,12 +642,13 @@ impl Op for Normalize {
         let shape = shape_of(self.name(), input)?;
         let (_, _, layout, dtype) = Self::params(params, shape.2)?;
         Ok(dtype.tag(tensor_field(
+            self.name(),
             output,
             dtype.arrow(),
             frames_of(self.name(), input)?,
             layout.shape(shape),
             input.is_nullable(),
-        )))
+        )?))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
@@ -762,13 +783,14 @@ impl Op for ToChw {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         expect_params(self.name(), params, 0, 0)?;
         let shape = shape_of(self.name(), input)?;
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames_of(self.name(), input)?,
             Layout::Chw.shape(shape),
             input.is_nullable(),
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], _seed: u64) -> Result<ArrayRef> {
@@ -834,13 +856,14 @@ impl Op for ColorJitter {
         let shape = shape_of(self.name(), input)?;
         strength(self.name(), params)?;
         let frames = frames_of(self.name(), input)?;
-        Ok(tensor_field(
+        tensor_field(
+            self.name(),
             output,
             DataType::UInt8,
             frames,
             shape,
             input.is_nullable(),
-        ))
+        )
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {

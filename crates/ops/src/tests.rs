@@ -1098,3 +1098,42 @@ fn random_clip_takes_strided_frames_from_a_drawn_start() {
         .expect_err("0 frames");
     assert!(err.to_string().contains("num_frames"), "{err}");
 }
+
+/// A shape from a file's metadata with an empty side, or whose product wraps, is refused
+/// when typing, not a panic (or a wrapped allocation) when applying.
+#[test]
+fn empty_or_overflowing_tensor_shapes_are_refused() {
+    let item = Arc::new(Field::new("item", DataType::UInt8, false));
+    let field = |len: i32, shape: &str| {
+        Field::new("x", DataType::FixedSizeList(Arc::clone(&item), len), true)
+            .with_metadata([(SHAPE_METADATA_KEY.to_string(), shape.to_string())].into())
+    };
+    // 2^62 · 4 wraps to 0 in 64 bits.
+    let wrapping = format!("{},2,2,1", 1usize << 62);
+    for (len, shape) in [
+        (0, "0,4,3"),
+        (0, "2,0,5,3"),
+        (0, wrapping.as_str()),
+        (12, "2,2,3,-1"),
+    ] {
+        for name in ["grayscale", "to_chw", "random_flip", "random_clip"] {
+            let op = lookup(name).expect("op");
+            let params: Vec<Value> = match name {
+                "random_flip" => vec![Value::Float(0.5)],
+                "random_clip" => vec![Value::Int(1), Value::Int(1)],
+                _ => vec![],
+            };
+            assert!(
+                op.output_field(&field(len, shape), &params, "y").is_err(),
+                "{name} took shape {shape}"
+            );
+        }
+    }
+    // An output over what one value holds is refused too: 11 frames at 8192².
+    let clip = field(11 * 2 * 2 * 3, "11,2,2,3");
+    let err = lookup("random_resized_crop")
+        .expect("op")
+        .output_field(&clip, &[Value::Int(8192), Value::Int(8192)], "y")
+        .expect_err("over 2 GiB");
+    assert!(err.to_string().contains("2 GiB"), "{err}");
+}

@@ -145,7 +145,7 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
 /// The clockwise turn (0, 90, 180 or 270 degrees) a display matrix (nine native-endian
 /// `i32`s, 16.16 fixed point but the last column) applies, as FFmpeg's players read it:
 /// `-av_display_rotation_get`, rounded to the nearest right angle. A matrix that is not a
-/// rotation (degenerate, or cut short) turns nothing.
+/// rotation (degenerate, mirroring, or cut short) turns nothing.
 fn clockwise_degrees(matrix: &[u8]) -> u32 {
     let at = |i: usize| {
         matrix
@@ -155,7 +155,9 @@ fn clockwise_degrees(matrix: &[u8]) -> u32 {
     };
     let (a, b, c, d) = (at(0), at(1), at(3), at(4));
     let (scale_x, scale_y) = (a.hypot(c), b.hypot(d));
-    if scale_x == 0.0 || scale_y == 0.0 {
+    // A mirroring matrix (negative determinant) is left as coded: FFmpeg's players flip
+    // such frames rather than turn them, and no flip is applied here.
+    if scale_x == 0.0 || scale_y == 0.0 || a * d - b * c < 0.0 {
         return 0;
     }
     let degrees = (b / scale_y).atan2(a / scale_x).to_degrees();
@@ -559,6 +561,10 @@ mod tests {
         assert_eq!(clockwise_degrees(&matrix(90.0)), 270);
         assert_eq!(clockwise_degrees(&matrix(180.0)), 180);
         assert_eq!(clockwise_degrees(&[0; 36]), 0);
+        // A mirror (m[0] = -1, m[4] = 1) is not a half turn.
+        let mut mirror = matrix(0.0);
+        mirror[..4].copy_from_slice(&(-65536i32).to_ne_bytes());
+        assert_eq!(clockwise_degrees(&mirror), 0);
         assert_eq!(clockwise_degrees(&[1, 2]), 0);
     }
 }

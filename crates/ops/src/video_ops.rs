@@ -13,7 +13,7 @@ use rand::Rng;
 
 use crate::media::{Media, encoded_input, encoded_nullable};
 use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
-use crate::tensor_ops::{frames_of, row_rng, shape_of};
+use crate::tensor_ops::{frames_of, row_rng, shape_of, tensor_len};
 
 /// The largest side `decode_frames` makes.
 const MAX_SIDE: i64 = 4096;
@@ -39,7 +39,8 @@ fn unavailable(op: &'static str) -> OpError {
 }
 
 /// The input's type check. Typing needs no FFmpeg: a trainer built without it still plans
-/// (and validates) a pipeline whose video ops its servers run; only applying one refuses.
+/// (and validates) a pipeline whose video ops its servers run; applying one refuses, and a
+/// server without FFmpeg refuses them at planning (`Op::runs_here`).
 fn checked_input(op: &'static str, input: &Field) -> Result<()> {
     encoded_input(op, input, Media::Video)
 }
@@ -219,10 +220,14 @@ impl RandomClip {
         Ok((n as usize, stride as usize))
     }
 
-    /// The frame shape of the input: a list of frames, or a clip tensor.
+    /// The frame shape of the input: a list of frames (each `H,W,C`), or a clip tensor.
     fn frame_shape(input: &Field) -> Result<(usize, usize, usize)> {
         match input.data_type() {
-            DataType::List(frame) => shape_of("random_clip", frame),
+            DataType::List(frame) if frames_of("random_clip", frame)? == 1 => shape_of("random_clip", frame),
+            DataType::List(_) => Err(OpError::BadArguments {
+                op: "random_clip",
+                reason: "expects a list of frames (each `H,W,C`), not a list of clips".into(),
+            }),
             _ => shape_of("random_clip", input),
         }
     }
@@ -244,13 +249,12 @@ impl Op for RandomClip {
     fn output_field(&self, input: &Field, params: &[Value], output: &str) -> Result<Field> {
         let (n, _) = Self::params(params)?;
         let (h, w, c) = Self::frame_shape(input)?;
+        let len = tensor_len(self.name(), &[n, h, w, c])?;
         let item = Arc::new(Field::new("item", DataType::UInt8, false));
-        Ok(Field::new(
-            output,
-            DataType::FixedSizeList(item, (n * h * w * c) as i32),
-            input.is_nullable(),
+        Ok(
+            Field::new(output, DataType::FixedSizeList(item, len), input.is_nullable())
+                .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{n},{h},{w},{c}"))].into()),
         )
-        .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{n},{h},{w},{c}"))].into()))
     }
 
     fn apply_field(&self, input: &ArrayRef, field: &Field, params: &[Value], seed: u64) -> Result<ArrayRef> {

@@ -343,7 +343,7 @@ pub(super) async fn place_pipeline(
             },
         ))
     };
-    Ok(match options.push {
+    let (plan, profiled, mut placement) = match options.push {
         Push::Costed => {
             let costed =
                 costed_plan_for_ranks(client, pipeline, schema, options.link, options.world_size).await?;
@@ -360,7 +360,16 @@ pub(super) async fn place_pipeline(
             server_fraction,
         } => forced(first, server_fraction, false)?,
         Push::Adaptive(k) => forced(k, 1.0, true)?,
-    })
+    };
+    // Shards dealt to this trainer run the fragment's ops here: one this build cannot run (the
+    // video ops without FFmpeg) keeps every shard on the servers.
+    let local =
+        |call: &pushdown_protocol::OpCall| pushdown_ops::lookup(&call.op).is_some_and(|op| op.runs_here());
+    if !plan.fragment.ops.iter().all(local) {
+        placement.server_fraction = 1.0;
+        placement.adaptive = false;
+    }
+    Ok((plan, profiled, placement))
 }
 
 /// A plan's client steps: the batch size (and `drop_last`) and shuffle window they ask for,
