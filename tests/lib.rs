@@ -181,33 +181,65 @@ pub fn write_speech(root: &Path, rows: usize) -> u64 {
 
 /// The `videos` dataset: `rows` H.264 MP4 clips that ffmpeg encodes from its own test
 /// pattern (`testsrc2`: moving shapes and a frame counter), 1–3 s at 10–30 fps, 96–160 px
-/// wide, in a binary `video` column beside an `id`; one file, 4-row row groups.
+/// wide, in a binary `video` column beside an `id`; one file, 4-row row groups, one clip
+/// per page (as `pushdown gen speech` lays out its clips).
 pub fn write_videos(root: &Path, rows: usize) {
+    let clips = (0..rows).map(|r| {
+        let source = format!(
+            "testsrc2=size={}x{}:rate={}:duration={}",
+            96 + 32 * (r % 3),
+            72 + 16 * (r % 2),
+            [10, 24, 30][r % 3],
+            1 + r % 3
+        );
+        encode_video(&source, &[], "mp4")
+    });
+    write_video_table(root, clips.collect(), 4);
+}
+
+/// The `videos` dataset of [`write_videos`]'s layout with `rows` larger clips: 320×240
+/// at 25 fps, 1–6 s long (clip `r`: `1 + r % 6` s, 90 kB a second), in turn an MP4 with its
+/// `moov` after the media (FFmpeg's default), a `+faststart` MP4 and a Matroska file; 8-row
+/// row groups.
+pub fn write_timed_videos(root: &Path, rows: usize) {
+    let clips = (0..rows).map(|r| {
+        let source = format!("testsrc2=size=320x240:rate=25:duration={}", 1 + r % 6);
+        let h264 = ["-preset", "ultrafast"];
+        match r % 3 {
+            0 => encode_video(&source, &h264, "mp4"),
+            1 => encode_video(
+                &source,
+                &[&h264[..], &["-movflags", "+faststart"]].concat(),
+                "mp4",
+            ),
+            _ => encode_video(&source, &h264, "mkv"),
+        }
+    });
+    write_video_table(root, clips.collect(), 8);
+}
+
+/// `ffmpeg` encoding the lavfi `source` with H.264 (and `args`) into an `ext` file.
+fn encode_video(source: &str, args: &[&str], ext: &str) -> Vec<u8> {
+    let scratch = tempfile::tempdir().expect("scratch");
+    let path = scratch.path().join(format!("clip.{ext}"));
+    let status = std::process::Command::new("ffmpeg")
+        .args([
+            "-v", "error", "-f", "lavfi", "-i", source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
+        ])
+        .args(args)
+        .arg(&path)
+        .status()
+        .expect("ffmpeg (scripts/setup-media.sh installs it)");
+    assert!(status.success(), "ffmpeg {source}");
+    std::fs::read(&path).expect("clip")
+}
+
+/// `clips` as `videos/part-0.parquet`: `id`, `video` (binary), one clip per page,
+/// uncompressed, without a dictionary, in `group_rows`-row row groups.
+fn write_video_table(root: &Path, clips: Vec<Vec<u8>>, group_rows: usize) {
     use arrow::array::BinaryArray;
     let dir = root.join("videos");
     std::fs::create_dir_all(&dir).expect("videos dir");
-    let scratch = tempfile::tempdir().expect("scratch");
-    let clips: Vec<Vec<u8>> = (0..rows)
-        .map(|r| {
-            let path = scratch.path().join(format!("{r}.mp4"));
-            let source = format!(
-                "testsrc2=size={}x{}:rate={}:duration={}",
-                96 + 32 * (r % 3),
-                72 + 16 * (r % 2),
-                [10, 24, 30][r % 3],
-                1 + r % 3
-            );
-            let status = std::process::Command::new("ffmpeg")
-                .args([
-                    "-v", "error", "-f", "lavfi", "-i", &source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
-                ])
-                .arg(&path)
-                .status()
-                .expect("ffmpeg (scripts/setup-media.sh installs it)");
-            assert!(status.success(), "ffmpeg {source}");
-            std::fs::read(&path).expect("clip")
-        })
-        .collect();
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("video", DataType::Binary, false),
@@ -215,13 +247,18 @@ pub fn write_videos(root: &Path, rows: usize) {
     let batch = RecordBatch::try_new(
         Arc::clone(&schema),
         vec![
-            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+            Arc::new(Int64Array::from_iter_values(0..clips.len() as i64)),
             Arc::new(BinaryArray::from_iter_values(&clips)),
         ],
     )
     .expect("videos batch");
     let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(4))
+        .set_max_row_group_row_count(Some(group_rows))
+        .set_write_batch_size(1)
+        .set_column_data_page_size_limit("video".into(), 1)
+        .set_column_compression("video".into(), parquet::basic::Compression::UNCOMPRESSED)
+        .set_column_dictionary_enabled("video".into(), false)
+        .set_column_statistics_enabled("video".into(), EnabledStatistics::None)
         .build();
     let file = std::fs::File::create(dir.join("part-0.parquet")).expect("create");
     let mut writer = ArrowWriter::try_new(file, schema, Some(props)).expect("writer");

@@ -6,6 +6,7 @@ use pushdown_client::run::{RunOptions, run};
 use pushdown_ops::{Calls, Value};
 use pushdown_planner::{Environment, MapStep, Pipeline, Side, Step, plan, plan_with_profile};
 use pushdown_protocol::{Query, ScanRequest};
+use pushdown_server::ServerConfig;
 use pushdown_tests::{Fixture, num_rows, rows};
 
 /// Runs `op(column, params)` in the server via SQL and in the client on the column (itself
@@ -216,6 +217,36 @@ async fn video_ops_are_identical_on_server_and_client_or_refused_by_name() {
         err.contains("random_clip") && err.contains("runs in the trainer"),
         "{err}"
     );
+}
+
+/// A video decoder's frames count in the server's memory budget, once per run beside its
+/// outputs: where one query's memory cannot hold them, decoding is refused at planning
+/// (no retry can fit it) while metadata ops, which decode nothing, run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_video_decoder_s_frames_count_in_the_memory_budget() {
+    if !pushdown_ops::VIDEO {
+        return;
+    }
+    let config = ServerConfig {
+        max_query_memory: 48 << 20,
+        ..pushdown_tests::small_shards()
+    };
+    let fx = Fixture::new(config, |root| pushdown_tests::write_videos(root, 3)).await;
+    let err = fx
+        .sql("SELECT decode_frames(video, 2, 8, 8) FROM videos")
+        .await
+        .expect_err("64 MiB of decoder frames in a 48 MiB query");
+    assert!(
+        err.contains("decode_frames")
+            && err.contains("64.0 MiB of it besides its output")
+            && !err.contains("attempts"),
+        "refused once, at planning: {err}"
+    );
+    let seconds = fx
+        .sql("SELECT video_seconds(video) FROM videos")
+        .await
+        .expect("no decoding");
+    assert_eq!(seconds.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

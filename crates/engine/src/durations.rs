@@ -1,14 +1,17 @@
-//! Durations of audio clips read from their ends, so a scan filtered on
-//! `audio_seconds(column)` fetches only the clips it keeps.
+//! Durations of audio and video clips read from their ends, so a scan filtered on
+//! `audio_seconds(column)`, `video_seconds(column)` or `video_info(column)['seconds']`
+//! fetches only the clips it keeps.
 //!
 //! A clip's duration is in its container's first bytes (WAV's data size, FLAC's STREAMINFO,
-//! MP3's Xing/Info frame) or last (Ogg's final granule position). Where a column chunk holds
+//! MP3's Xing/Info frame, Matroska's segment info, a `+faststart` MP4's `moov`) or last
+//! (Ogg's final granule position, the `moov` FFmpeg writes after an MP4's media). Where a
+//! column chunk holds
 //! one clip per page, uncompressed and without a dictionary (the layout `pushdown gen speech`
 //! writes, and the one that lets a reader skip a clip's page), the index reads the first
 //! [`HEAD`] and last [`TAIL`] bytes of each page (a page no longer than both: whole), finds
 //! the clip in the page (the parquet crate's page reader parses the header) and asks
-//! [`pushdown_ops::audio_seconds_from_ends`]; a clip whose container needs more is read
-//! whole. Durations are kept per (file version, column, row group): a row group's clips
+//! [`pushdown_ops::audio_seconds_from_ends`] or [`pushdown_ops::video_seconds_from_ends`];
+//! a clip whose container needs more is read whole. Durations are kept per (file version, column, row group): a row group's clips
 //! are read for their durations at most once per server, and a later scan (the next epoch,
 //! another bound) reads nothing of a clip it drops.
 //!
@@ -56,9 +59,28 @@ const MAX_GROUPS: usize = 1 << 16;
 /// Ranges fetched at once.
 const FETCHES: usize = 16;
 
-/// What a scan's filters say of `audio_seconds(column)`: within `low..=high`.
+/// The kind of clips a duration is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Clip {
+    Audio,
+    Video,
+}
+
+impl Clip {
+    /// The clip's duration from its ends, as the kind's op reads it from the whole clip.
+    fn seconds_from_ends(self, head: &[u8], tail: &[u8], len: u64) -> Option<f64> {
+        match self {
+            Clip::Audio => pushdown_ops::audio_seconds_from_ends(head, tail, len),
+            Clip::Video => pushdown_ops::video_seconds_from_ends(head, tail, len),
+        }
+    }
+}
+
+/// What a scan's filters say of a column's clips' durations (`audio_seconds(column)`, …):
+/// within `low..=high`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bounds {
+    pub clip: Clip,
     pub column: String,
     pub low: f64,
     pub high: f64,
@@ -71,26 +93,32 @@ impl Bounds {
     }
 }
 
-/// The bounds the conjuncts of `filters` put on `audio_seconds` of a column, one per column
-/// (comparisons with number literals, `BETWEEN`; several on one column intersect).
+/// The bounds the conjuncts of `filters` put on the durations of a column's clips, one per
+/// column and kind (comparisons with number literals, `BETWEEN`; several on one column
+/// intersect).
 pub fn duration_bounds(filters: &[Expr]) -> Vec<Bounds> {
     let mut out: Vec<Bounds> = Vec::new();
     for conjunct in filters.iter().flat_map(split_conjunction) {
-        let Some((column, low, high)) = bound_of(conjunct) else {
+        let Some(((clip, column), low, high)) = bound_of(conjunct) else {
             continue;
         };
-        match out.iter_mut().find(|b| b.column == column) {
+        match out.iter_mut().find(|b| b.column == column && b.clip == clip) {
             Some(b) => {
                 b.low = b.low.max(low);
                 b.high = b.high.min(high);
             }
-            None => out.push(Bounds { column, low, high }),
+            None => out.push(Bounds {
+                clip,
+                column,
+                low,
+                high,
+            }),
         }
     }
     out
 }
 
-fn bound_of(e: &Expr) -> Option<(String, f64, f64)> {
+fn bound_of(e: &Expr) -> Option<((Clip, String), f64, f64)> {
     match e {
         Expr::Between(Between {
             expr,
@@ -114,13 +142,28 @@ fn bound_of(e: &Expr) -> Option<(String, f64, f64)> {
     }
 }
 
-/// The column `e` reads the duration of, when `e` is `audio_seconds(column)`.
-fn seconds_of(e: &Expr) -> Option<String> {
-    match e {
-        Expr::ScalarFunction(f) if f.func.name() == "audio_seconds" => match f.args.as_slice() {
-            [Expr::Column(c)] => Some(c.name.clone()),
-            _ => None,
-        },
+/// The clips' column `e` reads the duration of, when `e` is `audio_seconds(column)`,
+/// `video_seconds(column)` or `video_info(column)['seconds']`.
+fn seconds_of(e: &Expr) -> Option<(Clip, String)> {
+    let Expr::ScalarFunction(f) = e else {
+        return None;
+    };
+    let clip = match (f.func.name(), f.args.as_slice()) {
+        ("audio_seconds", [_]) => Clip::Audio,
+        ("video_seconds", [_]) => Clip::Video,
+        ("get_field", [info, Expr::Literal(ScalarValue::Utf8(Some(field)), _)]) if field == "seconds" => {
+            return match info {
+                Expr::ScalarFunction(g) if g.func.name() == "video_info" => match g.args.as_slice() {
+                    [Expr::Column(c)] => Some((Clip::Video, c.name.clone())),
+                    _ => None,
+                },
+                _ => None,
+            };
+        }
+        _ => return None,
+    };
+    match f.args.as_slice() {
+        [Expr::Column(c)] => Some((clip, c.name.clone())),
         _ => None,
     }
 }
@@ -145,6 +188,7 @@ type Cells<K, V> = Mutex<HashMap<K, Arc<OnceCell<V>>>>;
 /// A row group's column, in a version of a file.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupKey {
+    clip: Clip,
     location: String,
     version: FileVersion,
     leaf: usize,
@@ -176,7 +220,7 @@ impl DurationIndex {
             };
             for rg in row_groups.clone() {
                 let rg = rg as usize;
-                let Some(durations) = self.durations(store, file, leaf, rg).await else {
+                let Some(durations) = self.durations(store, file, (b.clip, leaf), rg).await else {
                     continue;
                 };
                 let mask = masks.entry(rg).or_insert_with(|| vec![true; durations.len()]);
@@ -194,10 +238,11 @@ impl DurationIndex {
         &self,
         store: &Arc<dyn ObjectStore>,
         file: &DataFile,
-        leaf: usize,
+        (clip, leaf): (Clip, usize),
         rg: usize,
     ) -> Durations {
         let key = GroupKey {
+            clip,
             location: file.meta.location.to_string(),
             version: file.version.clone(),
             leaf,
@@ -212,7 +257,7 @@ impl DurationIndex {
         };
         let found = cell
             .get_or_try_init(|| async {
-                match self.read_group(store, file, leaf, rg).await {
+                match self.read_group(store, file, (clip, leaf), rg).await {
                     Ok(d) => Ok(d.map(Arc::from)),
                     Err(e) => Err(e),
                 }
@@ -234,7 +279,7 @@ impl DurationIndex {
         &self,
         store: &Arc<dyn ObjectStore>,
         file: &DataFile,
-        leaf: usize,
+        (clip_kind, leaf): (Clip, usize),
         rg: usize,
     ) -> Result<Option<Vec<Option<f64>>>, String> {
         let chunk = file.metadata.row_group(rg).column(leaf);
@@ -287,7 +332,7 @@ impl DurationIndex {
             let start = page_end - clip.len() as u64;
             let head = ends.read(start..page_end.min(location.offset as u64 + HEAD));
             let tail = ends.read(start.max(page_end.saturating_sub(TAIL))..page_end);
-            let seconds = pushdown_ops::audio_seconds_from_ends(head, tail, clip.len() as u64);
+            let seconds = clip_kind.seconds_from_ends(head, tail, clip.len() as u64);
             if seconds.is_none() && head.len() < clip.len() {
                 whole.push((row, start..page_end));
             }
@@ -296,7 +341,7 @@ impl DurationIndex {
         let rows_whole: Vec<usize> = whole.iter().map(|(row, _)| *row).collect();
         let clips = fetch(store, path, whole.into_iter().map(|(_, r)| r)).await?;
         for (row, (_, clip)) in rows_whole.into_iter().zip(clips) {
-            out[row] = pushdown_ops::audio_seconds_from_ends(&clip, &[], clip.len() as u64);
+            out[row] = clip_kind.seconds_from_ends(&clip, &[], clip.len() as u64);
         }
         Ok(Some(out))
     }
@@ -492,16 +537,46 @@ mod tests {
 
     use super::*;
 
-    fn seconds(column: &str) -> Expr {
-        // A stand-in with the op's name: the bounds are read from names, not kernels.
+    /// A stand-in for the op `name` on `column`: the bounds are read from names, not kernels.
+    fn op(name: &str, column: &str) -> Expr {
         let udf = datafusion::logical_expr::create_udf(
-            "audio_seconds",
+            name,
             vec![DataType::Binary],
             DataType::Float64,
             datafusion::logical_expr::Volatility::Immutable,
             Arc::new(|_| unreachable!("never evaluated")),
         );
         udf.call(vec![col(column)])
+    }
+
+    fn seconds(column: &str) -> Expr {
+        op("audio_seconds", column)
+    }
+
+    #[test]
+    fn video_durations_are_bounded_by_either_op() {
+        use datafusion::functions::core::expr_fn::get_field;
+        let filters = [
+            op("video_seconds", "video").gt(lit(2)),
+            get_field(op("video_info", "video"), "seconds").lt_eq(lit(8.5)),
+            get_field(op("video_info", "video"), "fps").gt(lit(100)),
+            get_field(op("video_info", "other"), "seconds").gt(lit(1)),
+            op("video_seconds", "video").lt(op("video_seconds", "other")),
+        ];
+        let bounds = duration_bounds(&filters);
+        let video = |column: &str, low, high| Bounds {
+            clip: Clip::Video,
+            column: column.into(),
+            low,
+            high,
+        };
+        assert_eq!(
+            bounds,
+            [video("video", 2.0, 8.5), video("other", 1.0, f64::INFINITY)]
+        );
+        // One column's audio and video durations are bounded apart.
+        let both = duration_bounds(&[seconds("clip").gt(lit(1)), op("video_seconds", "clip").lt(lit(3))]);
+        assert_eq!(both.len(), 2, "{both:?}");
     }
 
     #[test]
@@ -518,11 +593,13 @@ mod tests {
             bounds,
             [
                 Bounds {
+                    clip: Clip::Audio,
                     column: "audio".into(),
                     low: 2.0,
                     high: 3.5
                 },
                 Bounds {
+                    clip: Clip::Audio,
                     column: "other".into(),
                     low: 4.0,
                     high: 4.0

@@ -7,8 +7,9 @@
 //! ([`Op::max_output_bytes_per_row`]); a call above [`OpLimits::max_row_bytes`] is refused
 //! at planning (`InvalidArgument`), batches are made small enough that a batch of outputs
 //! stays under [`OpLimits::max_batch_bytes`], and each kernel run first reserves its
-//! output's bound in the query engine's memory pool (`ResourceExhausted` when the pool
-//! cannot hold it), so a hostile call is an error for its caller, never an aborted process.
+//! output's bound and what it holds besides ([`Op::working_bytes`]: a video decoder's
+//! frames) in the query engine's memory pool (`ResourceExhausted` when the pool cannot hold
+//! it), so a hostile call is an error for its caller, never an aborted process.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryPool};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -132,14 +133,16 @@ impl OpLimits {
         batch_size.min(usize::try_from(fits).unwrap_or(usize::MAX)).max(1)
     }
 
-    /// Refuses a call of `op` whose declared output per row exceeds the cap; records its
-    /// bound otherwise. `Err` carries the reason.
+    /// Refuses a call of `op` whose declared output per row exceeds the cap, or whose run
+    /// (one row's output and what it holds besides) no query's memory here could hold;
+    /// records its bound otherwise. `Ok`: the bound per row and the bytes a run holds besides
+    /// ([`Op::working_bytes`]); `Err` carries the reason.
     pub fn admit(
         &self,
         op: &dyn Op,
         input: &arrow::datatypes::Field,
         params: &[Value],
-    ) -> std::result::Result<u64, String> {
+    ) -> std::result::Result<(u64, u64), String> {
         let bound = op
             .max_output_bytes_per_row(input, params)
             .map_err(|e| e.to_string())?
@@ -151,8 +154,21 @@ impl OpLimits {
                 human_bytes(self.max_row_bytes)
             ));
         }
+        let working = op.working_bytes(input, params).map_err(|e| e.to_string())?;
+        let least = bound.saturating_add(working);
+        if let Some(MemoryLimit::Finite(limit)) = self.pool.as_ref().map(|p| p.memory_limit())
+            && least > limit as u64
+        {
+            return Err(format!(
+                "holds up to {} while it runs ({} of it besides its output), over the {} this \
+                 server lets one query hold",
+                human_bytes(least),
+                human_bytes(working),
+                human_bytes(limit as u64)
+            ));
+        }
         self.largest_row_bytes.fetch_max(bound, Ordering::Relaxed);
-        Ok(bound)
+        Ok((bound, working))
     }
 }
 
@@ -332,14 +348,16 @@ impl ScalarUDFImpl for OpUdf {
             .collect::<Result<Vec<_>>>()?;
         // The output's bound is reserved before the kernel allocates it, and held while it
         // runs: a pool too full for it refuses the batch instead of the process aborting.
-        let bound = self
+        // So is what the run holds besides (a decoder's frames), once.
+        let (bound, working) = self
             .limits
             .admit(self.op, &field, &params)
             .map_err(|reason| self.error(reason))?;
+        let held = bound.saturating_mul(input.len() as u64).saturating_add(working);
         let _reservation = match &self.limits.pool {
-            Some(pool) if bound > 0 => {
+            Some(pool) if held > 0 => {
                 let r = MemoryConsumer::new(format!("op {}", self.op.name())).register(pool);
-                r.try_grow(usize::try_from(bound.saturating_mul(input.len() as u64)).unwrap_or(usize::MAX))?;
+                r.try_grow(usize::try_from(held).unwrap_or(usize::MAX))?;
                 Some(r)
             }
             _ => None,

@@ -35,7 +35,7 @@
 //! | `random_audio_crop(pcm, seconds)` | seconds | `[samples]` (or `[channels, samples]`) at a random start, zero-padded | random: trainer only |
 //! | `spec_augment(mel, freq_masks, freq_width, time_masks, time_width)` | counts and widest masks | features with SpecAugment's masks at 0 | random: trainer only |
 //! | `decode_frames(video, num_frames, height, width)` | frames, size | `[T, H, W, 3]` `uint8`: the frames shown at the centres of `T` equal segments, resized to cover and center-cropped | deterministic, reducing (feature `video`) |
-//! | `video_frames(video, fps, height, width[, max_frames])` | rate, size, cap (128) | list of `[H, W, 3]` `uint8` frames, one every `1/fps` s, sized as `decode_frames`' | deterministic, reducing (feature `video`) |
+//! | `video_frames(video, fps, height, width[, max_frames])` | rate, size, cap (64) | list of `[H, W, 3]` `uint8` frames, one every `1/fps` s, sized as `decode_frames`' | deterministic, reducing (feature `video`) |
 //! | `video_info(video)` | | struct of `seconds`, `fps`, `width`, `height`, `codec`, `frames`, `rotation` from the container | deterministic, reducing (feature `video`) |
 //! | `video_seconds(video)` | | `Float64` duration from the container | deterministic, reducing (feature `video`) |
 //! | `random_clip(frames, num_frames, stride)` | length, stride | `[T, H, W, C]`: consecutive frames `stride` apart from a random start | random, trainer only |
@@ -66,7 +66,7 @@
 //! | the registry: names the kernels | `registry` |
 //! | audio ops (they draw with the tensor kernels' row generator and dtypes); video ops | `audio_ops`, `video_ops` |
 //! | tensor kernels (they decode and crop with the image kernels' helpers) | `tensor_ops` |
-//! | kernels (video: with the `video` feature, FFmpeg's libraries) | `image_ops`, `tabular`, `text`, `audio`, `mel`, `media`, `video` |
+//! | kernels (video: with the `video` feature, FFmpeg's libraries) | `image_ops`, `tabular`, `text`, `audio`, `mel`, `media`, `video`, `video_ends` |
 //! | the contract | `op` |
 //! | shared resources (tokenizers) | `resources` |
 //!
@@ -86,6 +86,7 @@ mod tensor_ops;
 mod text;
 #[cfg(feature = "video")]
 mod video;
+mod video_ends;
 mod video_ops;
 
 pub use audio::audio_seconds_from_ends;
@@ -110,6 +111,7 @@ pub use text::{
 };
 /// The tokenizer type of the `tokenizers` crate, as ops use it.
 pub use tokenizers::Tokenizer as TokenizerModel;
+pub use video_ends::video_seconds_from_ends;
 pub use video_ops::{DecodeFrames, RandomClip, VIDEO, VideoFrames, VideoInfoOp, VideoSeconds};
 
 #[cfg(test)]

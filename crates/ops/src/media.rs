@@ -8,6 +8,12 @@ use arrow::datatypes::{DataType, Field};
 
 use crate::op::{OpError, Result};
 
+/// The most bytes a decoder's frames may take while it decodes a clip (its references, the
+/// frame it decodes and the one shown): counted once per run in a server's memory budget
+/// ([`crate::Op::working_bytes`]). A clip needing more (over 1080p at 8 bits, 4:2:0) is its row's
+/// error.
+pub(crate) const DECODER_BYTES: u64 = 64 << 20;
+
 /// What an encoded column holds, for the words of its errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Media {

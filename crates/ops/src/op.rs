@@ -171,6 +171,14 @@ pub trait Op: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// The most bytes a run of the op holds besides its outputs, however many rows it takes
+    /// (it takes them one at a time): a video decoder's reference frames. A server reserves
+    /// it once per run beside the outputs' bound; the op refuses a row that would need more.
+    fn working_bytes(&self, input: &Field, params: &[Value]) -> Result<u64> {
+        let _ = (input, params);
+        Ok(0)
+    }
+
     /// Applies the op to a column described by `field` (its metadata carries tensor shapes).
     /// Random ops draw row `i`'s randomness from `(seed, i)` alone; deterministic ops ignore
     /// `seed`.

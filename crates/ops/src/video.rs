@@ -17,12 +17,13 @@ use ffmpeg_next as ffmpeg;
 use image::RgbImage;
 
 use crate::image_ops::{crop, resize};
+use crate::media::DECODER_BYTES;
 use crate::media::first_bytes;
 use crate::op::{OpError, Result};
 
-/// The most pixels a frame may have (8K UHD): a larger one is the row's error, before its
-/// frames are converted.
-const MAX_PIXELS: u64 = 7680 * 4320;
+/// The frames a decoder may hold at once: H.264's and HEVC's largest picture buffer (16),
+/// the frame being decoded and the one shown. Their bytes must fit in [`DECODER_BYTES`].
+const POOL_FRAMES: u64 = 18;
 /// A target further than this ahead of the last decoded frame is reached by seeking to the
 /// keyframe before it, not by decoding the frames in between.
 const SEEK_AHEAD_SECONDS: f64 = 2.0;
@@ -82,6 +83,26 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
     let io = |e: std::io::Error| bad(op, row, format!("cannot stage the clip for FFmpeg: {e}"));
     let mut file = tempfile::tempfile().map_err(io)?;
     file.write_all(bytes).map_err(io)?;
+    open_staged(op, row, file, bytes, Unstated::Demux)
+}
+
+/// What [`open_staged`] does with a stream whose container states no duration.
+#[derive(Clone, Copy, PartialEq)]
+enum Unstated {
+    /// Demux the packets for their last timestamp.
+    Demux,
+    /// Leave the duration 0 (the file is not all there).
+    Zero,
+}
+
+/// Opens the clip staged in `file` (`bytes`: its first bytes, for errors).
+fn open_staged(
+    op: &'static str,
+    row: usize,
+    file: std::fs::File,
+    bytes: &[u8],
+    unstated: Unstated,
+) -> Result<Opened> {
     let path = format!("/proc/self/fd/{}", file.as_raw_fd());
     let mut input = ffmpeg::format::input(&path).map_err(|e| {
         bad(
@@ -120,6 +141,8 @@ fn open(op: &'static str, row: usize, bytes: &[u8]) -> Result<Opened> {
         .map_or(0, |d| clockwise_degrees(d.data()));
     let duration = if stated > 0 {
         stated
+    } else if unstated == Unstated::Zero {
+        0
     } else {
         // A stream written to a pipe (Matroska, WebM) states no duration: the packets'
         // timestamps give it, read without decoding; then the clip is opened afresh.
@@ -188,6 +211,22 @@ fn decoder(op: &'static str, row: usize, opened: &Opened) -> Result<ffmpeg::deco
 pub(crate) fn seconds(op: &'static str, row: usize, bytes: &[u8]) -> Result<f64> {
     let opened = open(op, row, bytes)?;
     Ok(opened.duration as f64 * opened.time_base)
+}
+
+/// The duration of a clip of `len` bytes of which only `head` and `tail` are known, read by
+/// FFmpeg from a sparse copy (zeros between): for metadata known to lie within the ends
+/// ([`crate::video_ends`]). `None` where the container states no duration.
+pub(crate) fn seconds_of_sparse(head: &[u8], tail: &[u8], len: u64) -> Option<f64> {
+    use std::io::{Seek, SeekFrom};
+    init();
+    let mut file = tempfile::tempfile().ok()?;
+    file.set_len(len).ok()?;
+    file.write_all(head).ok()?;
+    file.seek(SeekFrom::Start(len.checked_sub(tail.len() as u64)?))
+        .ok()?;
+    file.write_all(tail).ok()?;
+    let opened = open_staged("video_seconds", 0, file, head, Unstated::Zero).ok()?;
+    (opened.duration > 0).then_some(opened.duration as f64 * opened.time_base)
 }
 
 /// The clip's metadata.
@@ -261,17 +300,10 @@ fn picked(
         return Err(bad(op, row, "the video states no duration".into()));
     }
     let mut decoder = decoder(op, row, &opened)?;
-    if u64::from(decoder.width()) * u64::from(decoder.height()) > MAX_PIXELS {
-        return Err(bad(
-            op,
-            row,
-            format!(
-                "frames of {}×{} are over the {MAX_PIXELS} pixels a frame may have",
-                decoder.width(),
-                decoder.height()
-            ),
-        ));
-    }
+    // The smallest frames of that size (8-bit 4:2:0) first; the decoded frame's own planes
+    // when it comes.
+    let size = (decoder.width(), decoder.height());
+    fits_pool(op, row, u64::from(size.0) * u64::from(size.1) * 3 / 2, size)?;
     let targets = match sampling {
         Sampling::Uniform(n) => targets(opened.start, opened.duration, n),
         Sampling::Rate { fps, max } => {
@@ -325,6 +357,26 @@ fn picked(
     picker.finish(opened.time_base, opened.fps)
 }
 
+/// Whether a decoder holding [`POOL_FRAMES`] frames of `frame_bytes` each stays within
+/// [`DECODER_BYTES`]; else the row's error.
+fn fits_pool(op: &'static str, row: usize, frame_bytes: u64, (w, h): (u32, u32)) -> Result<()> {
+    let pool = frame_bytes.saturating_mul(POOL_FRAMES);
+    if pool <= DECODER_BYTES {
+        return Ok(());
+    }
+    Err(bad(
+        op,
+        row,
+        format!(
+            "decoding its {w}×{h} frames may hold {} MiB ({POOL_FRAMES} frames of {:.1} MiB), over \
+             the {} MiB a video decoder may hold per stream (at most 1080p at 8 bits, 4:2:0)",
+            pool >> 20,
+            frame_bytes as f64 / f64::from(1 << 20),
+            DECODER_BYTES >> 20
+        ),
+    ))
+}
+
 /// Chooses, among decoded frames in presentation order, the one shown at each target.
 struct Picker<'a> {
     op: &'static str,
@@ -347,6 +399,10 @@ impl Picker<'_> {
         let mut frame = Frame::empty();
         while decoder.receive_frame(&mut frame).is_ok() {
             self.decoded += 1;
+            if self.decoded == 1 {
+                let bytes = (0..frame.planes()).map(|i| frame.data(i).len() as u64).sum();
+                fits_pool(self.op, self.row, bytes, (frame.width(), frame.height()))?;
+            }
             let Some(pts) = frame.timestamp().or_else(|| frame.pts()) else {
                 continue;
             };
@@ -509,6 +565,122 @@ mod tests {
             assert!((mean - f64::from(4 * second)).abs() < 3.0, "frame {i}: {mean}");
         }
         assert!(decoded < 100, "{decoded} of 600 frames decoded");
+    }
+
+    /// `ffmpeg` encodes 4 s of its test pattern at 320×240 with `args`, to `name` (a file,
+    /// or `-` for a pipe, then read as a Matroska stream).
+    fn encoded(name: &str, args: &[&str]) -> Vec<u8> {
+        let clip = encoded_from("testsrc2=size=320x240:rate=25:duration=4", name, args);
+        assert!(clip.len() > 64 << 10, "{name}: {} bytes", clip.len());
+        clip
+    }
+
+    /// `ffmpeg` encoding the lavfi `source` with `args` to `name` (`-`: Matroska to a pipe).
+    fn encoded_from(source: &str, name: &str, args: &[&str]) -> Vec<u8> {
+        use std::process::Command;
+        let dir = tempfile::tempdir().expect("scratch");
+        let mut ffmpeg = Command::new("ffmpeg");
+        ffmpeg
+            .args(["-v", "error", "-f", "lavfi", "-i", source])
+            .args(args);
+        if name == "-" {
+            ffmpeg
+                .args(["-f", "matroska", "-"])
+                .output()
+                .expect("ffmpeg")
+                .stdout
+        } else {
+            let path = dir.path().join(name);
+            assert!(
+                ffmpeg
+                    .arg(&path)
+                    .status()
+                    .expect("ffmpeg (scripts/setup-media.sh installs it)")
+                    .success()
+            );
+            std::fs::read(&path).expect("clip")
+        }
+    }
+
+    /// The index's durations from clips' ends are the whole clips' (from FFmpeg's muxers:
+    /// `moov` at the end and at the start, Matroska and WebM); where the metadata is not in
+    /// the ends (a pipe-written Matroska with no duration, ends too short), there is none.
+    #[test]
+    fn durations_from_the_ends_are_the_whole_clips() {
+        let h264 = ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"];
+        let vp9 = [
+            "-c:v",
+            "libvpx-vp9",
+            "-deadline",
+            "realtime",
+            "-cpu-used",
+            "8",
+            "-b:v",
+            "400k",
+        ];
+        let faststart = [&h264[..], &["-movflags", "+faststart"]].concat();
+        let cases: [(&str, &[&str], bool); 5] = [
+            ("tail.mp4", &h264, true),
+            ("head.mp4", &faststart, true),
+            ("clip.mkv", &h264, true),
+            ("clip.webm", &vp9, true),
+            ("-", &h264, false),
+        ];
+        let ends = 16 << 10;
+        for (name, args, found) in cases {
+            let clip = encoded(name, args);
+            let whole = seconds("video_seconds", 0, &clip).expect("whole clip");
+            let len = clip.len() as u64;
+            let got = crate::video_seconds_from_ends(&clip[..ends], &clip[clip.len() - ends..], len);
+            if found {
+                assert_eq!(got, Some(whole), "{name}");
+            } else {
+                assert_eq!(
+                    got, None,
+                    "{name} states no duration ({whole} s from its packets)"
+                );
+            }
+            assert_eq!(
+                crate::video_seconds_from_ends(&clip, &[], len),
+                Some(whole),
+                "{name}"
+            );
+            let short = crate::video_seconds_from_ends(&clip[..64], &clip[clip.len() - 64..], len);
+            assert_eq!(short, None, "{name}: the metadata is longer than 64 bytes");
+        }
+    }
+
+    /// A 4K clip's decoder would hold more frames than a stream may: the row's error, found
+    /// before any frame is decoded; 1080p fits.
+    #[test]
+    fn clips_whose_decoder_outgrows_its_pool_are_refused_by_row() {
+        let args = ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"];
+        let huge = encoded_from("testsrc2=size=3840x2160:rate=5:duration=0.4", "clip.mp4", &args);
+        let err = frames(
+            "decode_frames",
+            7,
+            &huge,
+            Sampling::Uniform(2),
+            (8, 8),
+            &mut Resizer::new(),
+        )
+        .expect_err("4K refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("row 7") && text.contains("3840×2160") && text.contains("64 MiB"),
+            "{text}"
+        );
+        let hd = encoded_from("testsrc2=size=1920x1080:rate=5:duration=0.4", "clip.mp4", &args);
+        let (_, n) = frames(
+            "decode_frames",
+            0,
+            &hd,
+            Sampling::Uniform(2),
+            (8, 8),
+            &mut Resizer::new(),
+        )
+        .expect("1080p");
+        assert_eq!(n, 2);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, UInt8Array};
 use arrow::datatypes::{DataType, Field, Fields, UInt8Type};
 use rand::Rng;
 
-use crate::media::{Media, encoded_input, encoded_nullable};
+use crate::media::{DECODER_BYTES, Media, encoded_input, encoded_nullable};
 use crate::op::{Op, OpError, Result, SHAPE_METADATA_KEY, Value, expect_params, int_param};
 use crate::tensor_ops::{frames_of, row_rng, shape_of, tensor_len};
 
@@ -19,11 +19,6 @@ use crate::tensor_ops::{frames_of, row_rng, shape_of, tensor_len};
 const MAX_SIDE: i64 = 4096;
 /// The most frames `decode_frames` takes from one clip.
 const MAX_FRAMES: i64 = 1024;
-/// Bytes counted for a decoder decoding one clip (its reference frames and a frame converted
-/// to RGB: a few 1080p frames), in a server's memory budget: a row of `decode_frames` counts
-/// as at least this, so batches of clips stay small. (16 MiB is also a server's default cap
-/// per row, so the declaration alone refuses nothing.)
-const DECODER_BYTES: u64 = 16 << 20;
 
 /// Whether this build decodes video.
 pub const VIDEO: bool = cfg!(feature = "video");
@@ -98,7 +93,12 @@ impl Op for DecodeFrames {
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         self.output_field(input, params, "output")?;
         let (n, h, w) = Self::params(params)?;
-        Ok(Some((n as u64 * u64::from(h * w) * 3).max(DECODER_BYTES)))
+        Ok(Some(n as u64 * u64::from(h * w) * 3))
+    }
+
+    fn working_bytes(&self, input: &Field, params: &[Value]) -> Result<u64> {
+        self.output_field(input, params, "output")?;
+        Ok(DECODER_BYTES)
     }
 
     fn apply_field(
@@ -114,9 +114,10 @@ impl Op for DecodeFrames {
 }
 
 /// `video_frames(video, fps, height, width[, max_frames])`: a frame every `1/fps` seconds
-/// from the clip's start (the frame shown then), at most `max_frames` (default 128) of them,
-/// each resized and cropped as `decode_frames`' are: a list of `[H, W, 3]` frames per clip,
-/// as many as the clip lasts, for `random_clip` in the trainer to choose among.
+/// from the clip's start (the frame shown then), at most `max_frames` of them (default 64:
+/// 9.6 MB a row at 224², within a server's default 16 MiB per row), each resized and cropped
+/// as `decode_frames`' are: a list of `[H, W, 3]` frames per clip, as many as the clip
+/// lasts, for `random_clip` in the trainer to choose among.
 #[derive(Debug)]
 pub struct VideoFrames;
 
@@ -145,7 +146,7 @@ impl VideoFrames {
         }
         let h = int_param(op, params, 1, "height", 1..=MAX_SIDE, None)?;
         let w = int_param(op, params, 2, "width", 1..=MAX_SIDE, None)?;
-        let max = int_param(op, params, 3, "max_frames", 1..=MAX_FRAMES, Some(128))?;
+        let max = int_param(op, params, 3, "max_frames", 1..=MAX_FRAMES, Some(64))?;
         if max * h * w * 3 > i64::from(i32::MAX) {
             return Err(OpError::BadArguments {
                 op,
@@ -189,7 +190,12 @@ impl Op for VideoFrames {
     fn max_output_bytes_per_row(&self, input: &Field, params: &[Value]) -> Result<Option<u64>> {
         self.output_field(input, params, "output")?;
         let (_, max, h, w) = Self::params(params)?;
-        Ok(Some((max as u64 * u64::from(h * w) * 3).max(DECODER_BYTES)))
+        Ok(Some(max as u64 * u64::from(h * w) * 3))
+    }
+
+    fn working_bytes(&self, input: &Field, params: &[Value]) -> Result<u64> {
+        self.output_field(input, params, "output")?;
+        Ok(DECODER_BYTES)
     }
 
     fn apply_field(
