@@ -67,7 +67,7 @@ async fn serve_one(socket: tokio::net::TcpStream, reader_url: &str, threads: usi
     let options = LoaderOptions {
         seed: request.seed,
         epochs: request.epochs,
-        workers: threads.max(1),
+        workers: Some(threads.max(1)),
         // Every op that may run in the reader runs there: it is this process.
         push: Push::First(usize::MAX),
         compression: Some(Compression::None),

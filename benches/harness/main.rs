@@ -11,6 +11,7 @@
 
 mod audio;
 mod cache;
+mod ceiling;
 mod compare;
 mod cpus;
 mod feed;
@@ -118,6 +119,13 @@ enum Command {
     /// and by a DataLoader-style contender decoding on the trainer's cores: samples/s, the
     /// consumer's wait, CPU per 1,000 samples on each side, the bottleneck named.
     Feed {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// The loader's own ceiling: the feed pipeline's loader on 1 and then 2 cores
+    /// (`cpu_affinity`) against a server whose fragment cache is warm (supply almost free):
+    /// samples/s, CPU per 1,000 samples, each loader thread's share of a core.
+    Ceiling {
         #[command(flatten)]
         options: Options,
     },
@@ -378,6 +386,7 @@ fn main() -> Result<()> {
         Command::Split { options } => ("split", options.resolve()),
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
+        Command::Ceiling { options } => ("ceiling", options.resolve()),
         Command::Neighbour { options } => ("neighbour", options.resolve()),
         Command::Order { options } => ("order", options.resolve()),
         Command::Text { options } => ("text", options.resolve()),
@@ -412,7 +421,7 @@ fn main() -> Result<()> {
             return write_section(&options.results, suite, &body);
         }
         // These suites read images alone: the others are not generated for them.
-        let images_only = matches!(suite, "feed" | "neighbour" | "fleet" | "shared" | "order");
+        let images_only = matches!(suite, "feed" | "ceiling" | "neighbour" | "fleet" | "shared" | "order");
         let only = match suite {
             "text" => Some(Kind::Text),
             _ => images_only.then_some(Kind::Images),
@@ -432,6 +441,7 @@ fn main() -> Result<()> {
                 "split" => split::suite(&options, &data, &command).await?,
                 "shared" => shared::suite(&options, &data, &command).await?,
                 "feed" => feed::suite(&options, &data, &command).await?,
+                "ceiling" => ceiling::suite(&options, &data, &command).await?,
                 "neighbour" => neighbour::suite(&options, &data, &command).await?,
                 "order" => order::suite(&options, &data, &command).await?,
                 "text" => text::suite(&options, &data, &command).await?,
@@ -488,7 +498,8 @@ fn run_soak(mut args: soak::SoakArgs) -> Result<()> {
 /// `PUSHDOWN_CACHE` says otherwise: benchmarks of computing measure computing (repetitions
 /// would otherwise be served from the cache); the `cache` suite turns it on.
 /// `PUSHDOWN_SHARD_ROWS` caps the rows of a shard (the `split` suite: many shards to place);
-/// `PUSHDOWN_REDUCING_NICE` sets `ServerConfig::reducing_nice`.
+/// `PUSHDOWN_REDUCING_NICE` sets `ServerConfig::reducing_nice`; `PUSHDOWN_CACHE_MIB` the
+/// cache's memory budget.
 pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server::Server> {
     let data = data.to_string_lossy();
     let cache_mode = match std::env::var("PUSHDOWN_CACHE") {
@@ -516,6 +527,10 @@ pub async fn open_server(data: &Path, threads: usize) -> Result<pushdown_server:
         store_reads_in_flight: pushdown_server::reads_in_flight_for(&data),
         cache: pushdown_server::CacheConfig {
             default_mode: cache_mode,
+            memory_bytes: match std::env::var("PUSHDOWN_CACHE_MIB") {
+                Ok(mib) => mib.parse::<u64>()? << 20,
+                Err(_) => pushdown_server::CacheConfig::default().memory_bytes,
+            },
             ..pushdown_server::CacheConfig::default()
         },
         ..pushdown_server::ServerConfig::default()

@@ -86,7 +86,7 @@ fn run(
                     world_size: world,
                     partitions: Some(partitions),
                     epochs: EPOCHS,
-                    workers: 1,
+                    workers: Some(1),
                     report_every: None,
                     ..LoaderOptions::default()
                 };

@@ -86,7 +86,7 @@ fn the_sequence_depends_on_the_seed_alone() {
             buffered_bytes: 1,
             ..StreamOptions::default()
         };
-        o.workers = concurrency;
+        o.workers = Some(concurrency);
         runs.push(drain(&mut loader(&servers, o), usize::MAX));
     }
     assert_eq!(runs[0], runs[1], "concurrency and compression change nothing");
@@ -292,7 +292,7 @@ fn pixels_come_out_as_tensors_with_the_intended_augmentation() {
     let load = |flip: f64| -> Vec<(i64, Vec<u8>, Vec<u8>)> {
         let o = LoaderOptions {
             seed: 5,
-            workers: 3,
+            workers: Some(3),
             ..LoaderOptions::default()
         };
         let l = Loader::new(&servers, LoaderSource::Pipeline(pipeline(flip)), o).expect("loader");

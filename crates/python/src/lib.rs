@@ -91,7 +91,7 @@ impl PyLoader {
     #[new]
     #[pyo3(signature = (
         servers, sql=None, pipeline=None, batch_size=None, shuffle_buffer=None, seed=0, rank=0,
-        world_size=1, epochs=1, drop_last=false, prefetch=4, workers=2, concurrency=None,
+        world_size=1, epochs=1, drop_last=false, prefetch=4, workers=None, concurrency=None,
         bandwidth_bytes_per_s=None, compression="auto", stall_timeout_s=30.0, max_retries=3, call_timeout_s=None,
         token=None, tls_ca=None, tls_client_cert=None, tls_client_key=None, echo=EchoArg::Times(1),
         echo_max=4, report_every_s=1.0, placement="costed", partitions=None, mixture=None, pack=None,
@@ -111,7 +111,7 @@ impl PyLoader {
         epochs: usize,
         drop_last: bool,
         prefetch: usize,
-        workers: usize,
+        workers: Option<usize>,
         concurrency: Option<usize>,
         bandwidth_bytes_per_s: Option<f64>,
         compression: &str,

@@ -461,7 +461,7 @@ impl MixProducer {
             }
             feeds.push(row);
         }
-        let workers = options.workers.max(1);
+        let workers = options.workers.unwrap_or(1).max(1);
         let mut in_flight = futures::stream::FuturesOrdered::new();
         for t in self.first..m.epoch_batches {
             let places = m.schedule.step(&mut self.taken);

@@ -189,7 +189,7 @@ impl Loader {
                 ))),
             };
         }
-        let runtime = loader_runtime(&options)?;
+        let (runtime, options) = loader_runtime(options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let (shared, shards) = runtime.block_on(async move {
             let client = PushdownClient::connect_with(&servers, options.connect.clone()).await?;
@@ -226,7 +226,7 @@ impl Loader {
         sources: Vec<MixtureSource>,
         options: LoaderOptions,
     ) -> Result<Self> {
-        let runtime = loader_runtime(&options)?;
+        let (runtime, options) = loader_runtime(options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let mixture = runtime.block_on(Mixture::prepare(&servers, sources, &options))?;
         let partitions = mixture.order.partitions;
@@ -253,7 +253,7 @@ impl Loader {
         pack: Pack,
         options: LoaderOptions,
     ) -> Result<Self> {
-        let runtime = loader_runtime(&options)?;
+        let (runtime, options) = loader_runtime(options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let mixture = runtime.block_on(Mixture::packed(&servers, source, pack, &options))?;
         Self::regrouped(runtime, mixture, &options)
@@ -274,7 +274,7 @@ impl Loader {
         by: BucketBy,
         options: LoaderOptions,
     ) -> Result<Self> {
-        let runtime = loader_runtime(&options)?;
+        let (runtime, options) = loader_runtime(options)?;
         let servers: Vec<String> = servers.iter().map(|s| s.as_ref().to_owned()).collect();
         let mixture = runtime.block_on(Mixture::bucketed(&servers, source, by, &options))?;
         Self::regrouped(runtime, mixture, &options)
@@ -839,22 +839,37 @@ impl Loader {
     }
 }
 
-/// The loader's own threads: two for the network, `workers` for client ops and tensors,
-/// each confined to the options' CPUs when they name some.
-fn loader_runtime(options: &LoaderOptions) -> Result<tokio::runtime::Runtime> {
+/// The loader's own threads, each confined to the options' CPUs when they name some, as many
+/// as those CPUs (else the process's) can run: `workers` for client ops and tensors (one per
+/// CPU unless the options say), and [`network_threads`] for the streams. Returns the options
+/// with `workers` resolved.
+fn loader_runtime(mut options: LoaderOptions) -> Result<(tokio::runtime::Runtime, LoaderOptions)> {
     let cpus = crate::affinity::loader_cpus(options.cpu_affinity.as_deref())?;
+    let count = cpus.as_ref().map_or_else(
+        || std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+        Vec::len,
+    );
+    let workers = options.workers.unwrap_or(count).max(1);
+    options.workers = Some(workers);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder
-        .worker_threads(2)
-        .max_blocking_threads(options.workers.max(1))
+        .worker_threads(network_threads(count))
+        .max_blocking_threads(workers)
         .thread_name("pushdown-loader")
         .enable_all();
     if let Some(cpus) = cpus {
         builder.on_thread_start(move || crate::affinity::confine_this_thread(&cpus));
     }
-    builder
+    let runtime = builder
         .build()
-        .map_err(|e| ClientError::io("starting the loader's threads", e))
+        .map_err(|e| ClientError::io("starting the loader's threads", e))?;
+    Ok((runtime, options))
+}
+
+/// Threads receiving and decoding streams for a loader on `cpus` CPUs: two, and one more per
+/// four CPUs past eight (IPC decoding and decompression run there), at most eight.
+fn network_threads(cpus: usize) -> usize {
+    (2 + cpus.saturating_sub(8) / 4).min(8)
 }
 
 impl Iterator for Loader {

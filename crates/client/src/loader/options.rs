@@ -58,8 +58,10 @@ pub struct LoaderOptions {
     pub drop_last: bool,
     /// Batches prepared ahead of the consumer.
     pub prefetch: usize,
-    /// Threads that run client-side ops and build tensors.
-    pub workers: usize,
+    /// Threads that run client-side ops and build tensors, and batches built at once; `None`
+    /// (the default): one per CPU the loader's threads may run on ([`Self::cpu_affinity`],
+    /// else the process's CPUs).
+    pub workers: Option<usize>,
     /// Streams in flight, buffering and retries. Its `order` is not used: the loader always
     /// takes shards in its epoch's order (the streams in flight only prefetch).
     pub stream: StreamOptions,
@@ -180,7 +182,7 @@ impl Default for LoaderOptions {
             epochs: 1,
             drop_last: false,
             prefetch: 4,
-            workers: 2,
+            workers: None,
             stream: StreamOptions::default(),
             compression: None,
             link: Link::auto(),

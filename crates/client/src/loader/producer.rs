@@ -298,7 +298,7 @@ impl Producer {
             next_batch: self.first,
             total_batches: plan.total,
             in_flight: futures::stream::FuturesOrdered::new(),
-            workers: self.shared.options.workers.max(1),
+            workers: self.shared.options.workers.unwrap_or(1).max(1),
             schema,
             finish,
             built: false,

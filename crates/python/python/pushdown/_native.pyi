@@ -23,7 +23,7 @@ class _Loader:
         epochs: int = 1,
         drop_last: bool = False,
         prefetch: int = 4,
-        workers: int = 2,
+        workers: Optional[int] = None,
         concurrency: Optional[int] = None,
         bandwidth_bytes_per_s: Optional[float] = None,
         compression: str = "auto",
