@@ -5,15 +5,15 @@
 //! A clip's duration is in its container's first bytes (WAV's data size, FLAC's STREAMINFO,
 //! MP3's Xing/Info frame, Matroska's segment info, a `+faststart` MP4's `moov`) or last
 //! (Ogg's final granule position, the `moov` FFmpeg writes after an MP4's media). Where a
-//! column chunk holds
-//! one clip per page, uncompressed and without a dictionary (the layout `pushdown gen speech`
-//! writes, and the one that lets a reader skip a clip's page), the index reads the first
-//! [`HEAD`] and last [`TAIL`] bytes of each page (a page no longer than both: whole), finds
-//! the clip in the page (the parquet crate's page reader parses the header) and asks
-//! [`pushdown_ops::audio_seconds_from_ends`] or [`pushdown_ops::video_seconds_from_ends`];
-//! a clip whose container needs more is read whole. Durations are kept per (file version, column, row group): a row group's clips
-//! are read for their durations at most once per server, and a later scan (the next epoch,
-//! another bound) reads nothing of a clip it drops.
+//! column chunk holds one clip per page, uncompressed and without a dictionary (the layout
+//! `pushdown gen speech` writes, and the one that lets a reader skip a clip's page), the
+//! index reads the first [`HEAD`] and last [`TAIL`] bytes of each page (a page no longer
+//! than both: whole), finds the clip in the page (the parquet crate's page reader parses the
+//! header) and asks [`pushdown_ops::audio_seconds_from_ends`] or
+//! [`pushdown_ops::video_seconds_from_ends`]; a clip whose container needs more is read
+//! whole. Durations are kept per (kind, file version, column, row group): a row group's
+//! clips are read for their durations at most once per server, and a later scan (the next
+//! epoch, another bound) reads nothing of a clip it drops.
 //!
 //! The index only ever narrows what a scan reads: rows are skipped when their duration is
 //! outside the filter's bounds by more than [`MARGIN`], and the filter itself still runs on
