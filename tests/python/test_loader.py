@@ -41,6 +41,45 @@ def test_batches_are_numpy_and_arrow(server):
     assert isinstance(batch["caption"], pa.Array) and len(batch["caption"]) == 16
 
 
+def test_arrow_columns_cross_whole_and_outlive_the_loader(server, data):
+    """A batch's Arrow columns come through the C Data Interface as one record batch: the
+    values equal pyarrow's own reading of the dataset, row by row (nulls included), and the
+    arrays stay valid after the loader that made them is gone."""
+    import pyarrow.dataset as ds
+
+    sql = ("SELECT id, caption, CASE WHEN id % 7 = 0 THEN NULL ELSE caption END AS sparse "
+           "FROM images WHERE label < 600")
+    loader = make(server, sql=sql, epochs=1)
+    kept = []
+    for batch in loader:
+        assert isinstance(batch["caption"], pa.Array) and isinstance(batch["sparse"], pa.Array)
+        kept.append(batch)
+    del loader
+    import gc
+
+    gc.collect()
+    table = ds.dataset(str(data / "images"), format="parquet").to_table(columns=["id", "caption", "label"])
+    expected = {i: c for i, c, label in zip(*(table.column(n).to_pylist() for n in ["id", "caption", "label"]))
+                if label < 600}
+    seen = {}
+    for batch in kept:
+        for i, caption, sparse in zip(batch["id"].tolist(), batch["caption"].to_pylist(), batch["sparse"].to_pylist()):
+            seen[i] = caption
+            assert sparse == (None if i % 7 == 0 else caption), i
+    assert seen == expected
+
+
+def test_an_arrow_batch_is_taken_once(server):
+    loader = iter(make(server, epochs=1))
+    columns = loader._inner.next_batch()
+    shared = {id(value) for _, kind, value in columns if kind == "arrow"}
+    assert len(shared) == 1, "every Arrow column of a batch names one _ArrowBatch"
+    value = next(value for _, kind, value in columns if kind == "arrow")
+    assert pa.record_batch(value).num_rows == 16
+    with pytest.raises(RuntimeError, match="already taken"):
+        pa.record_batch(value)
+
+
 def test_column_types_follow_the_schema_not_the_batch(server):
     # `maybe` is nullable (a CASE with a NULL arm) but a number: a tensor in every batch, as
     # long as no null reaches it; a date is Arrow (numpy holds numbers); `id` is a tensor.

@@ -495,15 +495,35 @@ impl Op for RandomFlip {
         let frames = frames_of(self.name(), field)?;
         map_u8(self.name(), input, frames, h * w * c, |row, src, out| {
             if row_rng(seed, row).random_bool(p) {
-                for (from, to) in src.chunks_exact(w * c).zip(out.chunks_exact_mut(w * c)) {
-                    for (s, o) in from.chunks_exact(c).zip(to.chunks_exact_mut(c).rev()) {
-                        o.copy_from_slice(s);
+                // The pixel's width a constant where it is a common one: a copy of 3 bytes
+                // is then 3 moves, not a call to memmove (a sixth of a loader's CPU).
+                match c {
+                    1 => mirror::<1>(src, out, w),
+                    3 => mirror::<3>(src, out, w),
+                    4 => mirror::<4>(src, out, w),
+                    _ => {
+                        for (from, to) in src.chunks_exact(w * c).zip(out.chunks_exact_mut(w * c)) {
+                            for (s, o) in from.chunks_exact(c).zip(to.chunks_exact_mut(c).rev()) {
+                                o.copy_from_slice(s);
+                            }
+                        }
                     }
                 }
             } else {
                 out.copy_from_slice(src);
             }
         })
+    }
+}
+
+/// `src`'s rows of `w` pixels of `C` bytes, each mirrored left to right into `out`.
+fn mirror<const C: usize>(src: &[u8], out: &mut [u8], w: usize) {
+    for (from, to) in src.chunks_exact(w * C).zip(out.chunks_exact_mut(w * C)) {
+        let (from, _) = from.as_chunks::<C>();
+        let (to, _) = to.as_chunks_mut::<C>();
+        for (s, o) in from.iter().zip(to.iter_mut().rev()) {
+            *o = *s;
+        }
     }
 }
 

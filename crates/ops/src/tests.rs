@@ -287,6 +287,41 @@ fn random_flip_rate_matches_p() {
     assert!(op.output_field(&field, &[Value::Float(1.5)], "f").is_err());
 }
 
+/// Every channel width (the constant-width kernels for 1, 3 and 4 bytes, the general one
+/// for 2 and 5) mirrors each pixel whole, every byte in its place.
+#[test]
+fn random_flip_mirrors_pixels_whole_at_every_channel_width() {
+    let (h, w, rows) = (3, 7, 6);
+    for c in 1..=5usize {
+        let size = h * w * c;
+        let values: Vec<u8> = (0..rows * size).map(|i| (i * 31 % 251) as u8).collect();
+        let item = Arc::new(Field::new("item", DataType::UInt8, false));
+        let px: ArrayRef = Arc::new(
+            arrow::array::FixedSizeListArray::try_new(
+                Arc::clone(&item),
+                size as i32,
+                Arc::new(arrow::array::UInt8Array::from(values.clone())),
+                None,
+            )
+            .expect("tensor"),
+        );
+        let field = Field::new("px", DataType::FixedSizeList(item, size as i32), true)
+            .with_metadata([(SHAPE_METADATA_KEY.to_string(), format!("{h},{w},{c}"))].into());
+        let out = lookup("random_flip")
+            .expect("op")
+            .apply_field(&px, &field, &[Value::Float(1.0)], 3)
+            .expect("apply");
+        for r in 0..rows {
+            let src = &values[r * size..(r + 1) * size];
+            let expected: Vec<u8> = src
+                .chunks_exact(w * c)
+                .flat_map(|line| line.chunks_exact(c).rev().flatten().copied().collect::<Vec<u8>>())
+                .collect();
+            assert_eq!(row_pixels(&out, r), expected, "{c} channels, row {r}");
+        }
+    }
+}
+
 #[test]
 fn grayscale_and_normalize() {
     let (px, field) = coordinates(1, 2, 2);

@@ -2,10 +2,12 @@
 //!
 //! Batches cross into Python as `(name, kind, value)` triples: `kind` is `"tensor"` for a
 //! numpy array (built from the Arrow buffer without copying when the buffer is uniquely
-//! owned, which batches fresh from the loader's workers are) or `"arrow"` for the Arrow IPC
-//! bytes of any other column (variable-length, nullable, dates, decimals: decided by the
-//! schema, `Column::is_tensor`), which the Python side reads with pyarrow. The GIL is
-//! released while the loader waits for data or plans.
+//! owned, which batches fresh from the loader's workers are) or `"arrow"` for any other
+//! column (variable-length, nullable, dates, decimals: decided by the schema,
+//! `Column::is_tensor`). A batch's Arrow columns cross together, once, as one record batch
+//! through the Arrow C Data Interface (an `_ArrowBatch` speaking the PyCapsule protocol,
+//! `__arrow_c_array__`): pyarrow takes the buffers themselves, with no copy and no IPC
+//! encoding. The GIL is released while the loader waits for data or plans.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,10 +30,11 @@ use pushdown_client::{
 use pushdown_planner::{Pipeline, Step};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyCapsule, PyDict};
 
-/// `(name, "tensor" | "bfloat16" | "arrow", numpy array | Arrow IPC bytes)`: a
-/// `"bfloat16"` array holds the numbers' `uint16` bits (numpy has no bfloat16).
+/// `(name, "tensor" | "bfloat16" | "arrow", numpy array | _ArrowBatch)`: a `"bfloat16"`
+/// array holds the numbers' `uint16` bits (numpy has no bfloat16); every `"arrow"` column of
+/// a batch names the same `_ArrowBatch`, which holds them all.
 type PyColumn = (String, &'static str, Py<PyAny>);
 
 fn runtime_error(e: impl std::fmt::Display) -> PyErr {
@@ -185,19 +188,28 @@ impl PyLoader {
         let Some(batch) = next else { return Ok(None) };
         let batch = batch.map_err(client_error)?;
         let mut out = Vec::with_capacity(batch.columns.len());
+        let mut arrow = Vec::new();
         for (name, column) in batch.columns {
-            let (kind, value) = match column {
+            match column {
                 Column::Tensor {
                     shape,
                     values,
                     bfloat16,
                 } => {
                     let kind = if bfloat16 { "bfloat16" } else { "tensor" };
-                    (kind, tensor(py, values, &shape)?)
+                    out.push((name, kind, tensor(py, values, &shape)?));
                 }
-                Column::Arrow(array) => ("arrow", arrow_ipc(py, &name, &array)?),
-            };
-            out.push((name, kind, value));
+                Column::Arrow(array) => arrow.push((name, array)),
+            }
+        }
+        if !arrow.is_empty() {
+            let names: Vec<String> = arrow.iter().map(|(name, _)| name.clone()).collect();
+            let shared = Py::new(py, PyArrowBatch::new(arrow)?)?.into_any();
+            out.extend(
+                names
+                    .into_iter()
+                    .map(|name| (name, "arrow", shared.clone_ref(py))),
+            );
         }
         Ok(Some(out))
     }
@@ -475,11 +487,50 @@ where
     Ok(array.into_any().unbind())
 }
 
-fn arrow_ipc(py: Python<'_>, name: &str, array: &ArrayRef) -> PyResult<Py<PyAny>> {
-    let field = arrow::datatypes::Field::new(name, array.data_type().clone(), true);
-    let schema = Arc::new(arrow::datatypes::Schema::new(vec![field]));
-    let batch = RecordBatch::try_new(schema, vec![Arc::clone(array)]).map_err(runtime_error)?;
-    Ok(PyBytes::new(py, &ipc_bytes(&batch)?).into_any().unbind())
+/// A batch's Arrow columns, handed to pyarrow (or any reader of the Arrow PyCapsule
+/// protocol) through the C Data Interface: `pyarrow.record_batch(it)` takes its buffers
+/// without copying them. It can be taken once.
+#[pyclass(name = "_ArrowBatch", module = "pushdown._native")]
+struct PyArrowBatch {
+    batch: Mutex<Option<RecordBatch>>,
+}
+
+impl PyArrowBatch {
+    fn new(columns: Vec<(String, ArrayRef)>) -> PyResult<Self> {
+        let batch = RecordBatch::try_from_iter_with_nullable(
+            columns.into_iter().map(|(name, array)| (name, array, true)),
+        )
+        .map_err(runtime_error)?;
+        Ok(Self {
+            batch: Mutex::new(Some(batch)),
+        })
+    }
+}
+
+#[pymethods]
+impl PyArrowBatch {
+    /// The Arrow PyCapsule protocol: `(schema, array)` capsules of a struct array whose
+    /// fields are the columns. `requested_schema` is not supported (pyarrow asks for none).
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
+        if requested_schema.is_some_and(|s| !s.is_none()) {
+            return Err(invalid_argument("_ArrowBatch is exported in its own schema only"));
+        }
+        let batch = self
+            .batch
+            .lock()
+            .take()
+            .ok_or_else(|| runtime_error("this batch's Arrow columns were already taken"))?;
+        let data = arrow::array::Array::into_data(arrow::array::StructArray::from(batch));
+        let (array, schema) = arrow::ffi::to_ffi(&data).map_err(runtime_error)?;
+        let schema = PyCapsule::new(py, schema, Some(c"arrow_schema".to_owned()))?;
+        let array = PyCapsule::new(py, array, Some(c"arrow_array".to_owned()))?;
+        Ok((schema, array))
+    }
 }
 
 /// `batch` as an Arrow IPC stream (its schema and the one batch).
@@ -661,6 +712,7 @@ fn choose_codec(link: &str, forced: Option<&str>, profiled: &str) -> PyResult<St
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<PyTransform>()?;
+    m.add_class::<PyArrowBatch>()?;
     m.add_function(wrap_pyfunction!(plan_read, m)?)?;
     m.add_function(wrap_pyfunction!(choose_codec, m)?)?;
     // Benchmarks refuse a debug build: its kernels are several times slower.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from ._native import BUILD_PROFILE, _Loader, _Transform
 from . import errors as _errors
@@ -41,30 +41,44 @@ def _version() -> str:
 __version__ = _version()
 
 
-def _arrow(ipc: bytes):
+def _arrow(columns: Any):
+    """A batch's Arrow columns (an ``_ArrowBatch``) as one ``pyarrow.RecordBatch``, taken
+    through the Arrow C Data Interface without copying."""
     try:
         import pyarrow as pa
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "variable-length and nullable columns come as pyarrow arrays: pip install pyarrow"
         ) from e
-    table = pa.ipc.open_stream(ipc).read_all()
-    return table.column(0).combine_chunks()
+    return pa.record_batch(columns)
 
 
 def _value(kind: str, value: Any) -> Any:
     """A column as the loader gives it: numpy arrays as they are, bfloat16 bits as
     ``ml_dtypes.bfloat16`` where that package is installed (else the ``uint16`` bits; numpy
     has no bfloat16 of its own), anything else as a pyarrow array."""
-    if kind == "tensor":
-        return value
     if kind == "bfloat16":
         try:
             import ml_dtypes
         except ImportError:
             return value
         return value.view(ml_dtypes.bfloat16)
-    return _arrow(value)
+    return value
+
+
+def _batch(item: Sequence[Tuple[str, str, Any]]) -> Dict[str, Any]:
+    """A native batch's columns by name: tensors as they come, the Arrow ones taken from
+    the batch's one ``_ArrowBatch`` together."""
+    arrow = None
+    batch = {}
+    for name, kind, value in item:
+        if kind == "arrow":
+            if arrow is None:
+                arrow = _arrow(value)
+            batch[name] = arrow.column(name)
+        else:
+            batch[name] = _value(kind, value)
+    return batch
 
 
 def _has_batch_step(pipeline: Union[str, Dict[str, Any]]) -> bool:
@@ -351,7 +365,7 @@ class Loader:
         if item is None:
             self._in_pass = False
             raise StopIteration
-        batch = {name: _value(kind, value) for name, kind, value in item}
+        batch = _batch(item)
         if not self.bfloat16_columns:
             self.bfloat16_columns = frozenset(name for name, kind, _ in item if kind == "bfloat16")
         if not self._unbatched:

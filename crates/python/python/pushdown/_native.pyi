@@ -4,8 +4,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 BUILD_PROFILE: str
 
-# One column of a batch: (name, "tensor" | "bfloat16" | "arrow", numpy array | Arrow IPC bytes).
+# One column of a batch: (name, "tensor" | "bfloat16" | "arrow", numpy array | _ArrowBatch).
 _Column = Tuple[str, str, Any]
+
+class _ArrowBatch:
+    """A batch's Arrow columns, taken once through the Arrow PyCapsule protocol
+    (``pyarrow.record_batch(it)``)."""
+
+    def __arrow_c_array__(self, requested_schema: Optional[Any] = None) -> Tuple[Any, Any]: ...
 # One source of `mixture=`: (sql, pipeline, weight, servers).
 _MixtureSource = Tuple[Optional[str], Optional[str], float, Optional[List[str]]]
 
