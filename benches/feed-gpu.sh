@@ -33,7 +33,8 @@ if [[ ! -d "$data/full/images" ]]; then
 fi
 
 # 2. ResNet-50 on the GPU: the ceiling, pushdown (server on half the cores, trainer on the
-# other half), and the DataLoader on the trainer's half and on every core.
+# other half), ResNet-18 likewise, both with the trainer on 4 cores, and the DataLoader on
+# the trainer's half and on every core.
 images="$data/full/images"
 export PYTHONPATH="$dist/python${PYTHONPATH:+:$PYTHONPATH}"
 gpu() { python3 benches/python/bench_feed_gpu.py --steps "$steps" "$@" | tee -a "$out/gpu.jsonl"; }
@@ -45,8 +46,20 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "listening on" "$out/serve.log" && break; sleep 0.2; done
 addr=$(grep -o "listening on [^ ]*" "$out/serve.log" | head -1 | cut -d' ' -f3)
-taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed pushdown \
-  --server "http://$addr" --server-pid "$server" | tee -a "$out/gpu.jsonl"
+pushdown_on() {  # CPUS MODEL: the Python loader on CPUS feeding MODEL
+  taskset -c "$1" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed pushdown --model "$2" \
+    --server "http://$addr" --server-pid "$server" --server-cores "$half" | tee -a "$out/gpu.jsonl"
+}
+pushdown_on "$half-$((cores - 1))" resnet50
+# ResNet-18, whose step outruns the servers: its own ceiling, then fed by pushdown (the
+# figure measures the loader against the servers' capacity, not the model).
+gpu --feed synthetic --model resnet18
+pushdown_on "$half-$((cores - 1))" resnet18
+# The trainer confined to 4 cores (as a node's share per GPU often is), both models.
+if ((cores - half >= 4)); then
+  pushdown_on "$half-$((half + 3))" resnet50
+  pushdown_on "$half-$((half + 3))" resnet18
+fi
 taskset -c "$half-$((cores - 1))" python3 benches/python/bench_feed_gpu.py --steps "$steps" --feed dataloader \
   --data "$images" --workers "$half" | tee -a "$out/gpu.jsonl"
 gpu --feed dataloader --data "$images" --workers "$cores"

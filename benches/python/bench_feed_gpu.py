@@ -1,4 +1,6 @@
-"""`harness feed` with a real accelerator: ResNet-50 training steps on a GPU fed three ways.
+"""`harness feed` with a real accelerator: ResNet-50 (or, with ``--model resnet18``, a model
+whose step outruns the servers, so the figure measures the loader) training steps on a GPU
+fed three ways.
 
 * ``synthetic``: batches already on the GPU (the ceiling: the GPU never waits);
 * ``pushdown``: ``pushdown.Loader`` with default options against a ``pushdown serve`` on
@@ -17,7 +19,9 @@ Each step: uint8 NHWC → float, normalized (a recipe's batches come normalized)
 bf16 autocast, SGD. Reports one
 JSON line per feed: images/s, the share of the run the trainer waited for data (1 − GPU busy,
 measured around a synchronized step), the trainer's CPU seconds per 1,000 images (this
-process and its children) and the server's (``--server-pid``).
+process and its children) and the server's (``--server-pid``); with ``--server-cores``, the
+servers' capacity (those cores at the server's measured CPU per image) and the share of it
+delivered.
 
     python bench_feed_gpu.py --feed pushdown --server http://127.0.0.1:50051 --server-pid PID
     python bench_feed_gpu.py --feed dataloader --data DIR/images --workers 8
@@ -36,13 +40,43 @@ import torch
 B = 256
 
 
-def resnet50():
+def model_named(name):
     try:
         import torchvision
 
-        return torchvision.models.resnet50(num_classes=1000)
+        return getattr(torchvision.models, name)(num_classes=1000)
     except ImportError:
-        return _resnet50()
+        return _resnet18() if name == "resnet18" else _resnet50()
+
+
+def _resnet18():
+    """ResNet-18 (basic blocks 2-2-2-2) in plain torch, for hosts without torchvision."""
+    nn = torch.nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride != 1 or cin != cout
+                else nn.Identity()
+            )
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [], 64
+    for width, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        layers += [Basic(cin, width, stride), Basic(width, width, 1)]
+        cin = width
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
+        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000),
+    )
 
 
 def _resnet50():
@@ -194,11 +228,13 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--recipe", action="store_true", help="torchvision's train recipe at 224 px")
+    ap.add_argument("--model", choices=["resnet50", "resnet18"], default="resnet50")
+    ap.add_argument("--server-cores", type=int, help="the cores the server runs on (its capacity)")
     args = ap.parse_args()
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    model = resnet50().to(device).to(memory_format=torch.channels_last)
+    model = model_named(args.model).to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     side = 224 if args.recipe else 128
     if args.feed == "synthetic":
@@ -214,8 +250,15 @@ def main():
     images, elapsed, waited, cpu, server = train(
         batches, model, opt, device, args.steps, args.warmup, args.server_pid
     )
+    capacity = (
+        args.server_cores * 1000 / (server / images * 1000)
+        if server and args.server_cores and images
+        else None
+    )
     out = {
         "feed": args.feed,
+        "model": args.model,
+        "trainer_cores": len(os.sched_getaffinity(0)),
         "recipe": "train-224" if args.recipe else None,
         "workers": args.workers if args.feed == "dataloader" else None,
         "images": images,
@@ -223,6 +266,8 @@ def main():
         "wait": waited / elapsed,
         "trainer_cpu_s_per_1k": cpu / images * 1000,
         "server_cpu_s_per_1k": server / images * 1000 if server is not None else None,
+        "server_capacity_per_s": capacity,
+        "share_of_server_capacity": images / elapsed / capacity if capacity else None,
         "gpu": torch.cuda.get_device_name(),
     }
     json.dump(out, sys.stdout)
