@@ -56,7 +56,7 @@ pushdown_on "$half-$((cores - 1))" resnet50
 gpu --feed synthetic --model resnet18
 pushdown_on "$half-$((cores - 1))" resnet18
 # The trainer confined to 4 cores (as a node's share per GPU often is), both models.
-if ((cores - half >= 4)); then
+if ((cores - half > 4)); then
   pushdown_on "$half-$((half + 3))" resnet50
   pushdown_on "$half-$((half + 3))" resnet18
 fi

@@ -47,11 +47,12 @@ def test_arrow_columns_cross_whole_and_outlive_the_loader(server, data):
     arrays stay valid after the loader that made them is gone."""
     import pyarrow.dataset as ds
 
-    sql = ("SELECT id, caption, CASE WHEN id % 7 = 0 THEN NULL ELSE caption END AS sparse "
+    sql = ("SELECT caption, id, CASE WHEN id % 7 = 0 THEN NULL ELSE caption END AS sparse "
            "FROM images WHERE label < 600")
     loader = make(server, sql=sql, epochs=1)
     kept = []
     for batch in loader:
+        assert list(batch) == ["caption", "id", "sparse"], "the query's column order"
         assert isinstance(batch["caption"], pa.Array) and isinstance(batch["sparse"], pa.Array)
         kept.append(batch)
     del loader

@@ -65,6 +65,9 @@ const MAX_READ_SHARE: f64 = 0.5;
 /// The rate entries are read back at (decoded and re-encoded) before one has been
 /// measured, bytes/s.
 const INITIAL_READ_RATE: f64 = 200e6;
+/// The end of an Arrow IPC stream as its writer finishes it: a continuation marker and a
+/// zero length.
+const END_OF_STREAM: [u8; 8] = [0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0];
 /// Fragments whose statistics are kept (requests, costs, the last decision).
 const MAX_SEEN: usize = 1 << 16;
 
@@ -992,6 +995,11 @@ enum Refused {
 /// buffers are slices of `bytes` (the IPC stream is decoded in place).
 fn decode(bytes: Bytes, schema: &SchemaRef, grant: &Grant) -> std::result::Result<Vec<RecordBatch>, Refused> {
     let damaged = |e: arrow::error::ArrowError| Refused::Damaged(e.to_string());
+    // Every entry ends with the stream's end marker: one cut at a message boundary would
+    // otherwise decode as fewer rows.
+    if !bytes.ends_with(&END_OF_STREAM) {
+        return Err(Refused::Damaged("no end-of-stream marker".into()));
+    }
     let mut buffer = Buffer::from(bytes);
     let mut decoder = StreamDecoder::new();
     let mut stored = Vec::new();
@@ -1087,7 +1095,7 @@ mod tests {
         ]))
     }
 
-    /// A batch of `rows` rows whose text makes its entry about `rows * 40` bytes.
+    /// A batch of `rows` rows whose text makes its entry about `rows * 56` bytes.
     fn batch(rows: i64) -> RecordBatch {
         let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
         let text: ArrayRef = Arc::new(StringArray::from_iter_values((0..rows).map(|i| {
@@ -1150,11 +1158,17 @@ mod tests {
                 }
             }
         }
-        let cut = bytes.slice(..bytes.len() - 100);
-        assert!(matches!(
-            decode(cut, &schema(), &Grant::All),
-            Err(Refused::Damaged(_))
-        ));
+        // Cut inside a message, and cut where the last batch begins (its marker gone too).
+        let mut one = Tee::new(&schema(), &["images".to_owned()], u64::MAX, None);
+        one.push(&batch(300), Duration::from_millis(5));
+        let one = one.finish().expect("entry");
+        let at_boundary = bytes.slice(..one.len() - END_OF_STREAM.len());
+        for cut in [bytes.slice(..bytes.len() - 100), at_boundary] {
+            assert!(matches!(
+                decode(cut, &schema(), &Grant::All),
+                Err(Refused::Damaged(_))
+            ));
+        }
     }
 
     #[tokio::test]

@@ -252,7 +252,7 @@ impl Encoder {
             Compression::Lz4 => 1,
             Compression::Zstd => 2,
         }];
-        let bytes: usize = batch.columns().iter().map(|c| c.get_buffer_memory_size()).sum();
+        let bytes = addressed_bytes(batch);
         let pieces = bytes.div_ceil(self.max_message_bytes).max(1);
         let rows_per_piece = batch.num_rows().div_ceil(pieces).max(1);
         let mut out = Vec::with_capacity(pieces);
@@ -273,6 +273,21 @@ impl Encoder {
             }
         }
     }
+}
+
+/// The bytes `batch`'s columns address (their slices of their buffers), which is what IPC
+/// copies; not the allocations they point into: a fragment-cache hit's buffers are slices
+/// of one whole entry, and counting allocations would count the entry once per buffer.
+pub fn addressed_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_buffer_memory_size())
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -394,6 +409,21 @@ mod tests {
             assert_eq!(run(&mut g, 4 * WINDOW, 1, 100), codec);
             assert_eq!(run(&mut g, 4 * WINDOW, 100, 0), codec);
         }
+    }
+
+    /// A batch of slices into a larger allocation (as a cache hit's are) is split by the
+    /// bytes it holds, not by the allocation's size.
+    #[test]
+    fn a_sliced_batch_is_split_by_what_it_addresses() {
+        use arrow::array::Int64Array;
+        use std::sync::Arc;
+        let whole = Int64Array::from_iter_values(0..1_000_000);
+        let batch =
+            RecordBatch::try_from_iter([("id", Arc::new(whole.slice(5_000, 1_000)) as _)]).expect("batch");
+        assert_eq!(addressed_bytes(&batch), 8_000);
+        let mut encoder = Encoder::new(32 << 10).expect("encoder");
+        let pieces = encoder.batch(&batch, Compression::None).expect("encode");
+        assert_eq!(pieces.len(), 1, "8 KB is one message of 32 KB at most");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::Instrument;
 
-use crate::codec::{Encoder, Governor, LinkMemory};
+use crate::codec::{Encoder, Governor, LinkMemory, addressed_bytes};
 use crate::state::State;
 
 /// Peers whose links adaptive streams remember (see [`LinkMemory`]).
@@ -179,11 +179,7 @@ impl FlightSink {
         // What the batch would have been uncompressed (its buffers: what IPC copies).
         let raw = match codec {
             Compression::None => wire,
-            _ => batch
-                .columns()
-                .iter()
-                .map(|c| c.get_buffer_memory_size() as u64)
-                .sum(),
+            _ => addressed_bytes(batch) as u64,
         };
         let sending_since = Instant::now();
         for data in messages {

@@ -187,6 +187,8 @@ impl PyLoader {
         let next = py.detach(move || inner.lock().next());
         let Some(batch) = next else { return Ok(None) };
         let batch = batch.map_err(client_error)?;
+        // In the batch's column order; the Arrow columns' values filled in once they are one
+        // record batch (the i-th "arrow" entry is its column i).
         let mut out = Vec::with_capacity(batch.columns.len());
         let mut arrow = Vec::new();
         for (name, column) in batch.columns {
@@ -199,17 +201,19 @@ impl PyLoader {
                     let kind = if bfloat16 { "bfloat16" } else { "tensor" };
                     out.push((name, kind, tensor(py, values, &shape)?));
                 }
-                Column::Arrow(array) => arrow.push((name, array)),
+                Column::Arrow(array) => {
+                    arrow.push((name.clone(), array));
+                    out.push((name, "arrow", py.None()));
+                }
             }
         }
         if !arrow.is_empty() {
-            let names: Vec<String> = arrow.iter().map(|(name, _)| name.clone()).collect();
             let shared = Py::new(py, PyArrowBatch::new(arrow)?)?.into_any();
-            out.extend(
-                names
-                    .into_iter()
-                    .map(|name| (name, "arrow", shared.clone_ref(py))),
-            );
+            for (_, kind, value) in &mut out {
+                if *kind == "arrow" {
+                    *value = shared.clone_ref(py);
+                }
+            }
         }
         Ok(Some(out))
     }

@@ -67,15 +67,17 @@ def _value(kind: str, value: Any) -> Any:
 
 
 def _batch(item: Sequence[Tuple[str, str, Any]]) -> Dict[str, Any]:
-    """A native batch's columns by name: tensors as they come, the Arrow ones taken from
-    the batch's one ``_ArrowBatch`` together."""
-    arrow = None
+    """A native batch's columns by name, in its order: tensors as they come, the Arrow ones
+    taken from the batch's one ``_ArrowBatch`` together (the i-th Arrow column is its
+    column i)."""
+    arrow, taken = None, 0
     batch = {}
     for name, kind, value in item:
         if kind == "arrow":
             if arrow is None:
                 arrow = _arrow(value)
-            batch[name] = arrow.column(name)
+            batch[name] = arrow.column(taken)
+            taken += 1
         else:
             batch[name] = _value(kind, value)
     return batch
