@@ -46,20 +46,18 @@ def model_named(name):
 
         return getattr(torchvision.models, name)(num_classes=1000)
     except ImportError:
-        return _resnet18() if name == "resnet18" else _resnet50()
+        return _resnet(bottleneck=name == "resnet50")
 
 
-def _resnet18():
-    """ResNet-18 (basic blocks 2-2-2-2) in plain torch, for hosts without torchvision."""
+def _resnet(bottleneck):
+    """ResNet-50 (bottleneck blocks 3-4-6-3) or ResNet-18 (basic blocks 2-2-2-2) in plain
+    torch, for hosts without torchvision."""
     nn = torch.nn
 
-    class Basic(nn.Module):
-        def __init__(self, cin, cout, stride):
+    class Residual(nn.Module):
+        def __init__(self, body, cin, cout, stride):
             super().__init__()
-            self.body = nn.Sequential(
-                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
-            )
+            self.body = nn.Sequential(*body)
             self.skip = (
                 nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
                 if stride != 1 or cin != cout
@@ -69,43 +67,30 @@ def _resnet18():
         def forward(self, x):
             return torch.relu(self.body(x) + self.skip(x))
 
-    layers, cin = [], 64
-    for width, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
-        layers += [Basic(cin, width, stride), Basic(width, width, 1)]
-        cin = width
-    return nn.Sequential(
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000),
-    )
-
-
-def _resnet50():
-    """ResNet-50 (bottleneck blocks 3-4-6-3) in plain torch, for hosts without torchvision."""
-    nn = torch.nn
-
-    class Bottleneck(nn.Module):
-        def __init__(self, cin, width, stride):
-            super().__init__()
+    def block(cin, width, stride):
+        """One residual block and its output channels."""
+        if bottleneck:
             cout = width * 4
-            self.body = nn.Sequential(
+            body = [
                 nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
                 nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
                 nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout),
-            )
-            self.skip = (
-                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                if stride != 1 or cin != cout
-                else nn.Identity()
-            )
+            ]
+        else:
+            cout = width
+            body = [
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+            ]
+        return Residual(body, cin, cout, stride), cout
 
-        def forward(self, x):
-            return torch.relu(self.body(x) + self.skip(x))
-
+    stages = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)] if bottleneck else \
+        [(64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)]
     layers, cin = [], 64
-    for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+    for width, blocks, stride in stages:
         for i in range(blocks):
-            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
-            cin = width * 4
+            layer, cin = block(cin, width, stride if i == 0 else 1)
+            layers.append(layer)
     return nn.Sequential(
         nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
         *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000),
