@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # What a trainer and a storage host install, built once on a machine with Rust: the Python
 # package as an abi3 wheel (one wheel for every CPython >= 3.9, tagged with the lowest
-# manylinux its symbols allow; it links only the C library) and the `pushdown` binary
-# (server and CLI), stripped. Into OUT (default dist/):
+# manylinux its symbols allow; it links only the C library). The wheel is both sides: its
+# `pushdown` console script is the server and CLI, inside the native module. Beside it, the
+# standalone `pushdown` binary (on mimalloc, for hosts without Python): the same feature
+# resolution (scripts/check-features.py), so it compiles no dependency again. Into OUT
+# (default dist/):
 #
 #   scripts/build-wheel.sh [OUT] [--debug]
 #
@@ -23,9 +26,8 @@ python=.venv/bin/python
 if [[ ! -x "$python" ]]; then scripts/setup-python.sh > /dev/null; fi
 PATH="$PWD/.venv/bin:$PATH" maturin build --quiet --locked --profile "$profile" \
   -m crates/python/Cargo.toml -o "$out"
-# The workspace's features, as the test build resolves them (`-p pushdown-cli` alone would
-# unify them differently and rebuild every dependency).
-cargo build --quiet --locked --profile "$profile" --workspace --bin pushdown
+# The binary on the wheel's artifacts: every dependency resolves as it did for the wheel.
+cargo build --quiet --locked --profile "$profile" -p pushdown-cli --bin pushdown
 dir=$([[ "$profile" == dev ]] && echo debug || echo release)
 strip -o "$out/pushdown" "$target/$dir/pushdown"
 ls -l "$out"/pushdown-*.whl "$out/pushdown"

@@ -25,7 +25,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CRATES = ["crates/engine", "crates/pushdown-server", "crates/client", "crates/planner",
-          "crates/ops", "crates/cli"]
+          "crates/ops", "crates/cli", "crates/import"]
 
 
 def product_text(path):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Proves the wheel works without the source tree: a fresh virtual environment outside the
-# checkout gets the wheel from OUT (as `scripts/build-wheel.sh OUT` made it) and pyarrow from
-# PyPI, OUT's `pushdown` generates a dataset and serves it, and the README's quick start (its
-# Python block, as written, on the port chosen here) reads it.
+# Proves the wheel works alone: a fresh virtual environment outside the checkout gets the
+# wheel from OUT (as `scripts/build-wheel.sh OUT` made it) and pyarrow from PyPI; the wheel's
+# own `pushdown` console script (not OUT's binary, not the checkout's) generates a dataset and
+# serves it, and the README's quick start (its Python block, as written, on the port chosen
+# here) reads it.
 #
 #   scripts/check-wheel.sh OUT
 set -euo pipefail
@@ -24,9 +25,13 @@ PY
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel" pyarrow
 cd "$work"
-"$out/pushdown" gen images --rows 1000 --out data > /dev/null
+# The console script, from the venv's bin/ (PATH holds no other `pushdown`).
+pushdown="$work/venv/bin/pushdown"
+[[ -x "$pushdown" ]] || { echo "the wheel installed no pushdown console script" >&2; exit 1; }
+"$pushdown" --version
+"$pushdown" gen images --rows 1000 --out data > /dev/null
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$out/pushdown" serve --data data --listen "127.0.0.1:$port" > serve.log 2>&1 &
+"$pushdown" serve --data data --listen "127.0.0.1:$port" > serve.log 2>&1 &
 server=$!
 for _ in $(seq 150); do grep -q "listening on" serve.log && break; sleep 0.2; done
 grep -q "listening on" serve.log || { cat serve.log; exit 1; }

@@ -17,6 +17,7 @@ mod cpus;
 mod feed;
 mod finished;
 mod fleet;
+mod import;
 mod link;
 mod load;
 mod neighbour;
@@ -126,6 +127,12 @@ enum Command {
     /// (`cpu_affinity`) against a server whose fragment cache is warm (supply almost free):
     /// samples/s, CPU per 1,000 samples, each loader thread's share of a core.
     Ceiling {
+        #[command(flatten)]
+        options: Options,
+    },
+    /// `pushdown import` against a pyarrow script doing the same (an image folder, JSONL):
+    /// rows/s on the same files and CPU.
+    Import {
         #[command(flatten)]
         options: Options,
     },
@@ -371,6 +378,14 @@ fn write_section(path: &Path, name: &str, body: &str) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    // The in-process servers' and loaders' warnings (a refused stream, a retried read) on
+    // stderr, as `pushdown serve` writes them; `RUST_LOG` picks others.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let (suite, options) = match args.command {
         Command::Serve(far) => return serve(&far.data, far.listen, far.threads),
         Command::Finished(far) => return finished::serve(&far.data, far.listen, far.threads),
@@ -387,6 +402,7 @@ fn main() -> Result<()> {
         Command::Shared { options } => ("shared", options.resolve()),
         Command::Feed { options } => ("feed", options.resolve()),
         Command::Ceiling { options } => ("ceiling", options.resolve()),
+        Command::Import { options } => ("import", options.resolve()),
         Command::Neighbour { options } => ("neighbour", options.resolve()),
         Command::Order { options } => ("order", options.resolve()),
         Command::Text { options } => ("text", options.resolve()),
@@ -417,6 +433,18 @@ fn main() -> Result<()> {
                 if options.quick { " --quick" } else { "" }
             );
             let body = video::suite(&options, &command).await?;
+            println!("{body}");
+            return write_section(&options.results, suite, &body);
+        }
+        if suite == "import" {
+            // Sources from the generated images and text (only those two are generated).
+            let images = datasets(&options, Some(Kind::Images))?;
+            datasets(&options, Some(Kind::Text))?;
+            let command = format!(
+                "cargo run --release -p pushdown-benches --bin harness -- import{}",
+                if options.quick { " --quick" } else { "" }
+            );
+            let body = import::suite(&options, &images.root, &command).await?;
             println!("{body}");
             return write_section(&options.results, suite, &body);
         }

@@ -712,8 +712,40 @@ fn choose_codec(link: &str, forced: Option<&str>, profiled: &str) -> PyResult<St
     Ok(pushdown_protocol::choose_codec(inputs).to_string())
 }
 
+/// The `pushdown` command line (`serve`, `gen`, `run`, `explain`, `demo`, `scaling`): the
+/// same command as the `pushdown` binary, run in this process without the interpreter's lock.
+/// `argv` is the whole command line, the program's name first. Returns the exit status.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(move || pushdown_cli::command::main(argv))
+}
+
+/// `pushdown.imports`: imports `inputs` of `kind` into the dataset folder `out` as `split`,
+/// without the interpreter's lock; returns the summary as JSON.
+#[pyfunction]
+#[pyo3(signature = (kind, inputs, out, split = "train".to_owned(), progress = false))]
+fn import_dataset(
+    py: Python<'_>,
+    kind: &str,
+    inputs: Vec<std::path::PathBuf>,
+    out: std::path::PathBuf,
+    split: String,
+    progress: bool,
+) -> PyResult<String> {
+    let kind: pushdown_import::Kind = kind.parse().map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let mut options = pushdown_import::ImportOptions::new(kind, inputs, out);
+    options.split = split;
+    options.progress = progress;
+    let summary = py
+        .detach(|| pushdown_import::import(&options))
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("{e:#}")))?;
+    serde_json::to_string(&summary).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(import_dataset, m)?)?;
     m.add_class::<PyLoader>()?;
     m.add_class::<PyTransform>()?;
     m.add_class::<PyArrowBatch>()?;

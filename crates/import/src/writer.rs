@@ -1,0 +1,408 @@
+//! Writing a dataset: Parquet files laid out as the Hugging Face Hub lays out a split
+//! (`OUT/data/<split>-NNNNN-of-NNNNN.parquet`, so the server's `split` column and `datasets`
+//! both read the split from the name), row groups sized by bytes, files rolled over by size,
+//! and nothing half-written in the dataset: files are staged under `OUT/_import/<split>-<pid>/`
+//! (a `_` folder the server's catalog skips) and renamed into place only when the import is
+//! whole; the split's files of an earlier import are removed only after that.
+//!
+//! The same input writes the same bytes: the writer's properties are fixed, and the footer's
+//! metadata is an ordered key-value list (no `ARROW:schema`, whose metadata is a map without
+//! order; the Parquet types alone give back every column's Arrow type here).
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow::array::{ArrayRef, BinaryBuilder, StringBuilder, StructArray};
+use arrow::datatypes::{DataType, Field, Fields, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_writer::ArrowWriterOptions;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+/// A row group's target size, uncompressed: big enough for efficient reads of media, small
+/// enough that a filter on a column with statistics skips most of a file.
+pub const ROW_GROUP_BYTES: usize = 32 << 20;
+/// A file's target size, compressed: a shard a server reads and a reader parallelizes over.
+pub const FILE_BYTES: u64 = 512 << 20;
+/// Row-group rows at most, however small the rows.
+const ROW_GROUP_ROWS: usize = 131_072;
+/// Where files wait until the import is whole (hidden from the catalog by its `_`).
+pub const STAGING: &str = "_import";
+
+/// The Hub's media struct: `struct<bytes: binary, path: string>` (`datasets`' `Image` and
+/// `Audio` features store exactly this).
+pub fn media_type() -> DataType {
+    DataType::Struct(media_fields())
+}
+
+fn media_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("bytes", DataType::Binary, true),
+        Field::new("path", DataType::Utf8, true),
+    ])
+}
+
+/// Builds a media column row by row.
+#[derive(Debug, Default)]
+pub struct MediaColumn {
+    bytes: BinaryBuilder,
+    path: StringBuilder,
+    valid: Vec<bool>,
+}
+
+impl MediaColumn {
+    /// Appends one file's bytes under its path.
+    pub fn push(&mut self, bytes: &[u8], path: &str) {
+        self.bytes.append_value(bytes);
+        self.path.append_value(path);
+        self.valid.push(true);
+    }
+
+    /// Appends a null (a sample without this member).
+    pub fn push_null(&mut self) {
+        self.bytes.append_null();
+        self.path.append_null();
+        self.valid.push(false);
+    }
+
+    /// The rows appended since the last call, as one struct array.
+    pub fn finish(&mut self) -> ArrayRef {
+        let nulls = std::mem::take(&mut self.valid);
+        let nulls = (nulls.iter().any(|v| !v)).then(|| nulls.into());
+        Arc::new(StructArray::new(
+            media_fields(),
+            vec![Arc::new(self.bytes.finish()), Arc::new(self.path.finish())],
+            nulls,
+        ))
+    }
+}
+
+/// Writes one split of a dataset into `out`.
+#[derive(Debug)]
+pub struct DatasetWriter {
+    out: PathBuf,
+    split: String,
+    schema: SchemaRef,
+    metadata: Vec<KeyValue>,
+    writer: Option<ArrowWriter<File>>,
+    /// This import's staging folder.
+    staging: PathBuf,
+    staged: Vec<PathBuf>,
+    rows: u64,
+}
+
+impl DatasetWriter {
+    /// A writer of `split` into the dataset folder `out`, with `metadata` (ordered key-value
+    /// pairs: the Hub's `huggingface` features, `label_names`) in every file's footer. What an
+    /// interrupted import of the same split left staged is removed.
+    pub fn create(out: &Path, split: &str, schema: SchemaRef, metadata: Vec<KeyValue>) -> Result<Self> {
+        valid_split(split)?;
+        let root = out.join(STAGING);
+        if let Ok(entries) = fs::read_dir(&root) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.rsplit_once('-').is_some_and(|(s, _)| s == split) {
+                    fs::remove_dir_all(entry.path())
+                        .with_context(|| format!("removing {}", entry.path().display()))?;
+                }
+            }
+        }
+        let staging = root.join(format!("{split}-{}", std::process::id()));
+        fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+        Ok(DatasetWriter {
+            out: out.to_owned(),
+            split: split.to_owned(),
+            schema,
+            metadata,
+            writer: None,
+            staging,
+            staged: Vec::new(),
+            rows: 0,
+        })
+    }
+
+    /// The schema every batch must have.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Appends `batch`; starts the next file when this one has reached [`FILE_BYTES`].
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.writer.is_none() {
+            let path = self.staging.join(format!("{:05}.parquet", self.staged.len()));
+            let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let props = properties(&self.schema, self.metadata.clone())?;
+            // No `ARROW:schema`: pyarrow (and `datasets` through it) then reads the footer's
+            // key-value list as the schema's metadata, and the file's bytes do not depend on
+            // a map's order.
+            let options = ArrowWriterOptions::new()
+                .with_properties(props)
+                .with_skip_arrow_metadata(true);
+            self.writer = Some(ArrowWriter::try_new_with_options(
+                file,
+                Arc::clone(&self.schema),
+                options,
+            )?);
+            self.staged.push(path);
+        }
+        let writer = self.writer.as_mut().context("no open file")?;
+        writer.write(batch)?;
+        self.rows += batch.num_rows() as u64;
+        if writer.bytes_written() as u64 + writer.in_progress_size() as u64 >= FILE_BYTES {
+            self.close_file()?;
+        }
+        Ok(())
+    }
+
+    fn close_file(&mut self) -> Result<()> {
+        if let Some(writer) = self.writer.take() {
+            writer.close()?;
+        }
+        Ok(())
+    }
+
+    /// Closes the last file and moves the split's files into `out/data/`, named
+    /// `<split>-NNNNN-of-NNNNN.parquet`, then removes the split's files of an earlier import
+    /// that these did not replace. Returns their paths relative to `out` and their total size.
+    /// With no rows written it fails and leaves the split's files as they were.
+    pub fn finish(mut self) -> Result<(Vec<String>, u64)> {
+        self.close_file()?;
+        if self.rows == 0 {
+            self.discard();
+            anyhow::bail!(
+                "no rows to write: the split `{}`'s files are left as they were",
+                self.split
+            );
+        }
+        let data = self.out.join("data");
+        fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
+        let total = self.staged.len();
+        let mut names = Vec::with_capacity(total);
+        let mut bytes = 0;
+        for (i, staged) in self.staged.iter().enumerate() {
+            let name = format!("{}-{i:05}-of-{total:05}.parquet", self.split);
+            bytes += fs::metadata(staged)?.len();
+            fs::rename(staged, data.join(&name)).with_context(|| format!("moving {}", staged.display()))?;
+            names.push(name);
+        }
+        // The split's files from an earlier import with another file count.
+        let prefix = format!("{}-", self.split);
+        for entry in fs::read_dir(&data)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let stale =
+                name.starts_with(&prefix) && is_shard_name(&name[prefix.len()..]) && !names.contains(&name);
+            if stale {
+                fs::remove_file(data.join(&name))?;
+            }
+        }
+        self.discard();
+        Ok((names.into_iter().map(|n| format!("data/{n}")).collect(), bytes))
+    }
+
+    /// Removes this import's staging folder (and the staging root, when no other import uses it).
+    fn discard(&self) {
+        let _ = fs::remove_dir_all(&self.staging);
+        let _ = fs::remove_dir(self.out.join(STAGING));
+    }
+}
+
+/// `NNNNN-of-NNNNN.parquet`.
+fn is_shard_name(rest: &str) -> bool {
+    let Some(rest) = rest.strip_suffix(".parquet") else {
+        return false;
+    };
+    match rest.split_once("-of-") {
+        Some((a, b)) => {
+            !a.is_empty() && !b.is_empty() && (a.chars().chain(b.chars())).all(|c| c.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+/// A split name the Hub's file names can carry (letters, digits, `_`, `.`).
+fn valid_split(split: &str) -> Result<()> {
+    let ok = !split.is_empty()
+        && split.len() <= 64
+        && split
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && !split.starts_with('.');
+    anyhow::ensure!(
+        ok,
+        "split `{split}`: use letters, digits, `_` and `.` (e.g. train, validation, test)"
+    );
+    Ok(())
+}
+
+fn properties(schema: &SchemaRef, metadata: Vec<KeyValue>) -> Result<WriterProperties> {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_created_by("pushdown import".into())
+        .set_key_value_metadata(Some(metadata));
+    // No filter compares encoded media's bytes: no statistics are kept for them.
+    for field in schema.fields() {
+        if field.data_type() == &media_type() {
+            let bytes = parquet::schema::types::ColumnPath::new(vec![field.name().clone(), "bytes".into()]);
+            props = props.set_column_statistics_enabled(bytes, EnabledStatistics::None);
+        }
+    }
+    Ok(props.build())
+}
+
+/// The footer's metadata: `huggingface` (the `datasets` features, so `datasets` decodes
+/// media columns as `Image`/`Audio` and labels as `ClassLabel`), then any `extra` pairs.
+pub fn footer_metadata(features: serde_json::Value, extra: Vec<(String, String)>) -> Vec<KeyValue> {
+    let hub = serde_json::json!({ "info": { "features": features } });
+    std::iter::once(("huggingface".to_owned(), hub.to_string()))
+        .chain(extra)
+        .map(|(k, v)| KeyValue::new(k, v))
+        .collect()
+}
+
+/// `datasets`' feature description of an Arrow type: `Value` for scalars, `Image`/`Audio`
+/// where `media` says so.
+pub fn value_feature(data_type: &DataType) -> serde_json::Value {
+    let dtype = match data_type {
+        DataType::Boolean => "bool",
+        DataType::Int8 => "int8",
+        DataType::Int16 => "int16",
+        DataType::Int32 => "int32",
+        DataType::Int64 => "int64",
+        DataType::UInt8 => "uint8",
+        DataType::UInt16 => "uint16",
+        DataType::UInt32 => "uint32",
+        DataType::UInt64 => "uint64",
+        DataType::Float16 => "float16",
+        DataType::Float32 => "float32",
+        DataType::Float64 => "float64",
+        DataType::Utf8 | DataType::LargeUtf8 => "string",
+        DataType::Binary | DataType::LargeBinary => "binary",
+        DataType::Null => "null",
+        DataType::Date32 => "date32",
+        DataType::Date64 => "date64",
+        DataType::Timestamp(unit, _) => match unit {
+            arrow::datatypes::TimeUnit::Second => "timestamp[s]",
+            arrow::datatypes::TimeUnit::Millisecond => "timestamp[ms]",
+            arrow::datatypes::TimeUnit::Microsecond => "timestamp[us]",
+            arrow::datatypes::TimeUnit::Nanosecond => "timestamp[ns]",
+        },
+        DataType::List(f) | DataType::LargeList(f) => {
+            return serde_json::json!({ "feature": value_feature(f.data_type()), "_type": "List" });
+        }
+        DataType::Struct(fields) => {
+            return fields
+                .iter()
+                .map(|f| (f.name().clone(), value_feature(f.data_type())))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+        }
+        _ => "string",
+    };
+    serde_json::json!({ "dtype": dtype, "_type": "Value" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::Schema;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    fn batch(schema: &SchemaRef, from: i64, n: i64) -> RecordBatch {
+        let mut media = MediaColumn::default();
+        for i in from..from + n {
+            media.push(&i.to_le_bytes(), &format!("{i}.bin"));
+        }
+        RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![
+                media.finish(),
+                Arc::new(Int64Array::from_iter_values(from..from + n)),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn write_all(out: &Path, schema: &SchemaRef) -> (Vec<String>, u64) {
+        let meta = footer_metadata(
+            serde_json::json!({"image": {"_type": "Image"}}),
+            vec![("k".into(), "v".into())],
+        );
+        let mut w = DatasetWriter::create(out, "train", Arc::clone(schema), meta).unwrap();
+        w.write(&batch(schema, 0, 100)).unwrap();
+        w.write(&batch(schema, 100, 50)).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn writes_the_hub_layout_deterministically_and_leaves_no_staging() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("image", media_type(), true),
+            Field::new("label", DataType::Int64, false),
+        ]));
+        let (files, bytes) = write_all(dir.path(), &schema);
+        assert_eq!(files, vec!["data/train-00000-of-00001.parquet"]);
+        assert!(bytes > 0);
+        assert!(!dir.path().join(STAGING).exists());
+        // Nothing to write: an error, and the split's files stay.
+        let empty = DatasetWriter::create(dir.path(), "train", Arc::clone(&schema), vec![]).unwrap();
+        assert!(empty.finish().is_err());
+        assert!(dir.path().join(&files[0]).exists());
+        let first = fs::read(dir.path().join(&files[0])).unwrap();
+        // A stale file of the same split with another count is replaced, not kept beside.
+        fs::write(dir.path().join("data/train-00000-of-00002.parquet"), b"stale").unwrap();
+        fs::write(
+            dir.path().join("data/test-00000-of-00001.parquet"),
+            b"other split",
+        )
+        .unwrap();
+        let (again, _) = write_all(dir.path(), &schema);
+        assert_eq!(again, files);
+        assert_eq!(
+            fs::read(dir.path().join(&files[0])).unwrap(),
+            first,
+            "same input, same bytes"
+        );
+        assert!(!dir.path().join("data/train-00000-of-00002.parquet").exists());
+        assert!(dir.path().join("data/test-00000-of-00001.parquet").exists());
+
+        let file = File::open(dir.path().join(&files[0])).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let kv = reader
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .unwrap()
+            .clone();
+        assert_eq!(kv[0].key, "huggingface");
+        assert_eq!(kv[1].key, "k");
+        assert_eq!(reader.schema().field(0).data_type(), &media_type());
+        let rows: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
+        assert_eq!(rows, 150);
+    }
+
+    #[test]
+    fn refuses_split_names_the_layout_cannot_carry() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for bad in ["", "a/b", "train-1", ".hidden"] {
+            assert!(
+                DatasetWriter::create(dir.path(), bad, Arc::clone(&schema), vec![]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(is_shard_name("00000-of-00003.parquet"));
+        assert!(!is_shard_name("extra.parquet"));
+    }
+}
