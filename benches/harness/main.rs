@@ -378,13 +378,14 @@ fn write_section(path: &Path, name: &str, body: &str) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    // The in-process servers' and loaders' warnings (a refused stream, a retried read) on
-    // stderr, as `pushdown serve` writes them; `RUST_LOG` picks others.
+    // The in-process servers' and loaders' errors on stderr, as `pushdown serve` writes them
+    // (`RUST_LOG=warn` adds the retries a soak or a busy cell provokes by design).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let (suite, options) = match args.command {
         Command::Serve(far) => return serve(&far.data, far.listen, far.threads),
