@@ -22,12 +22,21 @@ done
 target=${CARGO_TARGET_DIR:-target}
 mkdir -p "$out"
 rm -f "$out"/pushdown-*.whl
-python=.venv/bin/python
-if [[ ! -x "$python" ]]; then scripts/setup-python.sh > /dev/null; fi
-PATH="$PWD/.venv/bin:$PATH" maturin build --quiet --locked --profile "$profile" \
-  -m crates/python/Cargo.toml -o "$out"
+# maturin, and nothing else: the test environment (.venv, scripts/setup-python.sh) would also
+# install the test oracles and build a debug module first. Its pin is the tests' one.
+venv=.venv
+if [[ ! -x "$venv/bin/maturin" ]]; then
+  venv=.venv-build
+  if [[ ! -x "$venv/bin/maturin" ]]; then
+    "${PYTHON:-python3}" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "$(grep -E '^maturin==' tests/python/requirements.txt)"
+  fi
+fi
+PATH="$PWD/$venv/bin:$PATH" maturin build --quiet --locked --profile "$profile" \
+  -m crates/python/Cargo.toml -o "$out" ${PUSHDOWN_CARGO_TIMINGS:+--timings=html}
 # The binary on the wheel's artifacts: every dependency resolves as it did for the wheel.
-cargo build --quiet --locked --profile "$profile" -p pushdown-cli --bin pushdown
+cargo build --quiet --locked --profile "$profile" -p pushdown-cli --bin pushdown ${PUSHDOWN_CARGO_TIMINGS:+--timings=html}
 dir=$([[ "$profile" == dev ]] && echo debug || echo release)
 strip -o "$out/pushdown" "$target/$dir/pushdown"
 ls -l "$out"/pushdown-*.whl "$out/pushdown"
