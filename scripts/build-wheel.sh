@@ -34,9 +34,9 @@ if [[ ! -x "$venv/bin/maturin" ]]; then
   fi
 fi
 PATH="$PWD/$venv/bin:$PATH" maturin build --quiet --locked --profile "$profile" \
-  -m crates/python/Cargo.toml -o "$out" ${PUSHDOWN_CARGO_TIMINGS:+--timings=html}
+  -m crates/python/Cargo.toml -o "$out"
 # The binary on the wheel's artifacts: every dependency resolves as it did for the wheel.
-cargo build --quiet --locked --profile "$profile" -p pushdown-cli --bin pushdown ${PUSHDOWN_CARGO_TIMINGS:+--timings=html}
+cargo build --quiet --locked --profile "$profile" -p pushdown-cli --bin pushdown ${PUSHDOWN_CARGO_TIMINGS:+--timings}
 dir=$([[ "$profile" == dev ]] && echo debug || echo release)
 strip -o "$out/pushdown" "$target/$dir/pushdown"
 ls -l "$out"/pushdown-*.whl "$out/pushdown"

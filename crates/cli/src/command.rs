@@ -474,11 +474,13 @@ struct ImportArgs {
     /// metadata.jsonl, or in class sub-folders), jsonl (JSON Lines files).
     #[arg(value_parser = |s: &str| s.parse::<pushdown_import::Kind>())]
     kind: pushdown_import::Kind,
-    /// One folder (imagefolder, audiofolder), or the files (shards, JSONL files).
+    /// One folder (imagefolder, audiofolder), or the files (shards, JSONL files) and folders
+    /// of them. Each a local path or an object-store URL (s3://bucket/prefix, gs://…, az://…,
+    /// configured from the variables `pushdown serve --data` reads).
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
-    /// The dataset's folder, named as the dataset: a server with `--data` on its parent
-    /// serves it under that name.
+    /// The dataset's folder, named as the dataset (a local path or an object-store URL): a
+    /// server with `--data` on its parent serves it under that name.
     #[arg(long)]
     out: PathBuf,
     /// The split the rows are (train, validation, test): the files' names carry it and the

@@ -116,5 +116,13 @@ mod tests {
             "saved only {:.1}x\n{text}",
             report.reduction()
         );
+        // Each row of storage is counted once, however the loader cut the shards into parts
+        // (each part's prescan reads from its shard's start).
+        let scanned = report.run.server().rows_scanned;
+        assert!(
+            scanned <= report.dataset_rows as u64 && scanned > 0,
+            "the server scanned {scanned} rows of {}\n{text}",
+            report.dataset_rows
+        );
     }
 }

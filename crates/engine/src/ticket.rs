@@ -558,7 +558,7 @@ pub struct TicketStream {
     placement: StreamSplit,
     computing: Counted,
     /// What finding a filtered part's rows read before the plan ran.
-    prescan: StreamStats,
+    prescan: Option<StreamStats>,
     /// On the reducing cores: whether another client's stream ran there beside this one.
     seat: Option<Seat>,
     /// The stream slot an opened stream holds until it ends.
@@ -729,8 +729,12 @@ impl TicketStream {
             }
         }
         let mut stats = scan_stats(&self.plan);
-        stats.bytes_scanned += self.prescan.bytes_scanned;
-        stats.rows_scanned += self.prescan.rows_scanned;
+        if let Some(prescan) = &self.prescan {
+            // Bytes both read; rows of storage counted once: the prescan's account of the
+            // part's rows (the plan read a subset of them again).
+            stats.bytes_scanned += prescan.bytes_scanned;
+            stats.rows_scanned = prescan.rows_scanned;
+        }
         stats.rows_sent = self.rows_sent;
         stats.rows_output = self.output;
         stats.bytes_sent = bytes_sent;

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::place::Folder;
+
 /// torchvision's `IMG_EXTENSIONS`.
 pub const IMAGE_EXTENSIONS: &[&str] = &[
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
@@ -47,35 +49,20 @@ pub struct Listing {
     pub others: Vec<String>,
 }
 
-/// Lists `dir` by torchvision's rule, keeping files whose lower-cased name ends with one of
-/// `extensions`.
-pub fn list(dir: &Path, extensions: &[&str]) -> Result<Listing> {
+/// A class's files: each folder under it (`class/sub/...`) with its files' names.
+type Tree = Vec<(String, Vec<String>)>;
+
+/// Lists `folder` by torchvision's rule, keeping files whose lower-cased name ends with one
+/// of `extensions`. Under an object-store prefix, a class is the first part of the keys that
+/// have more than one (a store has no empty folders and no links).
+pub fn list(folder: &Folder, extensions: &[&str]) -> Result<Listing> {
     let mut listing = Listing::default();
-    let mut top_files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // `os.scandir(...).is_dir()` follows links, as `metadata` does.
-        if std::fs::metadata(entry.path())
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            listing.classes.push(name);
-        } else {
-            top_files.push(name);
-        }
-    }
-    listing.classes.sort();
-    for (label, class) in listing.classes.iter().enumerate() {
-        let mut folders = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        walk(
-            &dir.join(class),
-            class,
-            &mut folders,
-            &mut seen,
-            &mut listing.unreadable,
-        );
+    let (classes, mut top_files) = match folder {
+        Folder::Local(dir) => local_tree(dir, &mut listing.unreadable)?,
+        Folder::Objects(store, prefix) => object_tree(store.list(prefix)?),
+    };
+    for (label, (class, mut folders)) in classes.into_iter().enumerate() {
+        listing.classes.push(class);
         folders.sort();
         for (folder, mut names) in folders {
             names.sort();
@@ -104,6 +91,62 @@ pub fn list(dir: &Path, extensions: &[&str]) -> Result<Listing> {
         }
     }
     Ok(listing)
+}
+
+/// A local folder's classes (sorted, each with its tree) and the files directly in it.
+fn local_tree(
+    dir: &Path,
+    unreadable: &mut Vec<(String, String)>,
+) -> Result<(Vec<(String, Tree)>, Vec<String>)> {
+    let mut classes = Vec::new();
+    let mut top_files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // `os.scandir(...).is_dir()` follows links, as `metadata` does.
+        if std::fs::metadata(entry.path())
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
+            classes.push(name);
+        } else {
+            top_files.push(name);
+        }
+    }
+    classes.sort();
+    let trees = classes
+        .into_iter()
+        .map(|class| {
+            let mut folders = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            walk(&dir.join(&class), &class, &mut folders, &mut seen, unreadable);
+            (class, folders)
+        })
+        .collect();
+    Ok((trees, top_files))
+}
+
+/// The same from an object store's keys (relative to the folder, sorted).
+fn object_tree(keys: Vec<String>) -> (Vec<(String, Tree)>, Vec<String>) {
+    let mut classes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<String>>> =
+        Default::default();
+    let mut top_files = Vec::new();
+    for key in keys {
+        match (key.split_once('/'), key.rsplit_once('/')) {
+            (Some((class, _)), Some((folder, name))) => classes
+                .entry(class.to_owned())
+                .or_default()
+                .entry(folder.to_owned())
+                .or_default()
+                .push(name.to_owned()),
+            _ => top_files.push(key),
+        }
+    }
+    let trees = classes
+        .into_iter()
+        .map(|(class, folders)| (class, folders.into_iter().collect()))
+        .collect();
+    (trees, top_files)
 }
 
 /// `os.walk(path, followlinks=True)`: each folder (as `relative`) with its files' names. A
@@ -212,14 +255,13 @@ pub fn audio_problem(bytes: &[u8], ext: &str) -> Option<String> {
     })
 }
 
-/// Reads `dir/relative`.
-pub fn read(dir: &Path, relative: &str) -> std::io::Result<Vec<u8>> {
-    std::fs::read(dir.join(PathBuf::from(relative)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::place::{Store, child};
+    use object_store::memory::InMemory;
+    use object_store::path::Path as Key;
+    use std::sync::Arc;
 
     #[test]
     fn lists_classes_and_files_in_torchvisions_order() {
@@ -238,7 +280,7 @@ mod tests {
             std::fs::write(path, b"x").unwrap();
         }
         std::fs::create_dir_all(p.join(".hidden")).unwrap();
-        let l = list(p, IMAGE_EXTENSIONS).unwrap();
+        let l = list(&Folder::Local(p.to_owned()), IMAGE_EXTENSIONS).unwrap();
         assert_eq!(l.classes, vec![".hidden", "cat", "dog"]);
         let files: Vec<(&str, Option<usize>)> =
             l.files.iter().map(|e| (e.relative.as_str(), e.label)).collect();
@@ -253,6 +295,38 @@ mod tests {
             ]
         );
         assert_eq!(l.others, vec!["cat/notes.txt"]);
+
+        // The same tree under a store's prefix (no empty folder there: no `.hidden` class),
+        // beside a sibling prefix that must not leak in.
+        let store = Store::from_store(Arc::new(InMemory::new()), "memory://");
+        let prefix = Key::from("sets/pets");
+        for f in [
+            "dog/b.JPG",
+            "dog/a.png",
+            "dog/z/deep.jpg",
+            "cat/x.jpeg",
+            "cat/notes.txt",
+            "stray.jpg",
+        ] {
+            store.put(&child(&prefix, f), f.as_bytes()).unwrap();
+        }
+        store.put(&Key::from("sets/pets2/fish/f.jpg"), b"x").unwrap();
+        let o = list(
+            &Folder::Objects(Arc::clone(&store), prefix.clone()),
+            IMAGE_EXTENSIONS,
+        )
+        .unwrap();
+        assert_eq!(o.classes, vec!["cat", "dog"]);
+        let shifted: Vec<(&str, Option<usize>)> = files.iter().map(|&(f, l)| (f, l.map(|l| l - 1))).collect();
+        let got: Vec<(&str, Option<usize>)> =
+            o.files.iter().map(|e| (e.relative.as_str(), e.label)).collect();
+        assert_eq!(got, shifted);
+        assert_eq!(o.others, l.others);
+        let folder = Folder::Objects(store, prefix);
+        let read = folder.read_many(&["dog/z/deep.jpg", "cat/gone.jpg"]);
+        assert_eq!(read[0].as_ref().unwrap(), b"dog/z/deep.jpg");
+        assert!(read[1].is_err());
+        assert_eq!(folder.read_optional("metadata.csv").unwrap(), None);
     }
 
     #[test]

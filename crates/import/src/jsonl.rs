@@ -7,15 +7,14 @@
 //! Blank lines are not rows.
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use arrow::datatypes::SchemaRef;
 use indicatif::ProgressBar;
 
+use crate::place::{Input, Output, ReadSeek};
 use crate::summary::{Reason, Summary};
 use crate::writer::{DatasetWriter, footer_metadata, value_feature};
 
@@ -25,9 +24,9 @@ const BATCH_ROWS: usize = 4096;
 /// The non-blank lines of files, in order, each with its file's index and its 1-based
 /// number; a file that cannot be opened or read is one `Err` and the files after it go on.
 struct Lines<'a> {
-    files: &'a [PathBuf],
+    files: &'a [Input],
     file: usize,
-    reader: Option<BufReader<File>>,
+    reader: Option<BufReader<Box<dyn ReadSeek>>>,
     number: usize,
     /// Bytes read so far.
     bytes: u64,
@@ -37,7 +36,7 @@ struct Lines<'a> {
 type Line = Result<(usize, usize, Vec<u8>), (usize, String)>;
 
 impl<'a> Lines<'a> {
-    fn new(files: &'a [PathBuf]) -> Self {
+    fn new(files: &'a [Input]) -> Self {
         Lines {
             files,
             file: 0,
@@ -57,7 +56,7 @@ impl Iterator for Lines<'_> {
             let path = self.files.get(f)?;
             let reader = match self.reader.as_mut() {
                 Some(r) => r,
-                None => match File::open(path) {
+                None => match path.open() {
                     Ok(file) => {
                         self.number = 0;
                         self.reader.insert(BufReader::new(file))
@@ -93,8 +92,8 @@ impl Iterator for Lines<'_> {
 
 /// Imports `files` into the dataset folder `out` as `split`.
 pub fn import(
-    files: &[PathBuf],
-    out: &Path,
+    files: &[Input],
+    out: &Output,
     split: &str,
     summary: &mut Summary,
     bar: &ProgressBar,
@@ -144,7 +143,7 @@ pub fn import(
 /// Pass 1: one schema inferred over every object line, streaming; the lines that are not
 /// JSON objects named and counted, and returned (`(file, line)`; line 0: the whole file).
 fn infer(
-    files: &[PathBuf],
+    files: &[Input],
     summary: &mut Summary,
 ) -> Result<(arrow::datatypes::Schema, HashSet<(usize, usize)>)> {
     let mut bad: HashSet<(usize, usize)> = HashSet::new();
@@ -157,7 +156,7 @@ fn infer(
                     Ok(_) => {
                         summary.skip(
                             Reason::Corrupt,
-                            &format!("{}:{number}", files[f].display()),
+                            &format!("{}:{number}", files[f].name),
                             "not a JSON object",
                         );
                         bad.insert((f, number));
@@ -165,14 +164,14 @@ fn infer(
                     Err(e) => {
                         summary.skip(
                             Reason::Corrupt,
-                            &format!("{}:{number}", files[f].display()),
+                            &format!("{}:{number}", files[f].name),
                             &e.to_string(),
                         );
                         bad.insert((f, number));
                     }
                 },
                 Err((f, e)) => {
-                    summary.skip(Reason::Unreadable, &files[f].display().to_string(), &e);
+                    summary.skip(Reason::Unreadable, &files[f].name.clone(), &e);
                     bad.insert((f, 0));
                 }
             }
@@ -193,7 +192,7 @@ fn infer(
 /// inferred), each line is decoded alone and the ones that fail are named and counted.
 fn decode_batch(
     lines: &[(usize, usize, Vec<u8>)],
-    files: &[PathBuf],
+    files: &[Input],
     schema: &SchemaRef,
     writer: &mut DatasetWriter,
     summary: &mut Summary,
@@ -229,7 +228,7 @@ fn decode_batch(
                 let (f, number, _) = &one[0];
                 summary.skip(
                     Reason::Corrupt,
-                    &format!("{}:{number}", files[*f].display()),
+                    &format!("{}:{number}", files[*f].name),
                     &e.to_string(),
                 );
             }
@@ -261,7 +260,8 @@ mod tests {
         .unwrap();
         let out = dir.path().join("ds");
         let mut summary = Summary::new("jsonl");
-        let result = import(&[input], &out, "train", &mut summary, &ProgressBar::hidden());
+        let (inputs, dataset) = ([Input::local(input)], Output::Local(out.clone()));
+        let result = import(&inputs, &dataset, "train", &mut summary, &ProgressBar::hidden());
         // Inference itself refuses number-and-list: a clear error, nothing written.
         if let Err(e) = result {
             assert!(format!("{e:#}").contains("jsonl"), "{e:#}");

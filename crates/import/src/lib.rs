@@ -7,7 +7,8 @@
 //! and the server's catalog takes `split` from the names; row groups are sized by bytes for
 //! pruning, files by size for shards ([`writer`]). Every input that is not imported is named
 //! and counted ([`summary`]); the same input writes the same files; an interrupted import
-//! leaves nothing half-written in the dataset.
+//! leaves nothing half-written in the dataset. Inputs and the dataset may be local or in an
+//! object store (`s3://`, `gs://`, `az://`: [`place`]).
 //!
 //! | layer | modules |
 //! |---|---|
@@ -15,6 +16,7 @@
 //! | the kinds | [`media_folder`], [`webdataset`], [`jsonl`] |
 //! | folders of media | [`folder`] |
 //! | writing, the summary | [`writer`], [`summary`] |
+//! | local paths and object stores | [`place`] |
 
 pub mod run;
 
@@ -29,6 +31,8 @@ pub mod folder;
 pub mod writer;
 
 pub mod summary;
+
+pub mod place;
 
 pub use run::{ImportOptions, Kind, import};
 pub use summary::{Reason, Summary};

@@ -9,8 +9,7 @@
 //! is the Hub's `struct<bytes, path>`.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::BufReader;
+use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use indicatif::ProgressBar;
 
 use crate::folder::{self, Entry, Listing};
+use crate::place::{Folder, Output};
 use crate::summary::{Reason, Summary};
 use crate::writer::{DatasetWriter, MediaColumn, footer_metadata, media_type, value_feature};
 
@@ -70,56 +70,109 @@ enum Labels {
     None,
 }
 
-/// Imports the folder `dir` into the dataset folder `out` as `split`.
+/// Files read and checked together, while the rows before them are written.
+const CHUNK: usize = 64;
+
+/// What became of one listed file.
+enum Outcome {
+    /// In no class folder, or named by no metadata row.
+    NoLabel,
+    Unreadable(String),
+    /// Why, and the bytes read.
+    Corrupt(String, u64),
+    /// Its bytes, and its label or metadata row.
+    Row(Vec<u8>, u32),
+}
+
+/// Imports the folder `input` (a local path, or an object-store prefix) into `out` as `split`.
+/// The files are read and checked [`CHUNK`] at a time, on rayon's threads (concurrent GETs
+/// from a store), while the writer encodes the chunk before; rows keep the listing's order.
 pub fn import(
-    dir: &Path,
+    input: &Path,
     media: Media,
-    out: &Path,
+    out: &Output,
     split: &str,
     summary: &mut Summary,
     bar: &ProgressBar,
 ) -> Result<()> {
-    anyhow::ensure!(dir.is_dir(), "{}: not a folder", dir.display());
-    let listing = folder::list(dir, media.extensions())?;
+    let folder = Folder::open(input)?;
+    let listing = folder::list(&folder, media.extensions())?;
     for other in &listing.others {
         summary.skip(Reason::OtherFile, other, "");
     }
     for (folder, why) in &listing.unreadable {
         summary.skip(Reason::Unreadable, &format!("{folder}/"), why);
     }
-    let labels = labels(dir, &listing, summary)?;
+    let labels = labels(&folder, &listing, summary)?;
     let (schema, metadata) = schema(media, &labels);
     let mut writer = DatasetWriter::create(out, split, Arc::clone(&schema), metadata)?;
     bar.set_length(listing.files.len() as u64);
     let mut batch = Batch::default();
-    for entry in &listing.files {
-        bar.inc(1);
-        let Some(key) = key_of(entry, &labels) else {
-            summary.skip(Reason::MissingLabel, &entry.relative, "");
-            continue;
-        };
-        let bytes = match folder::read(dir, &entry.relative) {
-            Ok(b) => b,
-            Err(e) => {
-                summary.skip(Reason::Unreadable, &entry.relative, &e.to_string());
-                continue;
+    std::thread::scope(|scope| -> Result<()> {
+        let (send, chunks) = std::sync::mpsc::sync_channel::<Vec<Outcome>>(1);
+        let (folder, listing, labels) = (&folder, &listing, &labels);
+        scope.spawn(move || {
+            for chunk in listing.files.chunks(CHUNK) {
+                if send.send(read_and_check(folder, chunk, labels, media)).is_err() {
+                    break; // the writer failed: its error is the import's
+                }
             }
-        };
-        summary.bytes_read += bytes.len() as u64;
-        if let Some(problem) = media.problem(&bytes, &entry.relative) {
-            summary.skip(Reason::Corrupt, &entry.relative, &problem);
-            continue;
+        });
+        for (outcome, entry) in chunks.into_iter().flatten().zip(&listing.files) {
+            bar.inc(1);
+            let name = &entry.relative;
+            match outcome {
+                Outcome::NoLabel => summary.skip(Reason::MissingLabel, name, ""),
+                Outcome::Unreadable(why) => summary.skip(Reason::Unreadable, name, &why),
+                Outcome::Corrupt(why, read) => {
+                    summary.bytes_read += read;
+                    summary.skip(Reason::Corrupt, name, &why);
+                }
+                Outcome::Row(bytes, key) => {
+                    summary.bytes_read += bytes.len() as u64;
+                    batch.push(&bytes, name, key);
+                    if batch.keys.len() >= BATCH_ROWS || batch.bytes >= BATCH_BYTES {
+                        summary.rows += batch.write(&mut writer, labels)?;
+                    }
+                }
+            }
         }
-        batch.push(&bytes, &entry.relative, key);
-        if batch.keys.len() >= BATCH_ROWS || batch.bytes >= BATCH_BYTES {
-            summary.rows += batch.write(&mut writer, &labels)?;
-        }
-    }
+        Ok(())
+    })?;
     summary.rows += batch.write(&mut writer, &labels)?;
     let (files, bytes) = writer.finish()?;
     summary.files = files;
     summary.bytes_written = bytes;
     Ok(())
+}
+
+/// Reads and checks `chunk`'s files (the labelled ones), in order.
+fn read_and_check(folder: &Folder, chunk: &[Entry], labels: &Labels, media: Media) -> Vec<Outcome> {
+    use rayon::prelude::*;
+    let keys: Vec<Option<u32>> = chunk.iter().map(|e| key_of(e, labels)).collect();
+    let wanted: Vec<&str> = chunk
+        .iter()
+        .zip(&keys)
+        .filter(|(_, k)| k.is_some())
+        .map(|(e, _)| e.relative.as_str())
+        .collect();
+    let mut read = folder.read_many(&wanted).into_iter();
+    let pairs: Vec<(&Entry, Option<(std::io::Result<Vec<u8>>, u32)>)> = chunk
+        .iter()
+        .zip(keys)
+        .map(|(e, k)| (e, k.and_then(|k| read.next().map(|r| (r, k)))))
+        .collect();
+    pairs
+        .into_par_iter()
+        .map(|(entry, read)| match read {
+            None => Outcome::NoLabel,
+            Some((Err(e), _)) => Outcome::Unreadable(e.to_string()),
+            Some((Ok(bytes), key)) => match media.problem(&bytes, &entry.relative) {
+                Some(problem) => Outcome::Corrupt(problem, bytes.len() as u64),
+                None => Outcome::Row(bytes, key),
+            },
+        })
+        .collect()
 }
 
 /// The file's label, or its metadata row; `None` where it has neither but should.
@@ -131,8 +184,8 @@ fn key_of(entry: &Entry, labels: &Labels) -> Option<u32> {
     }
 }
 
-fn labels(dir: &Path, listing: &Listing, summary: &mut Summary) -> Result<Labels> {
-    if let Some(table) = read_metadata(dir)? {
+fn labels(folder: &Folder, listing: &Listing, summary: &mut Summary) -> Result<Labels> {
+    if let Some(table) = read_metadata(folder)? {
         let names = table
             .column_by_name("file_name")
             .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
@@ -183,35 +236,33 @@ fn labels(dir: &Path, listing: &Listing, summary: &mut Summary) -> Result<Labels
 }
 
 /// `metadata.jsonl` or `metadata.csv` at the folder's root, as one batch.
-fn read_metadata(dir: &Path) -> Result<Option<RecordBatch>> {
-    let jsonl = dir.join("metadata.jsonl");
-    let csv = dir.join("metadata.csv");
-    let batches = if jsonl.is_file() {
-        let open = || -> Result<BufReader<File>> { Ok(BufReader::new(File::open(&jsonl)?)) };
-        let (schema, _) = arrow::json::reader::infer_json_schema(open()?, None)
-            .with_context(|| format!("{}: not JSON lines of one schema", jsonl.display()))?;
+fn read_metadata(folder: &Folder) -> Result<Option<RecordBatch>> {
+    let name = |file: &str| format!("{}/{file}", folder.name());
+    let batches = if let Some(jsonl) = folder.read_optional("metadata.jsonl")? {
+        let (schema, _) = arrow::json::reader::infer_json_schema(Cursor::new(&jsonl), None)
+            .with_context(|| format!("{}: not JSON lines of one schema", name("metadata.jsonl")))?;
         let reader = arrow::json::ReaderBuilder::new(Arc::new(schema))
             .with_coerce_primitive(true)
-            .build(open()?)?;
+            .build(Cursor::new(&jsonl))?;
         reader
             .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("reading {}", jsonl.display()))?
-    } else if csv.is_file() {
+            .with_context(|| format!("reading {}", name("metadata.jsonl")))?
+    } else if let Some(csv) = folder.read_optional("metadata.csv")? {
         let format = arrow::csv::reader::Format::default().with_header(true);
         let (schema, _) = format
-            .infer_schema(File::open(&csv)?, None)
-            .with_context(|| format!("{}: not CSV", csv.display()))?;
+            .infer_schema(Cursor::new(&csv), None)
+            .with_context(|| format!("{}: not CSV", name("metadata.csv")))?;
         let reader = arrow::csv::ReaderBuilder::new(Arc::new(schema))
             .with_header(true)
-            .build(File::open(&csv)?)?;
+            .build(Cursor::new(&csv))?;
         reader
             .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("reading {}", csv.display()))?
+            .with_context(|| format!("reading {}", name("metadata.csv")))?
     } else {
         return Ok(None);
     };
     let Some(first) = batches.first() else {
-        bail!("{}: the metadata file has no rows", dir.display());
+        bail!("{}: the metadata file has no rows", folder.name());
     };
     Ok(Some(arrow::compute::concat_batches(&first.schema(), &batches)?))
 }

@@ -8,6 +8,7 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::media_folder::{self, Media};
+use crate::place::{self, Output};
 use crate::summary::Summary;
 use crate::{jsonl, webdataset};
 
@@ -62,9 +63,11 @@ impl FromStr for Kind {
 pub struct ImportOptions {
     /// What the inputs are.
     pub kind: Kind,
-    /// A folder (`imagefolder`, `audiofolder`: exactly one) or files (shards, JSONL files).
+    /// A folder (`imagefolder`, `audiofolder`: exactly one), or files (shards, JSONL files)
+    /// and folders of them; local paths or object-store URLs (`s3://bucket/prefix`).
     pub inputs: Vec<PathBuf>,
-    /// The dataset's folder (its name is the dataset's name on the server).
+    /// The dataset's folder (its name is the dataset's name on the server): a local path or
+    /// an object-store URL.
     pub out: PathBuf,
     /// The split the rows are (`train`, `validation`, `test`): the files' names say it.
     pub split: String,
@@ -86,8 +89,22 @@ impl ImportOptions {
 }
 
 /// Runs the import; inputs it cannot import are counted in the summary, not fatal. Fails only
-/// where nothing sensible can be written (no inputs, an output folder it cannot create).
+/// where nothing sensible can be written (no inputs, an output folder it cannot create, a
+/// store that cannot be reached). Inputs and the output may be object-store URLs
+/// ([`crate::place`]); called from inside a tokio runtime, the import runs on a thread of its
+/// own (its store requests block on a runtime of theirs).
 pub fn import(options: &ImportOptions) -> Result<Summary> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return std::thread::scope(|s| {
+            s.spawn(|| import_here(options))
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the import panicked")))
+        });
+    }
+    import_here(options)
+}
+
+fn import_here(options: &ImportOptions) -> Result<Summary> {
     let start = Instant::now();
     let mut summary = Summary::new(options.kind.name());
     let bar = if options.progress {
@@ -108,12 +125,21 @@ pub fn import(options: &ImportOptions) -> Result<Summary> {
             _ => anyhow::bail!("{}: give exactly one folder", options.kind.name()),
         }
     };
-    let (out, split) = (&options.out, options.split.as_str());
+    let out = Output::open(&options.out)?;
+    let (out, split) = (&out, options.split.as_str());
     match options.kind {
         Kind::ImageFolder => media_folder::import(folder()?, Media::Image, out, split, &mut summary, &bar)?,
         Kind::AudioFolder => media_folder::import(folder()?, Media::Audio, out, split, &mut summary, &bar)?,
-        Kind::WebDataset => webdataset::import(&options.inputs, out, split, &mut summary, &bar)?,
-        Kind::Jsonl => jsonl::import(&options.inputs, out, split, &mut summary, &bar)?,
+        Kind::WebDataset => {
+            let shards = place::inputs(&options.inputs, &|name| name.ends_with(".tar"))?;
+            webdataset::import(&shards, out, split, &mut summary, &bar)?
+        }
+        Kind::Jsonl => {
+            let files = place::inputs(&options.inputs, &|name| {
+                name.ends_with(".jsonl") || name.ends_with(".ndjson")
+            })?;
+            jsonl::import(&files, out, split, &mut summary, &bar)?
+        }
     }
     bar.finish_and_clear();
     summary.seconds = start.elapsed().as_secs_f64();

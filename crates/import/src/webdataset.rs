@@ -11,8 +11,6 @@
 //! text that is not UTF-8, bad JSON, a non-integer class) is counted and skipped whole.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -21,6 +19,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use indicatif::ProgressBar;
 
 use crate::folder;
+use crate::place::{Input, Output};
 use crate::summary::{Reason, Summary};
 use crate::writer::{DatasetWriter, MediaColumn, footer_metadata, media_type};
 
@@ -148,12 +147,12 @@ fn member<R: std::io::Read>(
 
 /// Calls `each` with every sample of `shard`, in order (the library's `group_by_keys`).
 fn samples(
-    shard: &Path,
+    shard: &Input,
     summary: &mut Summary,
     mut each: impl FnMut(Sample, &mut Summary) -> Result<()>,
 ) -> Result<()> {
-    let name = shard.display().to_string();
-    let file = match File::open(shard) {
+    let name = shard.name.clone();
+    let file = match shard.open() {
         Ok(f) => f,
         Err(e) => {
             summary.skip(Reason::Unreadable, &name, &e.to_string());
@@ -218,10 +217,10 @@ fn samples(
 }
 
 /// The extensions the shards hold (a first pass over the members' names).
-fn extensions(shards: &[PathBuf]) -> Result<BTreeSet<String>> {
+fn extensions(shards: &[Input]) -> Result<BTreeSet<String>> {
     let mut found = BTreeSet::new();
     for shard in shards {
-        let Ok(file) = File::open(shard) else { continue };
+        let Ok(file) = shard.open() else { continue };
         let mut archive = tar::Archive::new(file);
         let Ok(entries) = archive.entries_with_seek() else {
             continue;
@@ -248,8 +247,8 @@ fn extensions(shards: &[PathBuf]) -> Result<BTreeSet<String>> {
 
 /// Imports `shards` into the dataset folder `out` as `split`.
 pub fn import(
-    shards: &[PathBuf],
-    out: &Path,
+    shards: &[Input],
+    out: &Output,
     split: &str,
     summary: &mut Summary,
     bar: &ProgressBar,
@@ -290,13 +289,13 @@ pub fn import(
     bar.set_length(shards.len() as u64);
     let mut batch = Batch::new(&columns);
     for shard in shards {
-        let url = shard.display().to_string();
+        let url = &shard.name;
         samples(shard, summary, |sample, summary| {
             if let Some(problem) = sample_problem(&sample) {
                 summary.skip(Reason::Corrupt, &format!("{url}:{}", sample.key), &problem);
                 return Ok(());
             }
-            batch.push(&sample, &url, &columns);
+            batch.push(&sample, url, &columns);
             if batch.rows >= BATCH_ROWS || batch.bytes >= BATCH_BYTES {
                 summary.rows += batch.write(&mut writer)?;
             }

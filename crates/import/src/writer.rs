@@ -10,7 +10,7 @@
 //! order; the Parquet types alone give back every column's Arrow type here).
 
 use std::fs::{self, File};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -22,6 +22,9 @@ use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+use crate::place::{Output, child};
+use object_store::path::Path as Key;
 
 /// A row group's target size, uncompressed: big enough for efficient reads of media, small
 /// enough that a filter on a column with statistics skips most of a file.
@@ -84,37 +87,55 @@ impl MediaColumn {
 /// Writes one split of a dataset into `out`.
 #[derive(Debug)]
 pub struct DatasetWriter {
-    out: PathBuf,
+    out: Output,
     split: String,
     schema: SchemaRef,
     metadata: Vec<KeyValue>,
-    writer: Option<ArrowWriter<File>>,
-    /// This import's staging folder.
+    /// The file being written, and its path.
+    writer: Option<(ArrowWriter<File>, PathBuf)>,
+    /// Where files are written: `OUT/_import/<split>-<pid>/`, or for a store a local temporary
+    /// folder, each file uploaded to the store's `_import/<split>-<pid>/` once closed.
     staging: PathBuf,
-    staged: Vec<PathBuf>,
+    /// The closed files' sizes, in order.
+    staged: Vec<u64>,
     rows: u64,
+    finished: bool,
 }
 
 impl DatasetWriter {
     /// A writer of `split` into the dataset folder `out`, with `metadata` (ordered key-value
     /// pairs: the Hub's `huggingface` features, `label_names`) in every file's footer. What an
     /// interrupted import of the same split left staged is removed.
-    pub fn create(out: &Path, split: &str, schema: SchemaRef, metadata: Vec<KeyValue>) -> Result<Self> {
+    pub fn create(out: &Output, split: &str, schema: SchemaRef, metadata: Vec<KeyValue>) -> Result<Self> {
         valid_split(split)?;
-        let root = out.join(STAGING);
-        if let Ok(entries) = fs::read_dir(&root) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.rsplit_once('-').is_some_and(|(s, _)| s == split) {
-                    fs::remove_dir_all(entry.path())
-                        .with_context(|| format!("removing {}", entry.path().display()))?;
+        let ours = |name: &str| name.rsplit_once('-').is_some_and(|(s, _)| s == split);
+        let folder = format!("{split}-{}", std::process::id());
+        let staging = match out {
+            Output::Local(dir) => {
+                let root = dir.join(STAGING);
+                if let Ok(entries) = fs::read_dir(&root) {
+                    for entry in entries.flatten() {
+                        if ours(&entry.file_name().to_string_lossy()) {
+                            fs::remove_dir_all(entry.path())
+                                .with_context(|| format!("removing {}", entry.path().display()))?;
+                        }
+                    }
                 }
+                root.join(folder)
             }
-        }
-        let staging = root.join(format!("{split}-{}", std::process::id()));
+            Output::Objects(store, prefix) => {
+                let root = child(prefix, STAGING);
+                for key in store.list(&root)? {
+                    if key.split_once('/').is_some_and(|(f, _)| ours(f)) {
+                        store.delete(&child(&root, &key))?;
+                    }
+                }
+                std::env::temp_dir().join(format!("pushdown-import-{folder}"))
+            }
+        };
         fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
         Ok(DatasetWriter {
-            out: out.to_owned(),
+            out: out.clone(),
             split: split.to_owned(),
             schema,
             metadata,
@@ -122,12 +143,19 @@ impl DatasetWriter {
             staging,
             staged: Vec::new(),
             rows: 0,
+            finished: false,
         })
     }
 
     /// The schema every batch must have.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// The `i`th file's key in a store's staging folder.
+    fn staged_key(&self, prefix: &Key, i: usize) -> Key {
+        let name = format!("{STAGING}/{}-{}/{i:05}.parquet", self.split, std::process::id());
+        child(prefix, &name)
     }
 
     /// Appends `batch`; starts the next file when this one has reached [`FILE_BYTES`].
@@ -145,14 +173,10 @@ impl DatasetWriter {
             let options = ArrowWriterOptions::new()
                 .with_properties(props)
                 .with_skip_arrow_metadata(true);
-            self.writer = Some(ArrowWriter::try_new_with_options(
-                file,
-                Arc::clone(&self.schema),
-                options,
-            )?);
-            self.staged.push(path);
+            let writer = ArrowWriter::try_new_with_options(file, Arc::clone(&self.schema), options)?;
+            self.writer = Some((writer, path));
         }
-        let writer = self.writer.as_mut().context("no open file")?;
+        let (writer, _) = self.writer.as_mut().context("no open file")?;
         writer.write(batch)?;
         self.rows += batch.num_rows() as u64;
         if writer.bytes_written() as u64 + writer.in_progress_size() as u64 >= FILE_BYTES {
@@ -161,17 +185,26 @@ impl DatasetWriter {
         Ok(())
     }
 
+    /// Closes the open file; for a store, uploads it to the staging folder there.
     fn close_file(&mut self) -> Result<()> {
-        if let Some(writer) = self.writer.take() {
-            writer.close()?;
+        let Some((writer, path)) = self.writer.take() else {
+            return Ok(());
+        };
+        writer.close()?;
+        let bytes = fs::metadata(&path)?.len();
+        if let Output::Objects(store, prefix) = &self.out {
+            store.upload(&path, &self.staged_key(prefix, self.staged.len()))?;
+            fs::remove_file(&path)?;
         }
+        self.staged.push(bytes);
         Ok(())
     }
 
     /// Closes the last file and moves the split's files into `out/data/`, named
-    /// `<split>-NNNNN-of-NNNNN.parquet`, then removes the split's files of an earlier import
-    /// that these did not replace. Returns their paths relative to `out` and their total size.
-    /// With no rows written it fails and leaves the split's files as they were.
+    /// `<split>-NNNNN-of-NNNNN.parquet` (renamed on disk, copied within a store), then removes
+    /// the split's files of an earlier import that these did not replace. Returns their paths
+    /// relative to `out` and their total size. With no rows written it fails and leaves the
+    /// split's files as they were.
     pub fn finish(mut self) -> Result<(Vec<String>, u64)> {
         self.close_file()?;
         if self.rows == 0 {
@@ -181,35 +214,75 @@ impl DatasetWriter {
                 self.split
             );
         }
-        let data = self.out.join("data");
-        fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
         let total = self.staged.len();
-        let mut names = Vec::with_capacity(total);
-        let mut bytes = 0;
-        for (i, staged) in self.staged.iter().enumerate() {
-            let name = format!("{}-{i:05}-of-{total:05}.parquet", self.split);
-            bytes += fs::metadata(staged)?.len();
-            fs::rename(staged, data.join(&name)).with_context(|| format!("moving {}", staged.display()))?;
-            names.push(name);
-        }
-        // The split's files from an earlier import with another file count.
+        let names: Vec<String> = (0..total)
+            .map(|i| format!("{}-{i:05}-of-{total:05}.parquet", self.split))
+            .collect();
         let prefix = format!("{}-", self.split);
-        for entry in fs::read_dir(&data)? {
-            let name = entry?.file_name().to_string_lossy().into_owned();
-            let stale =
-                name.starts_with(&prefix) && is_shard_name(&name[prefix.len()..]) && !names.contains(&name);
-            if stale {
-                fs::remove_file(data.join(&name))?;
+        let stale = |name: &str| {
+            name.starts_with(&prefix)
+                && is_shard_name(&name[prefix.len()..])
+                && !names.iter().any(|n| n == name)
+        };
+        match &self.out {
+            Output::Local(dir) => {
+                let data = dir.join("data");
+                fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
+                for (i, name) in names.iter().enumerate() {
+                    let staged = self.staging.join(format!("{i:05}.parquet"));
+                    fs::rename(&staged, data.join(name))
+                        .with_context(|| format!("moving {}", staged.display()))?;
+                }
+                // The split's files from an earlier import with another file count.
+                for entry in fs::read_dir(&data)? {
+                    let name = entry?.file_name().to_string_lossy().into_owned();
+                    if stale(&name) {
+                        fs::remove_file(data.join(&name))?;
+                    }
+                }
+            }
+            Output::Objects(store, dataset) => {
+                let data = child(dataset, "data");
+                for (i, name) in names.iter().enumerate() {
+                    store.copy(&self.staged_key(dataset, i), &child(&data, name))?;
+                }
+                for name in store.list(&data)? {
+                    if stale(&name) {
+                        store.delete(&child(&data, &name))?;
+                    }
+                }
             }
         }
         self.discard();
+        let bytes = self.staged.iter().sum();
         Ok((names.into_iter().map(|n| format!("data/{n}")).collect(), bytes))
     }
 
-    /// Removes this import's staging folder (and the staging root, when no other import uses it).
-    fn discard(&self) {
+    /// Removes this import's staging folder (on disk, the staging root too, when no other
+    /// import uses it; in a store, the files uploaded there).
+    fn discard(&mut self) {
+        self.finished = true;
         let _ = fs::remove_dir_all(&self.staging);
-        let _ = fs::remove_dir(self.out.join(STAGING));
+        match &self.out {
+            Output::Local(dir) => {
+                let _ = fs::remove_dir(dir.join(STAGING));
+            }
+            Output::Objects(store, prefix) => {
+                for i in 0..self.staged.len() {
+                    let _ = store.delete(&self.staged_key(prefix, i));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DatasetWriter {
+    /// An import that failed leaves its staging folder in the dataset (the next import of the
+    /// split removes it), but no temporary folder of a store's outside it.
+    fn drop(&mut self) {
+        if !self.finished && matches!(self.out, Output::Objects(..)) {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
     }
 }
 
@@ -314,8 +387,10 @@ pub fn value_feature(data_type: &DataType) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::place::Store;
     use arrow::array::Int64Array;
     use arrow::datatypes::Schema;
+    use object_store::memory::InMemory;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     fn batch(schema: &SchemaRef, from: i64, n: i64) -> RecordBatch {
@@ -333,7 +408,7 @@ mod tests {
         .unwrap()
     }
 
-    fn write_all(out: &Path, schema: &SchemaRef) -> (Vec<String>, u64) {
+    fn write_all(out: &Output, schema: &SchemaRef) -> (Vec<String>, u64) {
         let meta = footer_metadata(
             serde_json::json!({"image": {"_type": "Image"}}),
             vec![("k".into(), "v".into())],
@@ -351,12 +426,13 @@ mod tests {
             Field::new("image", media_type(), true),
             Field::new("label", DataType::Int64, false),
         ]));
-        let (files, bytes) = write_all(dir.path(), &schema);
+        let out = Output::Local(dir.path().to_owned());
+        let (files, bytes) = write_all(&out, &schema);
         assert_eq!(files, vec!["data/train-00000-of-00001.parquet"]);
         assert!(bytes > 0);
         assert!(!dir.path().join(STAGING).exists());
         // Nothing to write: an error, and the split's files stay.
-        let empty = DatasetWriter::create(dir.path(), "train", Arc::clone(&schema), vec![]).unwrap();
+        let empty = DatasetWriter::create(&out, "train", Arc::clone(&schema), vec![]).unwrap();
         assert!(empty.finish().is_err());
         assert!(dir.path().join(&files[0]).exists());
         let first = fs::read(dir.path().join(&files[0])).unwrap();
@@ -367,7 +443,7 @@ mod tests {
             b"other split",
         )
         .unwrap();
-        let (again, _) = write_all(dir.path(), &schema);
+        let (again, _) = write_all(&out, &schema);
         assert_eq!(again, files);
         assert_eq!(
             fs::read(dir.path().join(&files[0])).unwrap(),
@@ -393,12 +469,59 @@ mod tests {
     }
 
     #[test]
+    fn writes_the_same_files_into_a_store() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("image", media_type(), true),
+            Field::new("label", DataType::Int64, false),
+        ]));
+        let dir = tempfile::tempdir().unwrap();
+        let (local, _) = write_all(&Output::Local(dir.path().to_owned()), &schema);
+        let store = Store::from_store(Arc::new(InMemory::new()), "memory://");
+        let dataset = Key::from("sets/pets");
+        let stale = child(&dataset, "data/train-00000-of-00002.parquet");
+        let other = child(&dataset, "data/test-00000-of-00001.parquet");
+        let left = child(&dataset, &format!("{STAGING}/train-1/00000.parquet"));
+        for key in [&stale, &other, &left] {
+            store.put(key, b"earlier").unwrap();
+        }
+        let out = Output::Objects(Arc::clone(&store), dataset.clone());
+        let (files, bytes) = write_all(&out, &schema);
+        assert_eq!(files, local);
+        let all = store.list(&dataset).unwrap();
+        assert_eq!(
+            all,
+            vec![
+                "data/test-00000-of-00001.parquet",
+                "data/train-00000-of-00001.parquet"
+            ],
+            "the stale file of the split and every staged one gone, the other split kept"
+        );
+        let got = store
+            .read_many(&[child(&dataset, &files[0])])
+            .pop()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got,
+            fs::read(dir.path().join(&local[0])).unwrap(),
+            "same input, same bytes"
+        );
+        assert_eq!(bytes, got.len() as u64);
+    }
+
+    #[test]
     fn refuses_split_names_the_layout_cannot_carry() {
         let dir = tempfile::tempdir().unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
         for bad in ["", "a/b", "train-1", ".hidden"] {
             assert!(
-                DatasetWriter::create(dir.path(), bad, Arc::clone(&schema), vec![]).is_err(),
+                DatasetWriter::create(
+                    &Output::Local(dir.path().to_owned()),
+                    bad,
+                    Arc::clone(&schema),
+                    vec![]
+                )
+                .is_err(),
                 "{bad}"
             );
         }

@@ -12,6 +12,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The module's own Rust allocations on mimalloc, which keeps freed pages for the next batch
+/// (glibc's allocator, the interpreter's, unmaps batch-sized buffers on free and faults them
+/// back in). C code and the interpreter keep glibc's: this serves Rust's `alloc` only, and
+/// every buffer handed to Python (numpy arrays, Arrow's C Data Interface) is freed through
+/// Rust again. `pushdown/__init__.py` turns its purging of freed pages off as it loads.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,

@@ -167,8 +167,8 @@ pub struct Opened {
     /// its stream).
     pub skipped: Option<u64>,
     /// What finding a filtered part's rows read before the plan runs (its filter's columns),
-    /// counted into the stream's statistics.
-    pub prescan: StreamStats,
+    /// counted into the stream's statistics; its `rows_scanned` stand for the part's.
+    pub prescan: Option<StreamStats>,
 }
 
 /// A plan's stream started ahead of its reader, and since when.

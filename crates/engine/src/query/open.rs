@@ -155,10 +155,10 @@ impl Engine {
         let (rows, prescan) = if one_to_one(whole.df.logical_plan()) {
             let from = ticket.skip_rows.min(len);
             let to = ticket.take_rows.map_or(len, |t| from.saturating_add(t).min(len));
-            (from..to, StreamStats::default())
+            (from..to, None)
         } else {
             match self.filtered_part(&whole, ticket, len, parallelism).await? {
-                Some(found) => found,
+                Some((rows, prescan)) => (rows, Some(prescan)),
                 None => return Ok(whole),
             }
         };
@@ -172,9 +172,13 @@ impl Engine {
 
     /// The shard's rows (counted from its start) holding the part of a filtered query's
     /// output that `ticket` asks for, found by evaluating the filter alone (only its columns
-    /// are read) and stopping at the part's last row; and what that read. `None` when the
-    /// query is not a filter over a one-to-one plan (its part is then cut from the whole
-    /// output) or the shard holds fewer matching rows than the part skips.
+    /// are read) and stopping at the part's last row; and what that read. Its `rows_scanned`
+    /// are the rows of storage the part accounts for: from the row after the previous part's
+    /// last match to this part's end, so the parts of a shard count its rows once between
+    /// them (each prescan reads from the shard's start, and the part's own plan reads a
+    /// subset again). `None` when the query is not a filter over a one-to-one plan (its part
+    /// is then cut from the whole output) or the shard holds fewer matching rows than the
+    /// part skips.
     pub(super) async fn filtered_part(
         &self,
         whole: &Framed,
@@ -193,13 +197,17 @@ impl Engine {
         let mut stream = ordered_stream(Arc::clone(&plan), whole.ctx.task_ctx(), parallelism)?;
         let (skip, take) = (ticket.skip_rows, ticket.take_rows.unwrap_or(u64::MAX));
         let (mut row, mut matched, mut start) = (0u64, 0u64, None);
-        let mut end = None;
+        // Where the previous part ends: just after the match before this part's first.
+        let (mut end, mut after_previous) = (None, 0u64);
         'batches: while let Some(batch) = futures::StreamExt::next(&mut stream).await {
             let batch = batch.map_err(|e| ServerError::from_scan(e, ticket.shard.as_ref()))?;
             let keep = arrow::array::AsArray::as_boolean(batch.column(0));
             for i in 0..keep.len() {
                 // A null predicate drops the row, as the filter does.
                 if arrow::array::Array::is_valid(keep, i) && keep.value(i) {
+                    if matched + 1 == skip {
+                        after_previous = row + i as u64 + 1;
+                    }
                     if matched == skip {
                         start = Some(row + i as u64);
                     }
@@ -213,8 +221,10 @@ impl Engine {
             row += keep.len() as u64;
         }
         drop(stream);
-        let stats = scan_stats(&plan);
-        Ok(start.map(|start| (start..end.unwrap_or(len), stats)))
+        let mut stats = scan_stats(&plan);
+        let end = end.unwrap_or(len);
+        stats.rows_scanned = end.saturating_sub(after_previous);
+        Ok(start.map(|start| (start..end, stats)))
     }
 
     /// The query of `frame` over its shard's table (only its rows, when it names some).
@@ -289,7 +299,7 @@ impl Engine {
                 row_groups: shard.row_groups.clone(),
             }),
             skipped: None,
-            prescan: StreamStats::default(),
+            prescan: None,
         })
     }
 
@@ -373,7 +383,7 @@ impl Engine {
             limits,
             source: None,
             skipped: None,
-            prescan: StreamStats::default(),
+            prescan: None,
         })
     }
 }
@@ -389,8 +399,9 @@ pub(super) struct Framed {
     /// scan skipped (the stream's first row is the output's row `skipped`). `None`: the
     /// whole output is computed.
     pub(super) skipped: Option<u64>,
-    /// What finding a filtered part's rows read (its filter's columns, before the part).
-    pub(super) prescan: StreamStats,
+    /// What finding a filtered part's rows read (its filter's columns, before the part),
+    /// with the rows of storage the part accounts for ([`Engine::filtered_part`]).
+    pub(super) prescan: Option<StreamStats>,
 }
 
 /// What [`Engine::frame_shard`] frames: a ticket's checked query over its shard of `file`,

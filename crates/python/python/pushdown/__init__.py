@@ -22,7 +22,21 @@ import json
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
-from ._native import BUILD_PROFILE, _Loader, _Transform
+# The native module's allocator (mimalloc, for Rust's allocations only) keeps the pages it
+# frees instead of returning them to the system a second later: a loader frees and allocates
+# batch-sized buffers without pause, and returning them costs a page fault per 4 KiB the next
+# time (`harness ceiling`, the Python cells). mimalloc reads its options once, from the
+# environment, as the module loads: the variable is set for that moment only (processes started
+# later do not inherit it), and a value already set stands.
+_PURGE = "MIMALLOC_PURGE_DELAY"
+_purge_set = _PURGE not in os.environ
+if _purge_set:
+    os.environ[_PURGE] = "-1"
+try:
+    from ._native import BUILD_PROFILE, _Loader, _Transform
+finally:
+    if _purge_set:
+        del os.environ[_PURGE]
 from . import errors as _errors
 from .errors import *  # noqa: F403 (the error classes, named in errors.__all__)
 

@@ -8,6 +8,10 @@ importer as ``pushdown import KIND INPUT... --out DIR``.
     imports.jsonl(["a.jsonl", "b.jsonl"], out="/data/text")
     print(summary["rows"], summary["skipped"])                   # every input not imported, named
 
+Inputs and OUT may be object-store URLs (``s3://bucket/prefix``, ``gs://``, ``az://``),
+configured from the same variables as ``pushdown serve --data``: a folder is every object under
+the prefix, a prefix given for shards or JSONL files is every ``.tar`` (``.jsonl``) under it.
+
 The dataset is the Hugging Face Hub's layout (``OUT/data/<split>-NNNNN-of-NNNNN.parquet``,
 images and audio as ``struct<bytes, path>``, the features in the footer): a server with
 ``--data`` on OUT's parent serves it as OUT's name, and ``datasets.load_dataset(OUT)`` reads
@@ -28,6 +32,13 @@ __all__ = ["imagefolder", "webdataset", "audiofolder", "jsonl"]
 Path = Union[str, "os.PathLike[str]"]
 
 
+def _paths(inputs: Union[Path, Sequence[Path]]) -> list:
+    """One path (a file, a folder, a URL) or several."""
+    if isinstance(inputs, (str, os.PathLike)):
+        return [inputs]
+    return list(inputs)
+
+
 def _run(kind: str, inputs: Sequence[Path], out: Path, split: str, progress: bool) -> Dict[str, Any]:
     paths = [os.path.expanduser(os.fspath(p)) for p in inputs]
     return json.loads(_import(kind, paths, os.path.expanduser(os.fspath(out)), split, progress))
@@ -39,10 +50,11 @@ def imagefolder(folder: Path, out: Path, split: str = "train", progress: bool = 
     return _run("imagefolder", [folder], out, split, progress)
 
 
-def webdataset(shards: Sequence[Path], out: Path, split: str = "train", progress: bool = False) -> Dict[str, Any]:
-    """WebDataset tar shards: one row per sample (``__key__``, ``__url__``, a column per
-    extension)."""
-    return _run("webdataset", list(shards), out, split, progress)
+def webdataset(shards: Union[Path, Sequence[Path]], out: Path, split: str = "train",
+               progress: bool = False) -> Dict[str, Any]:
+    """WebDataset tar shards (files, or folders and prefixes of them): one row per sample
+    (``__key__``, ``__url__``, a column per extension)."""
+    return _run("webdataset", _paths(shards), out, split, progress)
 
 
 def audiofolder(folder: Path, out: Path, split: str = "train", progress: bool = False) -> Dict[str, Any]:
@@ -51,6 +63,8 @@ def audiofolder(folder: Path, out: Path, split: str = "train", progress: bool = 
     return _run("audiofolder", [folder], out, split, progress)
 
 
-def jsonl(files: Sequence[Path], out: Path, split: str = "train", progress: bool = False) -> Dict[str, Any]:
-    """JSON Lines files: one row per object, one schema inferred over all of them."""
-    return _run("jsonl", list(files), out, split, progress)
+def jsonl(files: Union[Path, Sequence[Path]], out: Path, split: str = "train",
+          progress: bool = False) -> Dict[str, Any]:
+    """JSON Lines files (or folders and prefixes of ``.jsonl`` files): one row per object, one
+    schema inferred over all of them."""
+    return _run("jsonl", _paths(files), out, split, progress)
