@@ -51,6 +51,8 @@ pub struct Listing {
 
 /// A class's files: each folder under it (`class/sub/...`) with its files' names.
 type Tree = Vec<(String, Vec<String>)>;
+/// A folder's classes (sorted, each with its tree) and the files directly in it.
+type Classes = (Vec<(String, Tree)>, Vec<String>);
 
 /// Lists `folder` by torchvision's rule, keeping files whose lower-cased name ends with one
 /// of `extensions`. Under an object-store prefix, a class is the first part of the keys that
@@ -94,10 +96,7 @@ pub fn list(folder: &Folder, extensions: &[&str]) -> Result<Listing> {
 }
 
 /// A local folder's classes (sorted, each with its tree) and the files directly in it.
-fn local_tree(
-    dir: &Path,
-    unreadable: &mut Vec<(String, String)>,
-) -> Result<(Vec<(String, Tree)>, Vec<String>)> {
+fn local_tree(dir: &Path, unreadable: &mut Vec<(String, String)>) -> Result<Classes> {
     let mut classes = Vec::new();
     let mut top_files = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
@@ -127,7 +126,7 @@ fn local_tree(
 }
 
 /// The same from an object store's keys (relative to the folder, sorted).
-fn object_tree(keys: Vec<String>) -> (Vec<(String, Tree)>, Vec<String>) {
+fn object_tree(keys: Vec<String>) -> Classes {
     let mut classes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<String>>> =
         Default::default();
     let mut top_files = Vec::new();

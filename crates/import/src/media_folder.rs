@@ -146,6 +146,9 @@ pub fn import(
     Ok(())
 }
 
+/// A file's bytes as read, and its label or metadata row.
+type Read = (std::io::Result<Vec<u8>>, u32);
+
 /// Reads and checks `chunk`'s files (the labelled ones), in order.
 fn read_and_check(folder: &Folder, chunk: &[Entry], labels: &Labels, media: Media) -> Vec<Outcome> {
     use rayon::prelude::*;
@@ -157,7 +160,8 @@ fn read_and_check(folder: &Folder, chunk: &[Entry], labels: &Labels, media: Medi
         .map(|(e, _)| e.relative.as_str())
         .collect();
     let mut read = folder.read_many(&wanted).into_iter();
-    let pairs: Vec<(&Entry, Option<(std::io::Result<Vec<u8>>, u32)>)> = chunk
+    // Each file with its bytes and its key, where it has a key.
+    let pairs: Vec<(&Entry, Option<Read>)> = chunk
         .iter()
         .zip(keys)
         .map(|(e, k)| (e, k.and_then(|k| read.next().map(|r| (r, k)))))

@@ -245,15 +245,19 @@ pub fn inputs(paths: &[PathBuf], keep: &dyn Fn(&str) -> bool) -> Result<Vec<Inpu
                 opened
             }
         };
-        out.extend(objects(&store, key, keep)?);
+        out.extend(objects(&store, key, keep, url.ends_with('/'))?);
     }
     Ok(out)
 }
 
 /// The object at `key`, or else every object under it whose relative name `keep` accepts,
-/// sorted.
-fn objects(store: &Arc<Store>, key: Key, keep: &dyn Fn(&str) -> bool) -> Result<Vec<Input>> {
-    if let Some(size) = store.size(&key)? {
+/// sorted; only the latter for a `prefix` (a URL ending in `/`).
+fn objects(store: &Arc<Store>, key: Key, keep: &dyn Fn(&str) -> bool, prefix: bool) -> Result<Vec<Input>> {
+    // A HEAD of a prefix is a 404 on S3, and an error on stores that keep objects as files
+    // (a folder is no object): the listing decides, the HEAD's error said only where it finds
+    // nothing.
+    let head = if prefix { Ok(None) } else { store.size(&key) };
+    if let Ok(Some(size)) = head {
         return Ok(vec![Input::object(store, key, size)]);
     }
     let listed = block_on(store.store.list(Some(&key)).try_collect::<Vec<_>>())
@@ -262,11 +266,10 @@ fn objects(store: &Arc<Store>, key: Key, keep: &dyn Fn(&str) -> bool) -> Result<
         .into_iter()
         .filter(|meta| relative(&key, &meta.location).is_some_and(|r| keep(&r)))
         .collect();
-    anyhow::ensure!(
-        !found.is_empty(),
-        "{}: no such object, and no inputs under it",
-        store.url(&key)
-    );
+    if found.is_empty() {
+        head?;
+        anyhow::bail!("{}: no such object, and no inputs under it", store.url(&key));
+    }
     found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
     Ok(found
         .into_iter()
@@ -292,7 +295,7 @@ fn local_inputs(path: &Path, keep: &dyn Fn(&str) -> bool, out: &mut Vec<Input>) 
                 .strip_prefix(path)
                 .ok()
                 .and_then(Path::to_str)
-                .is_some_and(|r| keep(r))
+                .is_some_and(keep)
             {
                 found.push(child);
             }
@@ -493,7 +496,7 @@ mod tests {
         let tars = |name: &str| name.ends_with(".tar");
         let names = |inputs: Vec<Input>| inputs.into_iter().map(|i| i.name).collect::<Vec<_>>();
         assert_eq!(
-            names(objects(&s, Key::from("shards"), &tars).unwrap()),
+            names(objects(&s, Key::from("shards"), &tars, false).unwrap()),
             [
                 "mem://bucket/shards/a.tar",
                 "mem://bucket/shards/b.tar",
@@ -502,10 +505,10 @@ mod tests {
         );
         // A key named is itself, whatever `keep` says.
         assert_eq!(
-            names(objects(&s, Key::from("shards/notes.txt"), &tars).unwrap()),
+            names(objects(&s, Key::from("shards/notes.txt"), &tars, false).unwrap()),
             ["mem://bucket/shards/notes.txt"]
         );
-        let none = objects(&s, Key::from("nothing"), &tars).unwrap_err();
+        let none = objects(&s, Key::from("nothing"), &tars, true).unwrap_err();
         assert!(format!("{none:#}").contains("no inputs under it"), "{none:#}");
     }
 
@@ -515,7 +518,9 @@ mod tests {
         let len = 2 * RANGE_BYTES as usize + 12_345;
         let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
         s.put(&Key::from("big.bin"), &bytes).unwrap();
-        let input = objects(&s, Key::from("big.bin"), &|_| true).unwrap().remove(0);
+        let input = objects(&s, Key::from("big.bin"), &|_| true, false)
+            .unwrap()
+            .remove(0);
         let mut all = Vec::new();
         input.open().unwrap().read_to_end(&mut all).unwrap();
         assert!(all == bytes, "a whole read across three ranges");
