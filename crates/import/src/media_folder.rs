@@ -85,7 +85,7 @@ enum Outcome {
 }
 
 /// Imports the folder `input` (a local path, or an object-store prefix) into `out` as `split`.
-/// The files are read and checked [`CHUNK`] at a time, on rayon's threads (concurrent GETs
+/// The files are read and checked 64 at a time, on rayon's threads (concurrent GETs
 /// from a store), while the writer encodes the chunk before; rows keep the listing's order.
 pub fn import(
     input: &Path,

@@ -4,7 +4,7 @@
 //!
 //! A store is reached through its async client on a small runtime of the import's own; what
 //! the kinds see is blocking: a listing, whole objects read [`CONCURRENT_GETS`] at a time,
-//! and [`ObjectReader`], `Read + Seek` over ranged GETs, so a tar's first pass, which seeks
+//! and `ObjectReader`, `Read + Seek` over ranged GETs, so a tar's first pass, which seeks
 //! over its members' bodies, fetches no more than it reads. The import must not run on a
 //! thread that is inside a tokio runtime ([`crate::import`] sees to it).
 
