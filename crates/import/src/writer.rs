@@ -315,6 +315,7 @@ fn valid_split(split: &str) -> Result<()> {
 }
 
 fn properties(schema: &SchemaRef, metadata: Vec<KeyValue>) -> Result<WriterProperties> {
+    let images = image_columns(&metadata);
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_statistics_enabled(EnabledStatistics::Page)
@@ -326,10 +327,32 @@ fn properties(schema: &SchemaRef, metadata: Vec<KeyValue>) -> Result<WriterPrope
     for field in schema.fields() {
         if field.data_type() == &media_type() {
             let bytes = parquet::schema::types::ColumnPath::new(vec![field.name().clone(), "bytes".into()]);
-            props = props.set_column_statistics_enabled(bytes, EnabledStatistics::None);
+            props = props.set_column_statistics_enabled(bytes.clone(), EnabledStatistics::None);
+            // Images are entropy-coded already (JPEG, PNG, WebP): zstd took 45% of an image
+            // folder's import for 4% fewer bytes, and a decompression on every read after.
+            // Audio keeps it: PCM WAV compresses.
+            if images.contains(field.name()) {
+                props = props.set_column_compression(bytes, Compression::UNCOMPRESSED);
+            }
         }
     }
     Ok(props.build())
+}
+
+/// The columns the footer's `huggingface` features call `Image`.
+fn image_columns(metadata: &[KeyValue]) -> Vec<String> {
+    let hub = metadata
+        .iter()
+        .find(|kv| kv.key == "huggingface")
+        .and_then(|kv| serde_json::from_str::<serde_json::Value>(kv.value.as_deref()?).ok());
+    let Some(features) = hub.as_ref().and_then(|h| h["info"]["features"].as_object()) else {
+        return Vec::new();
+    };
+    features
+        .iter()
+        .filter(|(_, f)| f["_type"] == "Image")
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// The footer's metadata: `huggingface` (the `datasets` features, so `datasets` decodes
@@ -462,6 +485,26 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(kv[0].key, "huggingface");
+        let columns = reader.metadata().row_group(0).columns();
+        // (The file keeps the codec, not its level.)
+        let zstd: Vec<(String, bool)> = columns
+            .iter()
+            .map(|c| {
+                (
+                    c.column_path().string(),
+                    matches!(c.compression(), Compression::ZSTD(_)),
+                )
+            })
+            .collect();
+        assert_eq!(
+            zstd,
+            vec![
+                ("image.bytes".to_owned(), false),
+                ("image.path".to_owned(), true),
+                ("label".to_owned(), true),
+            ],
+            "an image's bytes are stored as they are, the rest compressed"
+        );
         assert_eq!(kv[1].key, "k");
         assert_eq!(reader.schema().field(0).data_type(), &media_type());
         let rows: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
