@@ -247,7 +247,7 @@ def test_imports_from_and_into_an_object_store(s3server, tmp_path):
     and a server over the bucket serves the dataset by its name."""
     wds = pytest.importorskip("webdataset")
     client = s3server.client()
-    for bucket in ("raw", "lake"):
+    for bucket in ("import-raw", "import-lake"):  # the session's server: buckets of our own
         client.create_bucket(Bucket=bucket)
     root = tmp_path / "pets"
     files = {f"{c}/{i:03d}.{'png' if i % 2 else 'jpg'}": png(10 * k + i)
@@ -257,15 +257,15 @@ def test_imports_from_and_into_an_object_store(s3server, tmp_path):
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-        client.put_object(Bucket="raw", Key=f"photos/pets/{rel}", Body=data)
-    client.put_object(Bucket="raw", Key="photos/pets-other/fish/f.jpg", Body=png(5))  # a sibling prefix
+        client.put_object(Bucket="import-raw", Key=f"photos/pets/{rel}", Body=data)
+    client.put_object(Bucket="import-raw", Key="photos/pets-other/fish/f.jpg", Body=png(5))  # a sibling prefix
     shards = tmp_path / "shards"
     shards.mkdir()
     with wds.ShardWriter(str(shards / "shard-%06d.tar"), maxcount=4, verbose=0) as sink:
         for i in range(10):
             sink.write({"__key__": f"k{i:03d}", "jpg": png(i), "cls": i % 2})
     for p in sorted(shards.glob("*.tar")):
-        client.upload_file(str(p), "raw", f"shards/{p.name}")
+        client.upload_file(str(p), "import-raw", f"shards/{p.name}")
 
     def cli(*args):
         run = subprocess.run([BIN, "import", *args], capture_output=True, text=True, timeout=300,
@@ -275,25 +275,25 @@ def test_imports_from_and_into_an_object_store(s3server, tmp_path):
 
     local = tmp_path / "local"
     imports.imagefolder(root, out=local / "pets")
-    out = cli("imagefolder", "s3://raw/photos/pets", "--out", "s3://lake/training/pets")
+    out = cli("imagefolder", "s3://import-raw/photos/pets", "--out", "s3://import-lake/training/pets")
     assert "imported 22 rows (imagefolder)" in out and "cat/broken.jpg" in out, out
-    listed = client.list_objects_v2(Bucket="lake", Prefix="training/")["Contents"]
+    listed = client.list_objects_v2(Bucket="import-lake", Prefix="training/")["Contents"]
     keys = sorted(o["Key"] for o in listed)
     want = sorted(f"training/pets/{p.relative_to(local / 'pets')}" for p in (local / "pets" / "data").iterdir())
     assert keys == want, "the dataset's files, and nothing staged beside them"
     for key in keys:
-        body = client.get_object(Bucket="lake", Key=key)["Body"].read()
+        body = client.get_object(Bucket="import-lake", Key=key)["Body"].read()
         assert body == (local / "pets" / key.removeprefix("training/pets/")).read_bytes(), key
 
     # Shards from a prefix, into a local folder: the rows of the local shards' import.
     imports.webdataset(sorted(shards.glob("*.tar")), out=local / "laion")
-    cli("webdataset", "s3://raw/shards/", "--out", str(tmp_path / "fromS3" / "laion"))
+    cli("webdataset", "s3://import-raw/shards/", "--out", str(tmp_path / "fromS3" / "laion"))
     here, there = read_rows(local / "laion"), read_rows(tmp_path / "fromS3" / "laion")
-    assert [r["__url__"] for r in there] == [f"s3://raw/shards/{pathlib.Path(r['__url__']).name}" for r in here]
+    assert [r["__url__"] for r in there] == [f"s3://import-raw/shards/{pathlib.Path(r['__url__']).name}" for r in here]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "__url__"} for r in rows]
     assert strip(there) == strip(here) and len(here) == 10
 
-    served = Served("s3://lake/training", env=s3server.env())
+    served = Served("s3://import-lake/training", env=s3server.env())
     try:
         loader = pushdown.Loader([f"http://{served.addr}"], sql="SELECT label FROM pets",
                                  batch_size=22, shuffle_buffer=1, seed=0)
