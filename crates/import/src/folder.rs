@@ -97,21 +97,8 @@ pub fn list(folder: &Folder, extensions: &[&str]) -> Result<Listing> {
 
 /// A local folder's classes (sorted, each with its tree) and the files directly in it.
 fn local_tree(dir: &Path, unreadable: &mut Vec<(String, String)>) -> Result<Classes> {
-    let mut classes = Vec::new();
-    let mut top_files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // `os.scandir(...).is_dir()` follows links, as `metadata` does.
-        if std::fs::metadata(entry.path())
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            classes.push(name);
-        } else {
-            top_files.push(name);
-        }
-    }
+    let (mut classes, top_files) =
+        folders_and_files(dir).with_context(|| format!("listing {}", dir.display()))?;
     classes.sort();
     let trees = classes
         .into_iter()
@@ -163,26 +150,13 @@ fn walk(
     {
         return;
     }
-    let entries = match std::fs::read_dir(path).and_then(|d| d.collect::<std::io::Result<Vec<_>>>()) {
-        Ok(entries) => entries,
+    let (subfolders, files) = match folders_and_files(path) {
+        Ok(split) => split,
         Err(e) => {
             unreadable.push((relative.to_owned(), e.to_string()));
             return;
         }
     };
-    let mut files = Vec::new();
-    let mut subfolders = Vec::new();
-    for entry in entries {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if std::fs::metadata(entry.path())
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
-            subfolders.push(name);
-        } else {
-            files.push(name);
-        }
-    }
     out.push((relative.to_owned(), files));
     for name in subfolders {
         walk(
@@ -193,6 +167,22 @@ fn walk(
             unreadable,
         );
     }
+}
+
+/// The names in `dir`: its folders, then its files. `os.scandir(...).is_dir()` follows
+/// links, as `metadata` does.
+fn folders_and_files(dir: &Path) -> std::io::Result<(Vec<String>, Vec<String>)> {
+    let (mut folders, mut files) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+            folders.push(name);
+        } else {
+            files.push(name);
+        }
+    }
+    Ok((folders, files))
 }
 
 /// torchvision's `has_file_allowed_extension`.
